@@ -1,0 +1,15 @@
+"""ragdot: fast, exact ragged matrix multiplications (Group-GEMM) for Mixture-of-Experts models.
+
+    import ragdot
+    out = ragdot.ragged_dot(tokens, expert_weights, group_sizes)        # [M, K] x [G, K, N] -> [M, N]
+
+`ragged_dot_general` has the semantics of `jax.lax.ragged_dot_general` (non-contracting, contracting and
+batch modes); every call is differentiable in both operands and can run on several backends
+(`ragdot.backends()`).
+"""
+
+from ragdot.api import backends, ragged_dot, ragged_dot_general
+from ragdot.dimension_numbers import RaggedDotDimensionNumbers
+
+__all__ = ["RaggedDotDimensionNumbers", "backends", "ragged_dot", "ragged_dot_general", "__version__"]
+__version__ = "0.1.0"

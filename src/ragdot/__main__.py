@@ -1,0 +1,3 @@
+from ragdot.cli import main
+
+raise SystemExit(main())

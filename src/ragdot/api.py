@@ -1,0 +1,148 @@
+"""Public entry points: argument checking, canonicalization, group offsets, dispatch."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ragdot import ops
+from ragdot.backends import BACKEND_NAMES, available_backends
+from ragdot.dimension_numbers import RAGGED_DOT_DN, Canonical, RaggedDotDimensionNumbers, canonicalize
+
+__all__ = ["ragged_dot", "ragged_dot_general", "backends", "group_ends_from_sizes"]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def backends() -> list[str]:
+    """Names of the concrete backends usable on this machine now (pass one as `backend=`)."""
+    return available_backends()
+
+
+def _check_backend(backend: str | None) -> str:
+    if backend is None:
+        return "auto"
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    if backend != "auto" and backend not in BACKEND_NAMES:
+        raise ValueError(f"backend={backend!r} is unknown; expected one of {', '.join(BACKEND_NAMES)}, 'auto' or None")
+    if backend != "auto" and backend not in available_backends():
+        raise ValueError(f"backend={backend!r} is not usable on this machine; available: {', '.join(backends())}")
+    return backend
+
+
+def _check_operands(lhs, rhs, group_sizes, preferred_element_type) -> torch.dtype:
+    for name, t in (("lhs", lhs), ("rhs", rhs), ("group_sizes", group_sizes)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if lhs.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"lhs must be float16, bfloat16, float32 or float64, got {lhs.dtype}")
+    if rhs.dtype != lhs.dtype:
+        raise TypeError(f"rhs must have lhs's dtype {lhs.dtype}, got {rhs.dtype}; cast one of them first")
+    if group_sizes.dtype.is_floating_point or group_sizes.dtype.is_complex or group_sizes.dtype == torch.bool:
+        raise TypeError(f"group_sizes must be an integer tensor, got {group_sizes.dtype}")
+    if group_sizes.ndim != 1:
+        raise ValueError(
+            f"group_sizes must be 1-D (one size per group), got shape {tuple(group_sizes.shape)}; "
+            "per-batch group sizes are not supported"
+        )
+    if lhs.device != rhs.device:
+        raise ValueError(f"lhs and rhs must be on one device, got {lhs.device} and {rhs.device}")
+    if preferred_element_type is None:
+        return lhs.dtype
+    if not isinstance(preferred_element_type, torch.dtype) or preferred_element_type not in _FLOAT_DTYPES:
+        raise TypeError(
+            "preferred_element_type must be None or one of torch.float16, torch.bfloat16, torch.float32, "
+            f"torch.float64, got {preferred_element_type!r}"
+        )
+    return preferred_element_type
+
+
+def _validate_sizes(group_sizes: torch.Tensor, extent: int) -> None:
+    """Host-side check used with validate=True: names the first offending group."""
+    total = 0
+    for i, size in enumerate(group_sizes.tolist()):
+        if size < 0:
+            raise ValueError(f"group_sizes[{i}] = {size} is negative; group sizes must be >= 0")
+        total += size
+        if total > extent:
+            raise ValueError(
+                f"group_sizes sum to {total} by group {i}, beyond the ragged dimension's size {extent}"
+            )
+
+
+def group_ends_from_sizes(group_sizes: torch.Tensor, extent: int, scale: int = 1) -> torch.Tensor:
+    """Inclusive prefix sums of the sizes (negatives count as 0), times `scale`, clamped to `extent`; int32.
+
+    Stays on the device of `group_sizes`: no host synchronisation.
+    """
+    sizes = group_sizes.to(torch.int64).clamp(min=0)
+    if scale != 1:
+        sizes = sizes * scale
+    ends = torch.cumsum(sizes, 0).clamp(max=extent)
+    return ends.to(torch.int32)
+
+
+def ragged_dot_general(
+    lhs: torch.Tensor,
+    rhs: torch.Tensor,
+    group_sizes: torch.Tensor,
+    ragged_dot_dimension_numbers: RaggedDotDimensionNumbers,
+    *,
+    preferred_element_type: torch.dtype | None = None,
+    backend: str | None = None,
+    validate: bool = False,
+) -> torch.Tensor:
+    """`jax.lax.ragged_dot_general` for PyTorch tensors, differentiable in lhs and rhs.
+
+    Modes (by where the lhs ragged dimension sits): non-contracting (rhs has a group dimension; output is the
+    dot_general shape without it), contracting (output `(G,) + dot shape`; group g contracts only over its
+    slice), batch (a plain batched dot; group_sizes is not read). Indices at or past sum(group_sizes) belong
+    to no group: their output rows are zero and they contribute to no group, whatever they hold.
+    """
+    dn = RaggedDotDimensionNumbers.coerce(ragged_dot_dimension_numbers)
+    out_dtype = _check_operands(lhs, rhs, group_sizes, preferred_element_type)
+    name = _check_backend(backend)
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
+    can: Canonical = canonicalize(lhs, rhs, group_sizes.shape[0], dn)
+    if can.mode == "batch":
+        return can.finish(ops.batch(can.a, can.b, out_dtype, name))
+    if validate or os.environ.get("RAGDOT_VALIDATE", "") not in ("", "0"):
+        _validate_sizes(group_sizes, can.extent // can.group_scale)
+    ends = group_ends_from_sizes(group_sizes.to(lhs.device), can.extent, can.group_scale)
+    if can.mode == "ragged_m":
+        return can.finish(ops.ragged_m(can.a, can.b, ends, out_dtype, name))
+    return can.finish(ops.ragged_k(can.a, can.b, ends, out_dtype, name))
+
+
+def ragged_dot(
+    lhs: torch.Tensor,
+    rhs: torch.Tensor,
+    group_sizes: torch.Tensor,
+    *,
+    preferred_element_type: torch.dtype | None = None,
+    backend: str | None = None,
+    validate: bool = False,
+) -> torch.Tensor:
+    """`jax.lax.ragged_dot`: lhs [M, K], rhs [G, K, N], group_sizes int [G] -> [M, N].
+
+    Rows of lhs are split into consecutive groups; row i of group g is multiplied by rhs[g]. Rows at or past
+    sum(group_sizes) produce zeros.
+    """
+    for name, t, rank in (("lhs", lhs, 2), ("rhs", rhs, 3)):
+        if isinstance(t, torch.Tensor) and t.ndim != rank:
+            raise ValueError(
+                f"ragged_dot expects {name} of rank {rank} (lhs [M, K], rhs [G, K, N]), got shape "
+                f"{tuple(t.shape)}; use ragged_dot_general for other layouts"
+            )
+    return ragged_dot_general(
+        lhs,
+        rhs,
+        group_sizes,
+        RAGGED_DOT_DN,
+        preferred_element_type=preferred_element_type,
+        backend=backend,
+        validate=validate,
+    )

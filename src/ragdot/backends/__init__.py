@@ -1,0 +1,116 @@
+"""Backends: one module each, one signature, dispatch by name.
+
+Every backend implements the three canonical problems that `ragdot.dimension_numbers.canonicalize` reduces
+any `ragged_dot_general` call to. All tensors arrive as (possibly non-contiguous) strided views on one device;
+`Bt` is a leading batch axis (1 for the usual MoE call):
+
+    ragged_m(a, b, group_ends, out_dtype) -> c
+        a          [Bt, M, K]    rows in group order
+        b          [Bt, G, K, N] one matrix per group
+        group_ends int32 [G]     inclusive prefix sums of the group sizes, already clamped: non-decreasing,
+                                 each in [0, M]; group g owns rows [group_ends[g-1], group_ends[g])
+        c          [Bt, M, N]    contiguous, dtype out_dtype; rows >= group_ends[-1] are exactly zero
+
+    ragged_k(a, b, group_ends, out_dtype) -> c
+        a          [Bt, R, M]    R is the ragged contraction (tokens)
+        b          [Bt, R, N]
+        group_ends int32 [G]     as above, each in [0, R]
+        c          [G, Bt, M, N] contiguous; c[g] contracts only rows of group g; an empty group is exactly 0
+
+    batch(a, b, out_dtype) -> c
+        a [Bt, M, K], b [Bt, K, N] -> c [Bt, M, N] contiguous
+
+Rules every backend keeps: float32 accumulation for 16-bit inputs; data stored in rows outside every group
+(NaN/Inf included) never reaches a result (mask by select, never by multiplying with 0); no value of
+group_ends causes an out-of-bounds access; no host synchronisation on the hot path (the `reference` and
+`padded` backends are exempt); results bitwise reproducible. Zero-size problems (M, K, N, R, G or Bt == 0)
+are handled by the dispatcher and never reach a backend.
+
+A backend that cannot serve a case (dtype, device, layout it cannot copy into) raises NotImplementedError;
+`auto` then tries the next candidate.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+__all__ = ["Backend", "BACKEND_NAMES", "get_backend", "available_backends", "candidates"]
+
+
+class Backend(Protocol):
+    name: str
+
+    def is_available(self) -> bool: ...
+
+    def ragged_m(
+        self, a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype
+    ) -> torch.Tensor: ...
+
+    def ragged_k(
+        self, a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype
+    ) -> torch.Tensor: ...
+
+    def batch(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class _Entry:
+    module: str
+    attr: str = "BACKEND"
+
+
+_REGISTRY: dict[str, _Entry] = {
+    "reference": _Entry("ragdot.backends.reference"),
+    "padded": _Entry("ragdot.backends.padded"),
+    "torch": _Entry("ragdot.backends.torch_gmm"),
+    "triton": _Entry("ragdot.backends.triton_gmm"),
+}
+
+BACKEND_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+_cache: dict[str, Backend | None] = {}
+
+
+def _load(name: str) -> Backend | None:
+    if name not in _cache:
+        entry = _REGISTRY[name]
+        try:
+            module = importlib.import_module(entry.module)
+            _cache[name] = getattr(module, entry.attr)
+        except ImportError:
+            _cache[name] = None
+    return _cache[name]
+
+
+def get_backend(name: str) -> Backend:
+    """The backend object for a concrete name; ValueError for unknown names, RuntimeError if unusable."""
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"backend={name!r} is unknown; expected one of {', '.join(BACKEND_NAMES)}, 'auto' or None"
+        )
+    backend = _load(name)
+    if backend is None or not backend.is_available():
+        raise RuntimeError(
+            f"backend {name!r} is not usable on this machine (available: {', '.join(available_backends())})"
+        )
+    return backend
+
+
+def available_backends() -> list[str]:
+    """Names of the concrete backends usable on this machine now."""
+    names = []
+    for name in _REGISTRY:
+        backend = _load(name)
+        if backend is not None and backend.is_available():
+            names.append(name)
+    return names
+
+
+def candidates(device: torch.device) -> list[str]:
+    """`auto`'s order before measurement exists: the fastest kind first, the reference last."""
+    order = ["triton", "torch", "reference"] if device.type == "cuda" else ["torch", "reference"]
+    usable = set(available_backends())
+    return [name for name in order if name in usable]

@@ -1,0 +1,53 @@
+"""`ragdot` command line: one subcommand per capability, each living in its own module.
+
+A subcommand module exposes `HELP: str`, `add_arguments(parser)` and `run(args) -> int`; it is imported only
+when its subcommand is used, so `ragdot --help` stays fast and a missing optional dependency of one
+subcommand never breaks the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, str] = {
+    "bench": "ragdot.bench.cli",
+    "moe-bench": "ragdot.moe.bench",
+    "bench-mxfp8": "ragdot.mxfp8.bench",
+    "tune": "ragdot.tune.cli",
+}
+
+
+def _parser(selected: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ragdot", description="ragdot: ragged matmuls for MoE models")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in SUBCOMMANDS.items():
+        if selected is not None and name != selected:
+            sub.add_parser(name, help=f"(see ragdot {name} --help)", add_help=False)
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:  # subcommand not available in this installation
+            sub.add_parser(name, help=f"unavailable: {exc}")
+            continue
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    parser = _parser(selected)
+    args = parser.parse_args(argv)
+    module = getattr(args, "_module", None)
+    if module is None:
+        parser.print_help()
+        return 0 if args.command is None else 2
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,182 @@
+"""Argument checking, `validate`, backend names, torch.compile and property-based dimension numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ragdot
+from helpers import TOL, nerr
+from oracle import ragged_dot_general_oracle
+from ragdot import RaggedDotDimensionNumbers as DN
+
+FWD = DN((((1,), (1,)), ((), ())), (0,), (0,))
+WGRAD = DN((((0,), (0,)), ((), ())), (0,), ())
+
+
+def _args(m=10, k=8, n=6, g=3):
+    return torch.randn(m, k), torch.randn(g, k, n), torch.tensor([3, 3, 4][:g] + [0] * max(0, g - 3))
+
+
+def test_backends_lists_the_always_available_ones():
+    names = ragdot.backends()
+    assert {"reference", "padded"} <= set(names)
+    assert set(names) <= {"reference", "padded", "torch", "triton"}
+
+
+def test_unknown_backend_raises_value_error():
+    lhs, rhs, gs = _args()
+    with pytest.raises(ValueError, match="backend='cutlass' is unknown"):
+        ragdot.ragged_dot(lhs, rhs, gs, backend="cutlass")
+    with pytest.raises(TypeError, match="backend must be"):
+        ragdot.ragged_dot(lhs, rhs, gs, backend=3)
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,pattern",
+    [
+        (lambda x, r, g: (x.double(), r, g), TypeError, "rhs must have lhs's dtype"),
+        (lambda x, r, g: (x.int(), r.int(), g), TypeError, "lhs must be float16"),
+        (lambda x, r, g: (x, r, g.float()), TypeError, "group_sizes must be an integer"),
+        (lambda x, r, g: (x, r, g[None]), ValueError, "group_sizes must be 1-D"),
+        (lambda x, r, g: (x, r, g[:2]), ValueError, "group_sizes has 2 entries"),
+        (lambda x, r, g: (x[:, :5], r, g), ValueError, "contracting dimensions differ in size"),
+        (lambda x, r, g: (x[None], r, g), ValueError, "ragged_dot expects lhs of rank 2"),
+        (lambda x, r, g: (x.numpy(), r, g), TypeError, "lhs must be a torch.Tensor"),
+    ],
+    ids=["dtype_mismatch", "int_operands", "float_sizes", "2d_sizes", "g_mismatch", "k_mismatch", "rank",
+         "numpy"],
+)
+def test_bad_arguments_raise_clear_errors(mutate, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        ragdot.ragged_dot(*mutate(*_args()))
+
+
+@pytest.mark.parametrize(
+    "dn,rhs_shape,pattern",
+    [
+        (DN((((1,), (1,)), ((), ())), (0,), ()), (3, 8, 6), "must name rhs's group dimension"),
+        (DN((((1,), (1,)), ((), ())), (0, 1), (0,)), (3, 8, 6), "exactly one dimension"),
+        (DN((((0,), (0,)), ((), ())), (0,), (1,)), (10, 3, 6), "must be empty when the lhs ragged dimension is"),
+        (DN((((1,), (1,)), ((0,), (0,))), (0,), (2,)), (10, 8, 3), "must be empty when the lhs ragged dimension is"),
+        (DN((((1,), (1,)), ((), ())), (5,), (0,)), (3, 8, 6), "lhs ragged dimension 5 is out of range"),
+        (DN((((1,), (1, 2)), ((), ())), (0,), (0,)), (3, 8, 6), "as many contracting dimensions"),
+        (DN((((1,), (0,)), ((), ())), (0,), (0,)), (3, 8, 6), "must be distinct"),
+        (DN((((1,), (1,)), ((0,), (0,))), (0,), (2,)), (9, 8, 3), "batch dimensions differ in size"),
+    ],
+)
+def test_bad_dimension_numbers(dn, rhs_shape, pattern):
+    lhs, _, gs = _args()
+    rhs = torch.randn(rhs_shape)
+    with pytest.raises(ValueError, match=pattern):
+        ragdot.ragged_dot_general(lhs, rhs, gs, dn)
+
+
+def test_dimension_numbers_type_errors():
+    with pytest.raises(TypeError, match="dot_dimension_numbers must be"):
+        DN((1, 2, 3), (0,), (0,))
+    with pytest.raises(TypeError, match="must contain ints"):
+        DN((((1.0,), (1,)), ((), ())), (0,), (0,))
+    with pytest.raises(TypeError, match="ragged_dot_dimension_numbers must be"):
+        ragdot.ragged_dot_general(*_args(), "fwd")
+
+
+def test_preferred_element_type_must_be_a_float_dtype():
+    with pytest.raises(TypeError, match="preferred_element_type"):
+        ragdot.ragged_dot(*_args(), preferred_element_type=torch.int32)
+
+
+@pytest.mark.parametrize("backend", ragdot.backends())
+def test_validate_names_the_offending_group(backend, monkeypatch):
+    lhs, rhs, _ = _args()
+    with pytest.raises(ValueError, match=r"group_sizes\[1\] = -2 is negative"):
+        ragdot.ragged_dot(lhs, rhs, torch.tensor([3, -2, 4]), validate=True, backend=backend)
+    with pytest.raises(ValueError, match="sum to 11 by group 2, beyond the ragged dimension's size 10"):
+        ragdot.ragged_dot(lhs, rhs, torch.tensor([3, 3, 5]), validate=True, backend=backend)
+    with pytest.raises(ValueError, match="by group 0"):
+        ragdot.ragged_dot_general(lhs, torch.randn(10, 4), torch.tensor([11, 0, 0]), WGRAD, validate=True)
+    monkeypatch.setenv("RAGDOT_VALIDATE", "1")
+    with pytest.raises(ValueError, match="is negative"):
+        ragdot.ragged_dot(lhs, rhs, torch.tensor([3, -2, 4]), backend=backend)
+    monkeypatch.setenv("RAGDOT_VALIDATE", "0")
+    out = ragdot.ragged_dot(lhs, rhs, torch.tensor([3, -2, 4]), backend=backend)  # negatives count as 0
+    assert (out[7:] == 0).all()
+
+
+def test_custom_ops_pass_opcheck():
+    from ragdot import ops
+
+    a, b = torch.randn(1, 12, 8), torch.randn(1, 3, 8, 5)
+    ends = torch.tensor([4, 4, 10], dtype=torch.int32)
+    torch.library.opcheck(ops.ragged_m, (a, b, ends, torch.float32, "reference"))
+    torch.library.opcheck(ops.ragged_k, (a, torch.randn(1, 12, 6), ends, torch.float32, "reference"))
+    torch.library.opcheck(ops.batch, (a, torch.randn(1, 8, 4), torch.float32, "reference"))
+
+
+def test_torch_compile_fullgraph_traces_a_model():
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 8, 6))
+
+        def forward(self, x, gs):
+            return torch.relu(ragdot.ragged_dot(x, self.w, gs, backend="reference")).sum()
+
+    model = Experts()
+    x = torch.randn(10, 8, requires_grad=True)
+    gs = torch.tensor([4, 0, 5])
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    loss = compiled(x, gs)
+    loss.backward()
+    gx, gw = x.grad.clone(), model.w.grad.clone()
+    x.grad = None
+    model.w.grad = None
+    model(x, gs).backward()
+    assert torch.allclose(gx, x.grad) and torch.allclose(gw, model.w.grad)
+
+
+@st.composite
+def _problem(draw):
+    mode = draw(st.sampled_from(["ragged_m", "ragged_k", "batch"]))
+    nb = draw(st.integers(0, 1))
+    sizes = {"b": draw(st.integers(1, 3)), "m": draw(st.integers(0, 13)), "k": draw(st.integers(1, 9)),
+             "n": draw(st.integers(1, 7)), "g": draw(st.integers(1, 5))}
+    lhs_dims = ["m", "k"] + (["b"] if nb else [])
+    rhs_dims = ["k", "n"] + (["b"] if nb else []) + (["g"] if mode == "ragged_m" else [])
+    if mode == "ragged_k":
+        rhs_dims = ["m2" if d == "k" else d for d in rhs_dims]
+    if mode == "batch" and not nb:
+        lhs_dims.append("b")
+        rhs_dims.append("b")
+        nb = 1
+    lperm = draw(st.permutations(lhs_dims))
+    rperm = draw(st.permutations(rhs_dims))
+    ragged = {"ragged_m": "m", "ragged_k": "m", "batch": "b"}[mode]
+    if mode == "ragged_k":
+        # contract the ragged rows: lhs [m, k] x rhs [m, n] over m
+        lc, rc = (lperm.index("m"),), (rperm.index("m2"),)
+    else:
+        lc, rc = (lperm.index("k"),), (rperm.index("k"),)
+    lb, rb = ((lperm.index("b"),), (rperm.index("b"),)) if nb else ((), ())
+    rg = (rperm.index("g"),) if mode == "ragged_m" else ()
+    dn = DN(((lc, rc), (lb, rb)), (lperm.index(ragged),), rg)
+    shape_of = {**sizes, "m2": sizes["m"]}
+    lshape = tuple(shape_of[d] for d in lperm)
+    rshape = tuple(shape_of[d] for d in rperm)
+    g = sizes["g"]
+    group_sizes = draw(st.lists(st.integers(-2, 6), min_size=g, max_size=g))
+    return lshape, rshape, dn, group_sizes
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=_problem(), backend=st.sampled_from(["reference", "padded", "torch"]))
+def test_random_dimension_numbers_match_oracle(problem, backend):
+    lshape, rshape, dn, group_sizes = problem
+    lhs, rhs = torch.randn(lshape), torch.randn(rshape)
+    gs = torch.tensor(group_sizes, dtype=torch.int32)
+    out = ragdot.ragged_dot_general(lhs, rhs, gs, dn, backend=backend)
+    ref = ragged_dot_general_oracle(lhs, rhs, gs, dn)
+    assert out.shape == ref.shape
+    assert nerr(out, ref) <= TOL[torch.float32]
