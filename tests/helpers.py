@@ -14,8 +14,6 @@ def dtypes_for(backend: str, device: torch.device) -> list[torch.dtype]:
     if device.type == "cpu":
         # The Triton interpreter computes bf16 dots wrongly: fp16/fp32 only there.
         return [torch.float32, torch.float16] if backend == "triton" else [torch.float32, torch.bfloat16]
-    if backend == "torch":
-        return [torch.bfloat16]
     return [torch.bfloat16, torch.float32] if backend != "triton" else [torch.bfloat16, torch.float16, torch.float32]
 
 

@@ -14,30 +14,32 @@ __all__ = ["BACKEND"]
 _ALIGN_BYTES = 16
 
 
-def _layout_ok(t: torch.Tensor) -> bool:
-    """Row- or column-major in the last two dims with a 16-byte aligned leading stride and base."""
+def _aligned_stride(t: torch.Tensor, dim: int) -> bool:
+    return t.stride(dim) % (_ALIGN_BYTES // t.element_size()) == 0
+
+
+def _layout_ok(t: torch.Tensor, major: str) -> bool:
+    """Whether _grouped_mm takes `t` as is: 16-byte aligned base, batch and leading strides, and the
+    requested major order ("row": last dim contiguous, "col": second-to-last contiguous, "any": either)."""
+    if t.data_ptr() % _ALIGN_BYTES or (t.ndim == 3 and t.shape[0] > 1 and not _aligned_stride(t, 0)):
+        return False
     rows, cols = t.shape[-2], t.shape[-1]
-    s_rows, s_cols = t.stride(-2), t.stride(-1)
-    align = _ALIGN_BYTES // t.element_size()
-    if t.data_ptr() % _ALIGN_BYTES:
-        return False
-    if t.ndim == 3 and t.shape[0] > 1 and t.stride(0) % align:
-        return False
-    if s_cols == 1 and s_rows >= max(1, cols):
-        return s_rows % align == 0
-    if s_rows == 1 and s_cols >= max(1, rows):
-        return s_cols % align == 0
-    return False
+    row_major = t.stride(-1) == 1 and t.stride(-2) >= max(1, cols) and _aligned_stride(t, -2)
+    col_major = t.stride(-2) == 1 and t.stride(-1) >= max(1, rows) and _aligned_stride(t, -1)
+    return {"row": row_major, "col": col_major, "any": row_major or col_major}[major]
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """`t` itself if _grouped_mm accepts its layout, else a row-major copy with a padded leading stride."""
-    if _layout_ok(t):
+def _prepared(t: torch.Tensor, major: str) -> torch.Tensor:
+    """`t` itself if its layout is accepted, else a copy in that major order with a 16-byte aligned leading
+    stride. The ragged (runtime-sized) dimension must never be the contiguous one: the kernel then needs every
+    group offset to be a multiple of 16 bytes and asserts on the device otherwise."""
+    if _layout_ok(t, major):
         return t
     align = _ALIGN_BYTES // t.element_size()
+    if major == "col":
+        return _prepared(t.transpose(-1, -2), "row").transpose(-1, -2)
     cols = t.shape[-1]
-    padded = -(-cols // align) * align
-    buf = t.new_empty((*t.shape[:-1], padded))
+    buf = t.new_empty((*t.shape[:-1], -(-cols // align) * align))
     buf[..., :cols].copy_(t)
     return buf[..., :cols]
 
@@ -66,27 +68,23 @@ class TorchGroupedMMBackend:
         """The dtype to run _grouped_mm in; NotImplementedError where it has no kernel."""
         if a.dtype == torch.float64 or out_dtype == torch.float64:
             raise NotImplementedError("torch._grouped_mm has no float64 kernel")
-        if a.is_cuda and a.dtype != torch.bfloat16:
-            raise NotImplementedError(f"torch._grouped_mm on CUDA computes bfloat16 only, got {a.dtype}")
-        if a.is_cuda:
-            if out_dtype not in (torch.bfloat16, torch.float32):
-                raise NotImplementedError(f"torch._grouped_mm on CUDA writes bfloat16 or float32, not {out_dtype}")
-            return a.dtype
-        # CPU: the output dtype must equal the input dtype; widen the inputs when a wider output is asked for.
+        # Its output dtype must equal its input dtype: widen the inputs when a wider output is asked for
+        # (a bf16 product rounded to bf16 and then widened would not be the float32 result asked for).
         return out_dtype if out_dtype.itemsize > a.dtype.itemsize else a.dtype
 
-    def _gmm(self, mat_a, mat_b, offs, run_dtype, out_dtype):
-        mat_a, mat_b = mat_a.to(run_dtype), mat_b.to(run_dtype)
-        kwargs = {"out_dtype": out_dtype} if mat_a.is_cuda else {}
+    def _gmm(self, mat_a, mat_b, offs, run_dtype, out_dtype, majors):
+        mat_a = _prepared(mat_a.to(run_dtype), majors[0])
+        mat_b = _prepared(mat_b.to(run_dtype), majors[1])
         try:
-            out = torch._grouped_mm(_aligned(mat_a), _aligned(mat_b), offs=offs, **kwargs)
+            out = torch._grouped_mm(mat_a, mat_b, offs=offs)
         except RuntimeError as exc:
             raise NotImplementedError(str(exc)) from exc
         return out.to(out_dtype)
 
     def ragged_m(self, a, b, group_ends, out_dtype):
         run = self._check(a, out_dtype)
-        outs = [self._gmm(a[i], b[i], group_ends, run, out_dtype) for i in range(a.shape[0])]
+        # mat_a [M, K] row-major (M, the ragged dim, strided), mat_b [G, K, N] either order.
+        outs = [self._gmm(a[i], b[i], group_ends, run, out_dtype, ("row", "any")) for i in range(a.shape[0])]
         out = outs[0].unsqueeze(0) if len(outs) == 1 else torch.stack(outs)
         if not out.is_contiguous():  # CUDA pads the row stride to 16 bytes when N is not a multiple
             out = out.contiguous()
@@ -95,8 +93,12 @@ class TorchGroupedMMBackend:
 
     def ragged_k(self, a, b, group_ends, out_dtype):
         run = self._check(a, out_dtype)
-        # 2D x 2D -> 3D: mat_a [M, R] with the ragged dim last, mat_b [R, N]; empty groups come back zero.
-        outs = [self._gmm(a[i].transpose(0, 1), b[i], group_ends, run, out_dtype) for i in range(a.shape[0])]
+        # 2D x 2D -> 3D: mat_a [M, R] column-major and mat_b [R, N] row-major, so that R (ragged) is strided
+        # in both; empty groups come back zero.
+        outs = [
+            self._gmm(a[i].transpose(0, 1), b[i], group_ends, run, out_dtype, ("col", "row"))
+            for i in range(a.shape[0])
+        ]
         return outs[0].unsqueeze(1) if len(outs) == 1 else torch.stack(outs, dim=1)
 
     def batch(self, a, b, out_dtype):
