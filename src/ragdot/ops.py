@@ -12,32 +12,21 @@ from __future__ import annotations
 
 import torch
 
-from ragdot.backends import candidates, get_backend
+from ragdot.backends import get_backend
+from ragdot.tune.select import plan
 
-__all__ = ["ragged_m", "ragged_k", "batch", "resolve_backends"]
+__all__ = ["ragged_m", "ragged_k", "batch"]
 
 _LIB = "ragdot"
 
 
-def resolve_backends(name: str, device: torch.device) -> list[str]:
-    """The concrete backends to try, in order, for a requested name ('auto' means all candidates)."""
-    if name == "auto":
-        # The measured choice (ragdot.tune) is consulted first when it knows this device.
-        try:
-            from ragdot.tune.select import preferred_order
-        except ImportError:
-            return candidates(device)
-        return preferred_order(device, candidates(device))
-    return [name]
-
-
-def _run(problem: str, backend: str, device: torch.device, *args) -> torch.Tensor:
-    names = resolve_backends(backend, device)
+def _run(problem: str, backend: str, a: torch.Tensor, b: torch.Tensor, *rest) -> torch.Tensor:
+    num_groups = rest[0].shape[0] if problem != "batch" else 0
     errors = []
-    for name in names:
-        impl = get_backend(name)
+    for name, config in plan(problem, backend, a, b, num_groups, rest[-1]):
+        fn = getattr(get_backend(name), problem)
         try:
-            out = getattr(impl, problem)(*args)
+            out = fn(a, b, *rest) if config is None else fn(a, b, *rest, config=config)
         except NotImplementedError as exc:
             if backend != "auto":
                 raise NotImplementedError(f"backend {name!r} cannot compute this {problem} problem: {exc}") from exc
@@ -64,7 +53,7 @@ def ragged_m(
     empty = _zeros_if_empty((bt, m, n), a, out_dtype, bt, m, n, k, g)
     if empty is not None:
         return empty
-    return _run("ragged_m", backend, a.device, a, b, group_ends, out_dtype)
+    return _run("ragged_m", backend, a, b, group_ends, out_dtype)
 
 
 @ragged_m.register_fake
@@ -83,7 +72,7 @@ def ragged_k(
     empty = _zeros_if_empty((g, bt, m, n), a, out_dtype, g, bt, m, n, r)
     if empty is not None:
         return empty
-    return _run("ragged_k", backend, a.device, a, b, group_ends, out_dtype)
+    return _run("ragged_k", backend, a, b, group_ends, out_dtype)
 
 
 @ragged_k.register_fake
@@ -100,7 +89,7 @@ def batch(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, backend: str
     empty = _zeros_if_empty((bt, m, n), a, out_dtype, bt, m, n, k)
     if empty is not None:
         return empty
-    return _run("batch", backend, a.device, a, b, out_dtype)
+    return _run("batch", backend, a, b, out_dtype)
 
 
 @batch.register_fake

@@ -1,0 +1,141 @@
+"""The tuning cache and measured selection (CPU: no kernels are timed here)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import warnings
+
+import pytest
+import torch
+
+from ragdot.tune import cache as cache_mod
+from ragdot.tune import select
+from ragdot.tune.key import TuneKey, bucket, key_for
+from ragdot.tune.tuner import entry_from_times, pick_winner
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGDOT_CACHE_DIR", str(tmp_path))
+    cache_mod.CACHE.clear()
+    yield tmp_path
+    cache_mod.CACHE.clear()
+
+
+def test_bucket_is_monotone_and_never_exact_count():
+    values = [bucket(n) for n in range(0, 5000, 7)]
+    assert values == sorted(values)
+    assert all(bucket(n) >= n for n in range(0, 5000, 7))
+    assert bucket(5000) == bucket(6000) == 6144  # nearby token counts share a key
+    assert bucket(4096) == 4096 and bucket(4097) == 6144
+    with pytest.raises(ValueError):
+        bucket(-1)
+
+
+def test_key_captures_problem_sizes_layout_and_bucket():
+    a = torch.randn(1, 1000, 64)
+    b = torch.randn(1, 8, 64, 32)
+    key = key_for("ragged_m", a, b, 8, torch.float32)
+    assert key.sizes == (1, 64, 32, 8) and key.bucket == 1024 and key.layout == "arbr"
+    bt = torch.randn(1, 8, 32, 64).transpose(-1, -2)
+    assert key_for("ragged_m", a, bt, 8, torch.float32).layout == "arbc"
+    assert key_for("ragged_m", a[:, :900], b, 8, torch.float32) == key  # same bucket, same key
+    assert key_for("ragged_m", a, b, 8, torch.bfloat16) != key
+    assert "ragged_m" in key.text() and "<=1024" in key.text()
+
+
+def _key(i=0) -> TuneKey:
+    return TuneKey("FakeGPU", "bfloat16", "bfloat16", "ragged_m", (1, 64, 32, 8), "arbr", 1024 + i, "0.1.0")
+
+
+def test_cache_round_trip(isolated_cache):
+    entry = {"backend": "triton", "triton_config": {"block_m": 64}, "ms": {}}
+    cache_mod.CACHE.put({_key().text(): entry})
+    cache_mod.CACHE.clear()
+    assert cache_mod.CACHE.get(_key().text(), "FakeGPU") == entry
+    data = json.loads((isolated_cache / "tune.json").read_text())
+    assert data["format"] == cache_mod.FORMAT and _key().text() in data["entries"]
+
+
+def test_corrupt_cache_is_ignored_with_a_warning(isolated_cache):
+    (isolated_cache / "tune.json").write_text("{not json")
+    with pytest.warns(UserWarning, match="corrupt"):
+        assert cache_mod.CACHE.get(_key().text(), "FakeGPU") is None
+    (isolated_cache / "tune.json").write_text(json.dumps({"format": 99, "entries": {}}))
+    cache_mod.CACHE.clear()
+    with pytest.warns(UserWarning, match="corrupt"):
+        assert cache_mod.load_entries(isolated_cache / "tune.json") == {}
+
+
+def _writer(path: str, offset: int) -> None:
+    from pathlib import Path
+
+    from ragdot.tune.cache import write_entries
+
+    for i in range(15):
+        write_entries(Path(path), {f"key-{offset}-{i}": {"backend": "torch", "n": i}})
+
+
+def test_concurrent_writers_lose_nothing_and_never_tear(isolated_cache):
+    path = isolated_cache / "tune.json"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(path), k)) for k in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    entries = cache_mod.load_entries(path)
+    assert len(entries) == 60
+    assert not list(isolated_cache.glob(".tune-*"))  # no temporary files left behind
+
+
+def test_pick_winner_uses_summed_time_over_routings():
+    times = {
+        "torch": {"balanced": 1.0, "skewed": 1.0},
+        "triton:a": {"balanced": 0.7, "skewed": 1.5},  # fastest balanced, slower overall
+        "triton:b": {"balanced": 0.9, "skewed": 0.95},
+        "triton:c": {"balanced": 0.5},  # missing a routing: never chosen
+    }
+    assert pick_winner(times) == "triton:b"
+    assert pick_winner({}) is None
+
+
+def test_entry_keeps_best_triton_config_even_when_torch_wins():
+    from ragdot.kernels.configs import TileConfig
+
+    cfg_a, cfg_b = TileConfig(64, 128, 64), TileConfig(128, 128, 64)
+    cands = [("torch", None), ("triton", cfg_a), ("triton", cfg_b)]
+    times = {
+        "torch": {"balanced": 1.0, "skewed": 1.0},
+        f"triton:{cfg_a.short()}": {"balanced": 1.3, "skewed": 1.3},
+        f"triton:{cfg_b.short()}": {"balanced": 1.2, "skewed": 1.2},
+    }
+    entry = entry_from_times(times, cands)
+    assert entry["backend"] == "torch"
+    assert select.config_from_dict(entry["triton_config"]) == cfg_b
+
+
+def test_tuned_entry_follows_the_cache_and_is_deterministic():
+    key = _key()
+    cache_mod.CACHE.put({key.text(): {"backend": "torch", "triton_config": {"block_m": 64, "block_n": 64}}})
+    entry = select.tuned_entry(key)
+    assert entry["backend"] == "torch"
+    assert select.tuned_entry(key) == entry
+
+
+def test_missing_entry_warns_once_per_device(monkeypatch):
+    select._warned.discard("FakeGPU")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert select.tuned_entry(_key(1)) is None
+        assert select.tuned_entry(_key(2)) is None
+    assert sum("no tuned results for FakeGPU" in str(w.message) for w in caught) == 1
+
+
+def test_cpu_plan_is_the_heuristic_order():
+    a, b = torch.randn(1, 10, 4), torch.randn(1, 2, 4, 3)
+    names = [n for n, _ in select.plan("ragged_m", "auto", a, b, 2, torch.float32)]
+    assert names[-1] == "reference" and "padded" not in names
+    assert select.plan("ragged_m", "padded", a, b, 2, torch.float32) == [("padded", None)]
