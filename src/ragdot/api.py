@@ -25,10 +25,13 @@ def _check_backend(backend: str | None) -> str:
         return "auto"
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
-    if backend != "auto" and backend not in BACKEND_NAMES:
+    if backend == "auto":
+        return backend
+    if backend not in BACKEND_NAMES:
         raise ValueError(f"backend={backend!r} is unknown; expected one of {', '.join(BACKEND_NAMES)}, 'auto' or None")
-    if backend != "auto" and backend not in available_backends():
-        raise ValueError(f"backend={backend!r} is not usable on this machine; available: {', '.join(backends())}")
+    usable = available_backends()
+    if backend not in usable:
+        raise ValueError(f"backend={backend!r} is not usable on this machine; available: {', '.join(usable)}")
     return backend
 
 

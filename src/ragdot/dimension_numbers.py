@@ -14,6 +14,7 @@ dot_general's (batch, lhs free, rhs free) order, with the group dimension prepen
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -113,10 +114,53 @@ def _prod(sizes: Sequence[int]) -> int:
     return math.prod(sizes) if sizes else 1
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How to view the operands canonically; depends on shapes and dimension numbers only."""
+
+    mode: Mode
+    lperm: tuple[int, ...]
+    lshape: tuple[int, ...]
+    rperm: tuple[int, ...]
+    rshape: tuple[int, ...]
+    broadcast: int  # > 1: rhs is repeated over this many extra lhs free slices (bt_b, bt_x)
+    extent: int
+    group_scale: int
+    view_shape: tuple[int, ...]
+    perm: tuple[int, ...] | None
+
+
+class _Shape:
+    """Just enough of a tensor for planning: its shape and rank."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape = shape
+        self.ndim = len(shape)
+
+
+def _view(t: torch.Tensor, perm: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+    if perm != tuple(range(t.ndim)):
+        t = t.permute(perm)
+    return t if tuple(t.shape) == shape else t.reshape(shape)
+
+
 def canonicalize(
     lhs: torch.Tensor, rhs: torch.Tensor, num_groups: int, dn: RaggedDotDimensionNumbers
 ) -> Canonical:
     """Validate dimension numbers against the operand shapes and build the canonical views."""
+    planner = _plan.__wrapped__ if torch.compiler.is_compiling() else _plan  # dynamo traces the plain function
+    p = planner(tuple(lhs.shape), tuple(rhs.shape), num_groups, dn)
+    a = _view(lhs, p.lperm, p.lshape)
+    b = _view(rhs, p.rperm, p.rshape)
+    if p.broadcast > 1:
+        bt_b = b.shape[0]
+        b = b.unsqueeze(1).expand(bt_b, p.broadcast, *b.shape[1:]).reshape(bt_b * p.broadcast, *b.shape[1:])
+    return Canonical(p.mode, a, b, p.extent, p.group_scale, p.view_shape, p.perm)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], num_groups: int, dn: RaggedDotDimensionNumbers):
+    lhs, rhs = _Shape(lhs_shape), _Shape(rhs_shape)
     (lc, rc), (lb, rb) = dn.dot_dimension_numbers
     lrag, rgrp = dn.lhs_ragged_dimensions, dn.rhs_group_dimensions
     _check_dims(lc, lhs.ndim, "lhs contracting dimension")
@@ -160,9 +204,8 @@ def canonicalize(
     if r in lb:
         if rgrp:
             raise ValueError("rhs_group_dimensions must be empty when the lhs ragged dimension is a batch dimension")
-        a = lhs.permute(*lb, *lf, *lc).reshape(_prod(bsz), _prod(msz), _prod(csz))
-        b = rhs.permute(*rb, *rc, *rf).reshape(_prod(bsz), _prod(csz), _prod(nsz))
-        return Canonical("batch", a, b, 0, 1, (*bsz, *msz, *nsz), None)
+        return _Plan("batch", (*lb, *lf, *lc), (_prod(bsz), _prod(msz), _prod(csz)), (*rb, *rc, *rf),
+                     (_prod(bsz), _prod(csz), _prod(nsz)), 1, 0, 1, (*bsz, *msz, *nsz), None)
 
     if r in lc:
         if rgrp:
@@ -175,9 +218,9 @@ def canonicalize(
         other_r = [d for j, d in enumerate(rc) if j != i]
         extra = _prod([lhs.shape[d] for d in other_l])
         rows = lhs.shape[r] * extra
-        a = lhs.permute(*lb, r, *other_l, *lf).reshape(_prod(bsz), rows, _prod(msz))
-        b = rhs.permute(*rb, rc[i], *other_r, *rf).reshape(_prod(bsz), rows, _prod(nsz))
-        return Canonical("ragged_k", a, b, rows, extra, (num_groups, *bsz, *msz, *nsz), None)
+        return _Plan("ragged_k", (*lb, r, *other_l, *lf), (_prod(bsz), rows, _prod(msz)),
+                     (*rb, rc[i], *other_r, *rf), (_prod(bsz), rows, _prod(nsz)), 1, rows, extra,
+                     (num_groups, *bsz, *msz, *nsz), None)
 
     # Non-contracting: the ragged dim is a row dim of lhs; rhs must carry the group dim.
     if not rgrp:
@@ -194,10 +237,6 @@ def canonicalize(
     others = [d for d in lf if d != r]
     xsz = [lhs.shape[d] for d in others]
     bt_b, bt_x = _prod(bsz), _prod(xsz)
-    a = lhs.permute(*lb, *others, r, *lc).reshape(bt_b * bt_x, lhs.shape[r], _prod(csz))
-    b = rhs.permute(*rb, g, *rc, *rf).reshape(bt_b, num_groups, _prod(csz), _prod(nsz))
-    if bt_x > 1:
-        b = b.unsqueeze(1).expand(bt_b, bt_x, *b.shape[1:]).reshape(bt_b * bt_x, *b.shape[1:])
     # Canonical output order: batch, others, ragged, rhs free. The user's order puts the ragged dim at its
     # place among lhs's free dims.
     nb, nx, nn = len(bsz), len(xsz), len(nsz)
@@ -207,4 +246,6 @@ def canonicalize(
     free_order.insert(pos, nb + nx)
     perm = (*range(nb), *free_order, *range(nb + nx + 1, nb + nx + 1 + nn))
     identity = perm == tuple(range(len(perm)))
-    return Canonical("ragged_m", a, b, lhs.shape[r], 1, view_shape, None if identity else perm)
+    return _Plan("ragged_m", (*lb, *others, r, *lc), (bt_b * bt_x, lhs.shape[r], _prod(csz)),
+                 (*rb, g, *rc, *rf), (bt_b, num_groups, _prod(csz), _prod(nsz)), bt_x, lhs.shape[r], 1,
+                 view_shape, None if identity else perm)

@@ -32,7 +32,9 @@ A backend that cannot serve a case (dtype, device, layout it cannot copy into) r
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -99,18 +101,28 @@ def get_backend(name: str) -> Backend:
     return backend
 
 
-def available_backends() -> list[str]:
-    """Names of the concrete backends usable on this machine now."""
+@functools.lru_cache(maxsize=8)
+def _available(triton_interpret: str) -> tuple[str, ...]:
     names = []
     for name in _REGISTRY:
         backend = _load(name)
         if backend is not None and backend.is_available():
             names.append(name)
-    return names
+    return tuple(names)
+
+
+def available_backends() -> list[str]:
+    """Names of the concrete backends usable on this machine now (checked once per process and setting)."""
+    check = _available.__wrapped__ if torch.compiler.is_compiling() else _available
+    return list(check(os.environ.get("TRITON_INTERPRET", "")))
+
+
+@functools.lru_cache(maxsize=8)
+def _candidates(device_type: str, usable: tuple[str, ...]) -> tuple[str, ...]:
+    order = ("triton", "torch", "reference") if device_type == "cuda" else ("torch", "reference")
+    return tuple(name for name in order if name in usable)
 
 
 def candidates(device: torch.device) -> list[str]:
     """`auto`'s order before measurement exists: the fastest kind first, the reference last."""
-    order = ["triton", "torch", "reference"] if device.type == "cuda" else ["torch", "reference"]
-    usable = set(available_backends())
-    return [name for name in order if name in usable]
+    return list(_candidates(device.type, tuple(available_backends())))
