@@ -1,0 +1,299 @@
+"""`ragdot bench`: the six ragged-dot classes over the MoE shapes, every backend, checked then timed.
+
+    ragdot bench                          # CPU: the quick set; CUDA: all 11 seed shapes, bf16
+    ragdot bench --anchors --routing balanced skewed --out benchmarks/results
+    ragdot bench --shapes mixtral-8x7b 4096,1024,512,8 --classes fwd_wi wgrad_wi --backends torch auto
+    ragdot bench --anchors --cuda-graphs   # device time only (ragdot's Python dispatch left out)
+    ragdot bench --dry-run                # the plan and its time estimate, nothing run
+
+Every backend's output is compared with the `reference` backend on the very inputs of the cell before it
+is timed: a wrong one is reported as "wrong" and not timed; out-of-memory is "OOM", an unsupported case
+"n/a". Writes <out>/ragdot-bench-<gpu>-<commit>-<date>.csv (+ .json, + PNG plots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = "micro-benchmark: six ragged-dot classes x MoE shapes x backends (checked, then timed)"
+
+_DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
+_ORDER = ("padded", "torch", "triton", "auto", "xla", "reference")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ragdot.bench.classes import CLASS_NAMES
+    from ragdot.routing import ROUTINGS
+
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        metavar="SHAPE",
+        help="shape names, 'M,K,N,E' or 'tag:seed|anchor|tiny' (default: tag:seed on CUDA)",
+    )
+    parser.add_argument("--anchors", action="store_true", help="only the 8 shapes of the H200 anchor page")
+    parser.add_argument(
+        "--classes",
+        nargs="+",
+        choices=CLASS_NAMES,
+        metavar="CLASS",
+        help=f"classes to run (default all: {' '.join(CLASS_NAMES)})",
+    )
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        metavar="NAME",
+        help="ragdot backends, 'auto' and 'xla' (default: all usable here)",
+    )
+    parser.add_argument("--no-xla", action="store_true", help="leave out jax.lax.ragged_dot_general")
+    parser.add_argument(
+        "--routing",
+        nargs="+",
+        choices=ROUTINGS,
+        default=["balanced"],
+        help="group-size patterns (default: balanced)",
+    )
+    parser.add_argument(
+        "--dtype", choices=sorted(_DTYPES), help="operand dtype (default bf16 on CUDA, fp32 on CPU)"
+    )
+    parser.add_argument("--warmup", type=int, help="warm-up calls per system and cell (default 10; quick 2)")
+    parser.add_argument("--iters", type=int, help="timed calls per system and cell (default 50; quick 5)")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        help="time budget per system and cell; slow systems get fewer iterations, at least 3 "
+        "(default 1.0 on CUDA, 0.25 on CPU; 0 = unbounded)",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell (default 5)")
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="time replays of CUDA graphs: device time without Python/launch overhead",
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, few iterations (CI, CPU)")
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("out/bench"), help="output folder (default out/bench)"
+    )
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--peak-tflops", type=float, help="use this matmul peak instead of measuring it")
+    parser.add_argument(
+        "--bandwidth-gbs", type=float, help="use this bandwidth (GB/s) instead of measuring it"
+    )
+    parser.add_argument("--commit", help="commit id for the records (default: git rev-parse --short HEAD)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the plan and time estimate, run nothing"
+    )
+
+
+def _commit() -> str:
+    if os.environ.get("RAGDOT_COMMIT"):
+        return os.environ["RAGDOT_COMMIT"]
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _systems(args: argparse.Namespace, device: Any, console: Any) -> list[Any]:
+    import ragdot
+    from ragdot.backends import BACKEND_NAMES
+    from ragdot.bench.systems import AUTO, RagdotSystem
+
+    usable = ragdot.backends()
+    known = (*BACKEND_NAMES, AUTO, "xla")
+    wanted = args.backends or [*usable, AUTO, *([] if args.no_xla else ["xla"])]
+    for name in wanted:
+        if name not in known:
+            raise ValueError(f"--backends: {name!r} is unknown; expected some of {', '.join(known)}")
+    names = [n for n in _ORDER if n in wanted] + [n for n in wanted if n not in _ORDER]
+    systems = []
+    for name in names:
+        if name == "xla":
+            if args.no_xla:
+                continue
+            from ragdot.bench.xla import XlaSystem, xla_unavailable_reason
+
+            reason = xla_unavailable_reason(device)
+            if reason:
+                console.print(f"[yellow]xla left out: {reason}[/]")
+                continue
+            systems.append(XlaSystem(device))
+        elif name != AUTO and name not in usable:
+            console.print(f"[yellow]{name} left out: not usable here (usable: {', '.join(usable)})[/]")
+        else:
+            systems.append(RagdotSystem(name))
+    return systems
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ValueError as exc:  # a bad option value: say which, no traceback
+        print(f"ragdot bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ragdot.bench import plan, plots, report
+    from ragdot.bench.ceilings import Ceilings, measure_ceilings
+    from ragdot.bench.classes import CLASSES, parse_classes
+    from ragdot.bench.runner import BenchConfig, run_cell
+    from ragdot.shapes import parse_shapes, shapes_with_tag
+
+    console = Console(width=None if sys.stdout.isatty() else 180)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
+    quick = args.quick or (not cuda and not args.shapes and not args.anchors)
+    if args.shapes:
+        try:
+            shapes = parse_shapes(args.shapes)
+        except ValueError as exc:
+            raise ValueError(f"--shapes: {exc}") from None
+    else:
+        shapes = shapes_with_tag("tiny" if quick else "anchor" if args.anchors else "seed")
+    if args.anchors:
+        shapes = [s for s in shapes if "anchor" in s.tags or "tiny" in s.tags]
+    classes = parse_classes(args.classes) if args.classes else list(CLASSES)
+    dtype = getattr(torch, _DTYPES[args.dtype or ("bf16" if cuda else "fp32")])
+    warmup = args.warmup if args.warmup is not None else (2 if quick else 10)
+    iters = args.iters if args.iters is not None else (5 if quick else 50)
+    max_s = args.max_seconds if args.max_seconds is not None else (1.0 if cuda else 0.25)
+    for flag, value, low in (("--warmup", warmup, 0), ("--iters", iters, 1), ("--rounds", args.rounds, 1)):
+        if value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if dtype == torch.float32:  # full float32, as the tolerance assumes
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    systems = _systems(args, device, console)
+    names = [s.name for s in systems]
+
+    if args.peak_tflops and args.bandwidth_gbs:
+        ceilings = Ceilings(args.peak_tflops * 1e12, args.bandwidth_gbs * 1e9, source="given")
+    elif args.dry_run:
+        ceilings = Ceilings((720e12 if cuda else 1e11), (4.2e12 if cuda else 1e10), source="assumed")
+    else:
+        ceilings = measure_ceilings(device, dtype)
+    gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
+    memory = torch.cuda.get_device_properties(device).total_memory if cuda else None
+    n_cells = len(shapes) * len(classes) * len(args.routing)
+
+    def estimate(some: list[Any]) -> float:
+        n_routings = len(args.routing)
+        return plan.run_seconds(
+            names, some, classes, n_routings, ceilings, dtype.itemsize, warmup, iters, max_s, cuda, memory
+        )
+
+    est = estimate(shapes)
+    dtype_name = str(dtype).removeprefix("torch.")
+    console.print(
+        f"ragdot bench on {gpu} ({device}), {dtype_name}: {len(shapes)} shapes x {len(classes)} classes x "
+        f"{len(args.routing)} routings = {n_cells} cells; systems: {', '.join(names)}\n"
+        f"ceilings ({ceilings.source}): {ceilings.peak_tflops:.1f} TFLOP/s, "
+        f"{ceilings.bandwidth_gbs:.0f} GB/s; warm-up {warmup}, iters {iters}, "
+        f"budget {max_s or 'unbounded'} s per system and cell; estimated time {est / 60:.1f} min"
+    )
+    if args.dry_run:
+        return 0
+
+    cfg = BenchConfig(
+        device,
+        dtype,
+        ceilings,
+        warmup,
+        iters,
+        max_s or None,
+        args.rounds,
+        args.seed,
+        graphs=args.cuda_graphs and cuda,
+    )
+    results = []
+    start = time.perf_counter()
+    done_est = 0.0
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("cells", total=n_cells)
+        for i, shape in enumerate(shapes):
+            t0 = time.perf_counter()
+            for cls in classes:
+                for routing in args.routing:
+                    progress.update(task, description=f"{shape.name} {cls.name} {routing}")
+                    results += run_cell(shape, cls, routing, systems, cfg)
+                    progress.advance(task)
+            done_est += estimate([shape])
+            elapsed = time.perf_counter() - start
+            left = (est - done_est) * elapsed / max(done_est, 1e-9)
+            progress.console.print(
+                f"[{i + 1}/{len(shapes)}] {shape.name}: {time.perf_counter() - t0:.1f} s "
+                f"(elapsed {elapsed:.0f} s, about {left:.0f} s left)"
+            )
+
+    now = datetime.datetime.now()
+    commit = args.commit or _commit()
+    meta = {
+        "gpu": gpu,
+        "commit": commit,
+        "date": now.isoformat(timespec="seconds"),
+        "dtype": dtype_name,
+        "torch": torch.__version__,
+        "device": str(device),
+        "peak_tflops": ceilings.peak_tflops,
+        "bandwidth_gbs": ceilings.bandwidth_gbs,
+        "ceilings": ceilings.source,
+        "cuda_graphs": cfg.graphs,
+        "warmup": warmup,
+        "iters": iters,
+        "max_seconds": max_s,
+        "seconds": round(time.perf_counter() - start, 1),
+        "argv": sys.argv[1:],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = report.file_stem(gpu, commit, now.strftime("%Y%m%d-%H%M%S"))
+    rows = report.result_rows(results, meta)
+    files = [
+        report.write_csv(rows, args.out / f"{stem}.csv"),
+        report.write_json(rows, meta, args.out / f"{stem}.json"),
+    ]
+    title = f"ragdot bench, {gpu}, {meta['dtype']}, {commit}"
+    report.print_tables(results, console, title, anchors="H200" in gpu and dtype == torch.bfloat16)
+    if not args.no_plots:
+        files += plots.plot_results(results, args.out, stem, title)
+    console.print(f"done in {meta['seconds']} s; wrote " + ", ".join(str(f) for f in files))
+    bad = [r for r in results if r.status in ("wrong", "error")]
+    for r in bad:
+        console.print(
+            f"[red]{r.status}[/]: {r.backend} on {r.shape.name} {r.cls} {r.routing}: err={r.err} {r.note}"
+        )
+    return 1 if bad else 0

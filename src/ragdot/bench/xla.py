@@ -1,0 +1,137 @@
+"""The `xla` system: `jax.lax.ragged_dot_general` on the same device as the torch inputs.
+
+This measures XLA's own lowering of ragged dot (on NVIDIA GPUs today: the padded rewrite that the seed
+calls the default baseline) in the same process and on the same GPU as ragdot's backends. Inputs are
+shared with torch through DLPack (no copy); calls are asynchronous, so they are timed by wall clock around
+a batch ending in `block_until_ready`. The extra device memory of a call is XLA's own account of the
+compiled program (temporaries + output).
+
+Before JAX is imported we ask it not to grab most of the GPU up front (`XLA_PYTHON_CLIENT_PREALLOCATE`)
+and to grow to at most `XLA_PYTHON_CLIENT_MEM_FRACTION` (0.45 unless set), leaving the rest to torch;
+XLA's C++ log is silenced (`TF_CPP_MIN_LOG_LEVEL=3` unless set): its errors still reach us as exceptions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ragdot.bench.classes import RaggedClass
+from ragdot.bench.systems import Operands, System
+
+__all__ = ["XlaSystem", "xla_unavailable_reason"]
+
+_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def _import_jax() -> Any:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # XLA's C++ log floods the output on OOM
+    import jax
+
+    return jax
+
+
+def _jax_device(jax: Any, device: torch.device) -> Any:
+    platform = "gpu" if device.type == "cuda" else "cpu"
+    devices = jax.devices(platform)  # RuntimeError when JAX has no such backend
+    # JAX and torch number the CUDA devices alike when both see the same CUDA_VISIBLE_DEVICES.
+    index = (device.index or 0) if device.type == "cuda" else 0
+    return devices[index]
+
+
+def xla_unavailable_reason(device: torch.device) -> str | None:
+    """None when JAX imports and has a device matching `device`; else why not."""
+    try:
+        jax = _import_jax()
+    except Exception as exc:  # ImportError, or a broken jaxlib
+        return f"jax does not import ({type(exc).__name__}: {exc})"
+    try:
+        _jax_device(jax, device)
+    except Exception as exc:
+        return f"jax has no {device.type} device ({exc})"
+    return None
+
+
+class XlaSystem(System):
+    """`jax.lax.ragged_dot_general`, jitted once per class and dtype (compiled once per shape)."""
+
+    name = "xla"
+
+    def __init__(self, device: torch.device) -> None:
+        self.jax = _import_jax()
+        self.device = device
+        self.jax_device = _jax_device(self.jax, device)
+        self._fns: dict[tuple[str, torch.dtype, torch.dtype], Any] = {}
+        self._args: list[tuple[Any, Any, Any]] = []
+        self._compiled: Any = None
+        self._programs: dict[tuple[Any, ...], Any] = {}
+        self.sync = lambda out: out.block_until_ready()
+
+    def _fn(self, cls: RaggedClass, in_dtype: torch.dtype, out_dtype: torch.dtype) -> Any:
+        key = (cls.name, in_dtype, out_dtype)
+        if key not in self._fns:
+            jax, lax = self.jax, self.jax.lax
+            dims = lax.RaggedDotDimensionNumbers(
+                dot_dimension_numbers=cls.dot_dimension_numbers,
+                lhs_ragged_dimensions=list(cls.lhs_ragged_dimensions),
+                rhs_group_dimensions=list(cls.rhs_group),
+            )
+            # float32 in full precision, as ragdot does with TF32 off
+            precision = lax.Precision.HIGHEST if in_dtype == torch.float32 else None
+            out = self.jax.numpy.dtype(_DTYPES[out_dtype])
+
+            def call(lhs: Any, rhs: Any, sizes: Any) -> Any:
+                return lax.ragged_dot_general(
+                    lhs, rhs, sizes, dims, precision=precision, preferred_element_type=out
+                )
+
+            self._fns[key] = jax.jit(call)
+        return self._fns[key]
+
+    def _to_jax(self, t: torch.Tensor) -> Any:
+        t = t.contiguous()
+        try:
+            return self.jax.dlpack.from_dlpack(t)
+        except Exception:  # fall back to a host round trip (slow, but only once per cell)
+            host = t.detach().float().cpu().numpy()
+            return self.jax.device_put(host, self.jax_device).astype(_DTYPES.get(t.dtype, "int32"))
+
+    def prepare(
+        self, cls: RaggedClass, sets: list[Operands], out_dtype: torch.dtype
+    ) -> list[Callable[[], Any]]:
+        if sets[0].lhs.dtype not in _DTYPES or out_dtype not in _DTYPES:
+            raise NotImplementedError(f"xla: dtype {sets[0].lhs.dtype} is not benchmarked")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # torch's writes done before JAX reads the buffers
+        self._args = [(self._to_jax(s.lhs), self._to_jax(s.rhs), self._to_jax(s.group_sizes)) for s in sets]
+        # Compile ahead of time once per class and shape; the compiled program also reports its memory.
+        key = (cls.name, tuple(sets[0].lhs.shape), tuple(sets[0].rhs.shape), sets[0].lhs.dtype, out_dtype)
+        if key not in self._programs:
+            fn = self._fn(cls, sets[0].lhs.dtype, out_dtype)
+            self._programs[key] = fn.lower(*self._args[0]).compile()
+        compiled = self._compiled = self._programs[key]
+        return [lambda a=args: compiled(*a) for args in self._args]
+
+    def to_torch(self, out: Any) -> torch.Tensor:
+        out.block_until_ready()
+        try:
+            return torch.from_dlpack(out)
+        except Exception:
+            host = self.jax.numpy.asarray(out, dtype="float32")
+            return torch.from_numpy(self.jax.device_get(host).copy()).to(self.device)
+
+    def peak_bytes(self, cls: RaggedClass, sets: list[Operands], out_dtype: torch.dtype) -> int | None:
+        try:
+            stats = self._compiled.memory_analysis()
+            return int(stats.temp_size_in_bytes + stats.output_size_in_bytes)
+        except Exception:  # not every jaxlib reports it
+            return None
+
+    def release(self) -> None:
+        self._args = []
+        self._compiled = None
