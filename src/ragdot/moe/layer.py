@@ -1,0 +1,258 @@
+"""The MoE layer: top-k router, SwiGLU experts, three compute paths (the seed's MaxText paths).
+
+    layer = MoELayer(dim, hidden_dim, num_experts, top_k, path="sparse")
+    y = layer(x)                                 # x [..., dim] -> y [..., dim]
+    loss = task_loss + layer.aux_loss + layer.z_loss
+
+Parameters (identical for every path, so ``path`` and ``backend`` can be switched at any time):
+    router.weight  [E, dim]
+    w_gate_up      [E, dim, 2*hidden]   columns [:hidden] gate, [hidden:] up
+                                        expert(x) = down(silu(gate) * up)
+    w_down         [E, hidden, dim]
+    shared_expert  optional dense SwiGLU added to every token's output
+
+Paths:
+    sparse          dropless; permute (counting sort) -> ragged_dot -> SwiGLU -> ragged_dot -> weighted
+                    combine.
+                    Work ~ T*k rows. Gradients through ragdot's custom ops.
+    dense_dropless  every token through every expert, then the router weights (0 off the top-k) combine
+                    them. Work ~ T*E rows.
+    dense_drop      capacity C = ceil(S*k/E * capacity_factor) per sequence (S tokens; the whole input is
+                    one sequence when x is 2-D); one-hot dispatch/combine masks put the first C assignments
+                    of each expert (in token order, then choice order) into a [E, C] buffer and drop the
+                    overflow.
+                    Work ~ E*C rows plus the mask einsums, as MaxText does it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ragdot
+from ragdot.backends import BACKEND_NAMES
+from ragdot.moe.permute import IMPLS, permute, unpermute
+from ragdot.moe.router import Router, RouterOutput, expert_counts, load_balancing_loss, router_z_loss
+
+__all__ = ["MoELayer", "SwiGLU", "PATHS"]
+
+PATHS: tuple[str, ...] = ("sparse", "dense_dropless", "dense_drop")
+
+
+def swiglu(h: torch.Tensor) -> torch.Tensor:
+    """[..., 2*hidden] (gate | up) -> [..., hidden]."""
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class SwiGLU(nn.Module):
+    """Dense SwiGLU feed-forward (the shared expert, or a reference FFN)."""
+
+    def __init__(self, dim: int, hidden_dim: int, *, dtype=None, device=None) -> None:
+        super().__init__()
+        self.w_gate_up = nn.Parameter(torch.empty((dim, 2 * hidden_dim), dtype=dtype, device=device))
+        self.w_down = nn.Parameter(torch.empty((hidden_dim, dim), dtype=dtype, device=device))
+        nn.init.normal_(self.w_gate_up, std=dim**-0.5)
+        nn.init.normal_(self.w_down, std=hidden_dim**-0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x @ self.w_gate_up) @ self.w_down
+
+
+def _one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
+    """int32 one-hot by comparison (F.one_hot checks its input's range with a host sync); >= classes -> 0."""
+    return (index[..., None] == torch.arange(classes, device=index.device)).to(torch.int32)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class MoELayer(nn.Module):
+    """Mixture-of-Experts SwiGLU layer with a switchable compute path and ragdot backend.
+
+    After each forward, ``aux_loss`` (load balancing, times ``aux_loss_coef``), ``z_loss`` (router z-loss,
+    times ``z_loss_coef``) and ``expert_counts`` (int32 [E], assignments per expert before any drop) hold
+    this call's values; add the losses to the training loss.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        path: str = "sparse",
+        capacity_factor: float = 1.25,
+        backend: str | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        normalize_weights: bool = True,
+        num_shared_experts: int = 0,
+        shared_hidden_dim: int | None = None,
+        aux_loss_coef: float = 0.01,
+        z_loss_coef: float = 0.001,
+        routing_impl: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim = _positive_int("dim", dim)
+        self.hidden_dim = _positive_int("hidden_dim", hidden_dim)
+        self.num_experts = _positive_int("num_experts", num_experts)
+        self.top_k = _positive_int("top_k", top_k)
+        if top_k > num_experts:
+            raise ValueError(f"top_k={top_k} must not exceed num_experts={num_experts}")
+        if (
+            isinstance(num_shared_experts, bool)
+            or not isinstance(num_shared_experts, int)
+            or num_shared_experts < 0
+        ):
+            raise ValueError(f"num_shared_experts must be an int >= 0, got {num_shared_experts!r}")
+        self.path = path
+        self.capacity_factor = capacity_factor
+        self.backend = backend
+        self.routing_impl = routing_impl
+        self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
+        self.router = Router(dim, num_experts, top_k, normalize=normalize_weights, dtype=dtype, device=device)
+        self.w_gate_up = nn.Parameter(
+            torch.empty((num_experts, dim, 2 * hidden_dim), dtype=dtype, device=device)
+        )
+        self.w_down = nn.Parameter(torch.empty((num_experts, hidden_dim, dim), dtype=dtype, device=device))
+        nn.init.normal_(self.w_gate_up, std=dim**-0.5)
+        nn.init.normal_(self.w_down, std=hidden_dim**-0.5)
+        self.shared_expert: SwiGLU | None = None
+        if num_shared_experts:
+            shared = shared_hidden_dim if shared_hidden_dim is not None else num_shared_experts * hidden_dim
+            self.shared_expert = SwiGLU(
+                dim, _positive_int("shared_hidden_dim", shared), dtype=dtype, device=device
+            )
+        self.aux_loss: torch.Tensor | None = None
+        self.z_loss: torch.Tensor | None = None
+        self.expert_counts: torch.Tensor | None = None
+
+    # -------------------------------------------------------------------------------------- settings
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @path.setter
+    def path(self, value: str) -> None:
+        if value not in PATHS:
+            raise ValueError(f"path={value!r} is unknown; expected one of {', '.join(PATHS)}")
+        self._path = value
+
+    @property
+    def capacity_factor(self) -> float:
+        return self._capacity_factor
+
+    @capacity_factor.setter
+    def capacity_factor(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"capacity_factor must be a number > 0, got {value!r}")
+        self._capacity_factor = float(value)
+
+    @property
+    def backend(self) -> str | None:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: str | None) -> None:
+        names = (*BACKEND_NAMES, "auto")
+        if value is not None and value not in names:
+            raise ValueError(f"backend={value!r} is unknown; expected one of {', '.join(names)} or None")
+        self._backend = value
+
+    @property
+    def routing_impl(self) -> str | None:
+        return self._routing_impl
+
+    @routing_impl.setter
+    def routing_impl(self, value: str | None) -> None:
+        if value is not None and value not in IMPLS:
+            raise ValueError(f"routing_impl={value!r} is unknown; expected one of {IMPLS} or None")
+        self._routing_impl = value
+
+    def capacity(self, seq_len: int) -> int:
+        """Rows per expert and sequence on the dense_drop path."""
+        return max(1, math.ceil(seq_len * self.top_k / self.num_experts * self.capacity_factor))
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, hidden_dim={self.hidden_dim}, num_experts={self.num_experts}, "
+            f"top_k={self.top_k}, "
+            f"path={self.path!r}, backend={self.backend!r}, capacity_factor={self.capacity_factor}"
+        )
+
+    # -------------------------------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.dim:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must be a tensor of shape [..., dim={self.dim}], got {shape}")
+        if x.dtype != self.w_gate_up.dtype:
+            raise TypeError(f"x has dtype {x.dtype} but the layer's weights are {self.w_gate_up.dtype}")
+        x2 = x.reshape(-1, self.dim)
+        if x2.shape[0] == 0:
+            return self._empty(x)
+        routed = self.router(x2)
+        if self.path == "sparse":
+            y, counts = self._sparse(x2, routed)
+        elif self.path == "dense_dropless":
+            y, counts = self._dense_dropless(x2, routed)
+        else:
+            seq_len = x.shape[-2] if x.dim() >= 3 else x2.shape[0]
+            y, counts = self._dense_drop(x2, routed, seq_len)
+        if self.shared_expert is not None:
+            y = y + self.shared_expert(x2)
+        self.expert_counts = counts.detach()
+        self.aux_loss = self.aux_loss_coef * load_balancing_loss(routed.probs, counts)
+        self.z_loss = self.z_loss_coef * router_z_loss(routed.logits)
+        return y.reshape(x.shape)
+
+    def _empty(self, x: torch.Tensor) -> torch.Tensor:
+        zero = x.new_zeros((), dtype=torch.float32)
+        self.aux_loss, self.z_loss = zero, zero.clone()
+        self.expert_counts = torch.zeros((self.num_experts,), dtype=torch.int32, device=x.device)
+        return x.new_zeros(x.shape)
+
+    def _sparse(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, routing = permute(x2, r.experts, self.num_experts, impl=self.routing_impl)
+        sizes = routing.group_sizes
+        h = ragdot.ragged_dot(rows, self.w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
+        out = ragdot.ragged_dot(swiglu(h), self.w_down, sizes, backend=self.backend)  # [T*k, dim]
+        return unpermute(out, routing, r.weights), sizes
+
+    def _dense_dropless(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, e = x2.shape[0], self.num_experts
+        w_flat = self.w_gate_up.permute(1, 0, 2).reshape(self.dim, -1)  # [dim, E*2H]
+        h = (x2 @ w_flat).view(tokens, e, -1)  # [T, E, 2H]: every token, every expert
+        out = torch.bmm(swiglu(h).transpose(0, 1), self.w_down)  # [E, T, dim]
+        dense_w = torch.zeros((tokens, e), dtype=r.weights.dtype, device=x2.device)
+        dense_w = dense_w.scatter(1, r.experts, r.weights)  # [T, E]: router weight, 0 off the top-k
+        y = torch.bmm(dense_w.to(out.dtype).unsqueeze(1), out.transpose(0, 1)).squeeze(1)  # [T, dim]
+        return y, expert_counts(r.experts, e)
+
+    def _dense_drop(
+        self, x2: torch.Tensor, r: RouterOutput, seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, e, k = x2.shape[0], self.num_experts, self.top_k
+        groups, cap = tokens // seq_len, self.capacity(seq_len)
+        onehot = _one_hot(r.experts.view(groups, seq_len * k), e)  # [B, S*k, E]: assignment order t*k + j
+        position = (onehot.cumsum(dim=1) * onehot).sum(-1) - 1  # [B, S*k]: place in its expert's queue
+        kept_slot = torch.where(position < cap, position, cap)  # overflow -> the discarded slot `cap`
+        slot_onehot = _one_hot(kept_slot, cap)  # [B, S*k, C]: all zero for the overflow
+        expert_onehot = onehot.view(groups, seq_len, k, e).to(x2.dtype)
+        slot_onehot = slot_onehot.view(groups, seq_len, k, cap).to(x2.dtype)
+        dispatch = torch.einsum("bsje,bsjc->bsec", expert_onehot, slot_onehot)  # [B, S, E, C] 0/1
+        weights = r.weights.view(groups, seq_len, k, 1).to(x2.dtype)
+        combine = torch.einsum("bsje,bsjc->bsec", expert_onehot * weights, slot_onehot)  # [B, S, E, C]
+        x3 = x2.view(groups, seq_len, self.dim)
+        buf = torch.einsum("bsd,bsec->ebcd", x3, dispatch).reshape(e, groups * cap, self.dim)
+        h = torch.bmm(buf, self.w_gate_up)  # [E, B*C, 2H]
+        out = torch.bmm(swiglu(h), self.w_down).view(e, groups, cap, self.dim)
+        y = torch.einsum("ebcd,bsec->bsd", out, combine).reshape(tokens, self.dim)
+        return y, onehot.sum(dim=(0, 1)).to(torch.int32)

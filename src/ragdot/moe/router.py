@@ -1,0 +1,82 @@
+"""Top-k softmax router and its auxiliary losses.
+
+    logits = x @ W^T          (float32 at least, W [E, dim])
+    probs  = softmax(logits)
+    weights, experts = top_k(probs)         (weights renormalised to sum to 1 unless normalize=False)
+
+Losses (returned unscaled; the layer multiplies them by its coefficients):
+    load balancing  E * sum_e f_e * P_e     f_e: share of the T*k assignments routed to e (no gradient)
+                                            P_e: mean router probability of e over the tokens
+    router z-loss   mean_t logsumexp(logits_t)^2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["Router", "RouterOutput", "load_balancing_loss", "router_z_loss", "expert_counts"]
+
+
+@dataclass
+class RouterOutput:
+    weights: torch.Tensor  # float32|float64 [T, k]: combine weight of each choice
+    experts: torch.Tensor  # int64 [T, k]: chosen experts, best first
+    logits: torch.Tensor  # float32|float64 [T, E]
+    probs: torch.Tensor  # float32|float64 [T, E]
+
+
+class Router(nn.Module):
+    """Linear gate to ``num_experts`` logits, softmax and top-k, computed in float32 (or float64)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        normalize: bool = True,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
+        self.num_experts, self.top_k, self.normalize = num_experts, top_k, normalize
+        self.weight = nn.Parameter(torch.empty((num_experts, dim), dtype=dtype, device=device))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.weight.shape[1] ** -0.5)
+
+    def forward(self, x: torch.Tensor) -> RouterOutput:
+        """x [T, dim] -> RouterOutput."""
+        dt = torch.promote_types(x.dtype, torch.float32)
+        logits = F.linear(x.to(dt), self.weight.to(dt))
+        probs = torch.softmax(logits, dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return RouterOutput(weights=weights, experts=experts, logits=logits, probs=probs)
+
+
+def expert_counts(experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """int32 [E]: assignments per expert, on the device (no host sync)."""
+    flat = experts.reshape(-1)
+    counts = torch.zeros((num_experts,), dtype=torch.int32, device=flat.device)
+    return counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+
+
+def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Switch/GShard balance loss from probs [T, E] and assignment counts [E]; 1.0 when perfectly balanced."""
+    num_experts = probs.shape[-1]
+    fraction = counts.float() / counts.sum().clamp_min(1).float()
+    return num_experts * (fraction * probs.mean(dim=0)).sum()
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """ST-MoE z-loss: mean squared log-partition of the router logits [T, E]."""
+    return torch.logsumexp(logits, dim=-1).square().mean()

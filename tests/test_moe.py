@@ -1,0 +1,243 @@
+"""The MoE layer: its three paths agree where they must, every backend, torch.compile, the bench CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import ragdot
+from helpers import nerr
+from ragdot.moe import MoELayer, SwiGLU
+from ragdot.moe import routing_kernels as rk
+from ragdot.moe.router import load_balancing_loss, router_z_loss
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+ROUTING_IMPLS = ["torch"] + (["triton"] if rk.HAS_TRITON else [])
+
+
+def _layer(dim=16, hidden=12, experts=6, top_k=2, dtype=torch.float64, **kw) -> MoELayer:
+    torch.manual_seed(0)
+    return MoELayer(dim, hidden, experts, top_k, dtype=dtype, device=DEV, **kw)
+
+
+def _input(shape, dtype, seed=1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(DEV, dtype)
+
+
+def _run(layer: MoELayer, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Output and the gradients of x and every parameter for a loss that also uses the router losses."""
+    layer.zero_grad(set_to_none=True)
+    xg = x.detach().clone().requires_grad_(True)
+    y = layer(xg)
+    (y.square().sum() + layer.aux_loss + layer.z_loss).backward()
+    grads = {"x": xg.grad} | {n: p.grad for n, p in layer.named_parameters()}
+    return y.detach(), grads
+
+
+@pytest.mark.parametrize(
+    "dtype,impl,tol",
+    [(torch.float64, "torch", 1e-12)] + [(torch.float32, i, 1e-5) for i in ROUTING_IMPLS],
+)
+def test_sparse_equals_dense_dropless(dtype, impl, tol):
+    layer = _layer(dtype=dtype, backend="reference", routing_impl=impl, num_shared_experts=1)
+    x = _input((3, 11, 16), dtype)
+    y_sparse, g_sparse = _run(layer, x)
+    aux = layer.aux_loss.item()
+    layer.path = "dense_dropless"
+    y_dense, g_dense = _run(layer, x)
+    assert nerr(y_sparse, y_dense) <= tol
+    assert set(g_sparse) == set(g_dense) and all(g is not None for g in g_sparse.values())
+    for name in g_sparse:
+        assert nerr(g_sparse[name], g_dense[name]) <= tol, name
+    assert layer.aux_loss.item() == pytest.approx(aux)
+
+
+def _dense_drop_reference(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
+    """Per sequence, each expert keeps its first C assignments in (token, choice) order; loops, no tricks."""
+    b, s, d = x.shape
+    r = layer.router(x.reshape(-1, d))
+    experts, weights = r.experts.view(b, s, -1), r.weights.view(b, s, -1)
+    cap = layer.capacity(s)
+    y = torch.zeros_like(x)
+    for bi in range(b):
+        used = [0] * layer.num_experts
+        for t in range(s):
+            for j in range(layer.top_k):
+                e = int(experts[bi, t, j])
+                used[e] += 1
+                if used[e] <= cap:
+                    h = x[bi, t] @ layer.w_gate_up[e]
+                    gate, up = h.chunk(2)
+                    y[bi, t] += weights[bi, t, j] * ((torch.nn.functional.silu(gate) * up) @ layer.w_down[e])
+    return y
+
+
+def test_dense_drop_with_ample_capacity_equals_sparse_and_drops_overflow_otherwise():
+    layer = _layer(backend="reference")
+    x = _input((2, 12, 16), torch.float64)
+    y_sparse, g_sparse = _run(layer, x)
+    layer.path, layer.capacity_factor = (
+        "dense_drop",
+        layer.num_experts / layer.top_k,
+    )  # C = S: nothing dropped
+    y_drop, g_drop = _run(layer, x)
+    assert nerr(y_drop, y_sparse) <= 1e-12
+    for name in g_sparse:
+        assert nerr(g_drop[name], g_sparse[name]) <= 1e-12, name
+    layer.capacity_factor = 0.5  # C = ceil(12 * 2 / 6 * 0.5) = 2 of the 4 an expert gets on average
+    assert layer.capacity(12) == 2
+    with torch.no_grad():
+        y_small = layer(x)
+        ref = _dense_drop_reference(layer, x)
+    assert nerr(y_small, y_sparse) > 0.1  # dropped assignments change the output
+    assert nerr(y_small, ref) <= 1e-12
+
+
+@pytest.mark.parametrize("path", ["sparse", "dense_dropless", "dense_drop"])
+def test_one_expert_top1_is_a_dense_swiglu_ffn(path):
+    layer = _layer(experts=1, top_k=1, path=path, backend="reference")
+    ffn = SwiGLU(16, 12, dtype=torch.float64, device=DEV)
+    with torch.no_grad():
+        ffn.w_gate_up.copy_(layer.w_gate_up[0])
+        ffn.w_down.copy_(layer.w_down[0])
+    x = _input((4, 9, 16), torch.float64)
+    with torch.no_grad():
+        assert nerr(layer(x), ffn(x)) <= 1e-12
+
+
+@pytest.mark.parametrize("backend", ragdot.backends())
+def test_every_backend_gives_the_same_layer_output(backend):
+    layer = _layer(dim=32, hidden=16, experts=5, top_k=2, dtype=torch.float32, backend="reference")
+    x = _input((2, 10, 32), torch.float32)
+    y_ref, g_ref = _run(layer, x)
+    layer.backend = backend
+    y, g = _run(layer, x)
+    assert nerr(y, y_ref) <= 1e-5
+    for name in ("x", "w_gate_up", "w_down", "router.weight"):
+        assert nerr(g[name], g_ref[name]) <= 1e-5, name
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    layer = _layer(dtype=torch.float32, backend="reference", num_shared_experts=1)
+    x = _input((2, 8, 16), torch.float32)
+    y_eager, g_eager = _run(layer, x)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    layer.zero_grad(set_to_none=True)
+    xg = x.clone().requires_grad_(True)
+    y = compiled(xg)
+    (y.square().sum() + layer.aux_loss + layer.z_loss).backward()
+    assert nerr(y, y_eager) <= 1e-6 and nerr(xg.grad, g_eager["x"]) <= 1e-6
+    assert nerr(layer.w_gate_up.grad, g_eager["w_gate_up"]) <= 1e-6
+
+
+def test_state_dict_is_the_same_for_every_path():
+    a = _layer(path="sparse", num_shared_experts=2)
+    b = _layer(path="dense_drop", num_shared_experts=2)
+    assert {k: v.shape for k, v in a.state_dict().items()} == {k: v.shape for k, v in b.state_dict().items()}
+    assert a.w_gate_up.shape == (6, 16, 24) and a.w_down.shape == (6, 12, 16)
+    assert a.shared_expert.w_gate_up.shape == (16, 48)  # two shared experts -> width 2 * hidden
+    b.load_state_dict(a.state_dict())
+    b.path, b.capacity_factor = "sparse", 1.25
+    x = _input((5, 16), torch.float64)
+    with torch.no_grad():
+        assert torch.equal(a(x), b(x))
+
+
+def test_router_losses():
+    probs = torch.full((10, 4), 0.25)
+    assert load_balancing_loss(probs, torch.tensor([5, 5, 5, 5])).item() == pytest.approx(1.0)
+    skew = torch.tensor([[1.0, 0, 0, 0]]).repeat(10, 1)
+    assert load_balancing_loss(skew, torch.tensor([20, 0, 0, 0])).item() == pytest.approx(4.0)
+    assert router_z_loss(torch.zeros(3, 8)).item() == pytest.approx(math.log(8) ** 2)
+    layer = _layer(aux_loss_coef=0.5, z_loss_coef=0.0)
+    layer(_input((7, 16), torch.float64))
+    assert layer.z_loss.item() == 0.0 and layer.aux_loss.item() >= 0.5 * 0.99  # the balance loss is >= 1
+    assert int(layer.expert_counts.sum()) == 7 * 2
+
+
+def test_weights_not_renormalised_when_asked():
+    layer = _layer(normalize_weights=False)
+    r = layer.router(_input((9, 16), torch.float64))
+    assert (r.weights.sum(-1) < 1).all()
+    assert torch.equal(r.weights, r.probs.gather(1, r.experts))
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="top_k"):
+        MoELayer(8, 8, 2, 3)
+    with pytest.raises(ValueError, match="path="):
+        MoELayer(8, 8, 4, 2, path="dense")
+    with pytest.raises(ValueError, match="capacity_factor"):
+        MoELayer(8, 8, 4, 2, capacity_factor=0)
+    with pytest.raises(ValueError, match="dim"):
+        MoELayer(0, 8, 4, 2)
+    layer = _layer()
+    with pytest.raises(ValueError, match="path="):
+        layer.path = "sparse_drop"
+    with pytest.raises(ValueError, match=r"\[..., dim=16\]"):
+        layer(_input((3, 8), torch.float64))
+    with pytest.raises(TypeError, match="dtype"):
+        layer(_input((3, 16), torch.float32))
+    with pytest.raises(ValueError, match="routing_impl"):
+        layer.routing_impl = "cuda"
+    with pytest.raises(ValueError, match="backend="):
+        layer.backend = "cutlass"
+
+
+def test_empty_input_gives_empty_output():
+    layer = _layer()
+    y = layer(torch.empty(0, 16, dtype=torch.float64, device=DEV))
+    assert y.shape == (0, 16) and layer.aux_loss.item() == 0.0
+
+
+def test_decoder_train_step_reaches_every_parameter():
+    from ragdot.moe.model import MoEDecoder, get_config
+
+    cfg = get_config("tiny")
+    torch.manual_seed(0)
+    model = MoEDecoder(cfg, device=DEV, backend="reference")
+    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), device=DEV)
+    for path in ("sparse", "dense_drop"):
+        model.set_moe(path=path)
+        model.zero_grad(set_to_none=True)
+        loss = model.loss(tokens)
+        loss.backward()
+        assert math.isfinite(loss.item())
+        missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+        assert not missing
+
+
+def test_moe_bench_quick_writes_results(tmp_path):
+    from ragdot.cli import main
+
+    rc = main(["moe-bench", "--quick", "--variants", "sparse-torch", "sparse-padded", "dense_drop",
+               "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert set(rows) == {"sparse-torch", "sparse-padded", "dense_drop"}
+    assert all(r["status"] == "ok" and r["step_s"] > 0 for r in rows.values())
+    assert rows["sparse-torch"]["routing_ms"] > 0 and rows["sparse-torch"]["gemm_ms"] > 0
+    assert (tmp_path / "results.csv").exists() and (tmp_path / "step_time.png").exists()
+    assert main(["moe-bench", "--quick", "--routing", "--out", str(tmp_path)]) == 0
+    routing = json.loads((tmp_path / "routing.json").read_text())["rows"]
+    assert {r["impl"] for r in routing} >= {"argsort", "torch"} and all(r["fwd_bwd_ms"] > 0 for r in routing)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_bf16_layer_on_gpu(backend):
+    if backend not in ragdot.backends():
+        pytest.skip(f"backend {backend} unavailable")
+    layer = _layer(dim=512, hidden=256, experts=32, top_k=4, dtype=torch.bfloat16, backend=backend)
+    x = _input((4, 256, 512), torch.bfloat16)
+    y_sparse, g_sparse = _run(layer, x)
+    layer.path = "dense_dropless"
+    y_dense, g_dense = _run(layer, x)
+    assert nerr(y_sparse, y_dense) <= 2e-2
+    for name in ("x", "w_gate_up", "w_down", "router.weight"):
+        assert nerr(g_sparse[name], g_dense[name]) <= 3e-2, name
