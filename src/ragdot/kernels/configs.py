@@ -1,0 +1,341 @@
+"""Tile configurations of the Triton kernels and the heuristic that picks one without tuning.
+
+A `TileConfig` fixes everything that is a compile-time constant of a kernel launch. Every launcher takes an
+optional `config=`; when it is None, `pick_config` chooses one from the problem's shape. The autotuner
+enumerates `candidate_configs` and passes its winner explicitly.
+
+Regimes (measured on one H200, bf16; see docs/kernels.md):
+- ragged-M with few rows per group (tens of tokens per expert) is weight-bandwidth bound: a tile of rows
+  covers the whole group so each weight byte is read once, and narrow N tiles give enough programs.
+- ragged-M with 80+ rows per group is matrix bound: 128x256 wgmma tiles, 8 warps, TMA loads, persistent.
+- ragged-K (weight gradient) writes G output matrices, mostly store bound: 128x128 tiles stored through TMA,
+  two programs per multiprocessor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+
+Problem = Literal["ragged_m", "ragged_k", "batch"]
+PROBLEMS: tuple[str, ...] = ("ragged_m", "ragged_k", "batch")
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Compile-time constants of one kernel launch.
+
+    block_m, block_n, block_k: tile of the output rows, output columns and contraction (powers of two >= 16).
+    group_m: tiles along M walked together before moving along N (L2 reuse of the weight tile); 1 walks N
+        fastest (the grid-order swap).
+    num_warps, num_stages: Triton launch options (warps per program, software-pipelining depth).
+    persistent: launch about `programs_per_sm` programs per multiprocessor that loop over tiles, instead of
+        one program per tile (ragged_m only).
+    tma: use tensor descriptors (TMA) where the layout allows it, on NVIDIA GPUs of compute capability >= 9:
+        operand loads in ragged_m, the output store in ragged_k; elsewhere the pointer path (also ROCm).
+    max_regs: register cap per thread (0: none), to fit more programs per multiprocessor (NVIDIA only).
+    """
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    persistent: bool = False
+    programs_per_sm: int = 1
+    tma: bool = False
+    max_regs: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not _is_pow2(value) or not 16 <= value <= 512:
+                raise ValueError(f"TileConfig.{name}={value!r}: expected a power of two in [16, 512]")
+        if not isinstance(self.group_m, int) or self.group_m < 1:
+            raise ValueError(f"TileConfig.group_m={self.group_m!r}: expected an int >= 1")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"TileConfig.num_warps={self.num_warps!r}: expected one of 1, 2, 4, 8, 16")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"TileConfig.num_stages={self.num_stages!r}: expected an int in [1, 8]")
+        if not isinstance(self.max_regs, int) or not (self.max_regs == 0 or 24 <= self.max_regs <= 255):
+            raise ValueError(f"TileConfig.max_regs={self.max_regs!r}: expected 0 (no cap) or an int in [24, 255]")
+        if not isinstance(self.programs_per_sm, int) or self.programs_per_sm < 1:
+            raise ValueError(f"TileConfig.programs_per_sm={self.programs_per_sm!r}: expected an int >= 1")
+
+    def short(self) -> str:
+        """A compact name, e.g. `128x128x64 g8 w4 s3` (+ ` p2` when persistent with 2 programs per SM)."""
+        text = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
+        text += f" p{self.programs_per_sm}" if self.persistent else ""
+        text += f" r{self.max_regs}" if self.max_regs else ""
+        return text + (" tma" if self.tma else "")
+
+
+def _dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _for_dtype(cfg: TileConfig, dtype: torch.dtype) -> TileConfig:
+    """Adapt a 16-bit config to float32 inputs.
+
+    Full-precision float32 dots run on the FMA units (no wgmma): large tiles would spill, so a 64x128 tile
+    is used. With TF32 allowed the tensor cores run and only block_k halves, to keep the pipelined stages in
+    shared memory.
+    """
+    if _dtype_bytes(dtype) < 4:
+        return cfg
+    if dot_precision(dtype) == "ieee":
+        return TileConfig(64, 128, 32, group_m=cfg.group_m, num_warps=4, num_stages=3)
+    return replace(cfg, block_k=cfg.block_k // 2) if cfg.block_k > 32 else cfg
+
+
+def _ragged_m_config(m: int, k: int, n: int, g: int) -> TileConfig:
+    rows = m / max(g, 1)  # average rows per group: the seed's compile-time estimate M / G
+    if rows <= 64:
+        # weight-bandwidth bound: one 64-row tile covers a group, each weight tile is read once
+        return TileConfig(64, 128, 64, group_m=1, num_warps=4, num_stages=4)
+    # matrix bound: large wgmma tiles, TMA loads, persistent programs
+    stages = 3 if rows < 256 else 4  # measured: s3 at 80-160 rows per group, s4 at 480
+    return TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=stages, persistent=True, tma=True)
+
+
+def _ragged_k_config(r: int, m: int, n: int, g: int) -> TileConfig:
+    # short contractions (tens to hundreds of tokens per group): the output store dominates, so the tile is
+    # stored through TMA and two programs share a multiprocessor to overlap one's epilogue with the other's loads
+    return TileConfig(128, 128, 32, group_m=8, num_warps=4, num_stages=3, tma=True)
+
+
+def _batch_config(m: int, k: int, n: int, bt: int) -> TileConfig:
+    if m >= 128 and n >= 256:
+        return TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3)
+    return TileConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=4)
+
+
+def pick_config(
+    problem: Problem, m: int, k: int, n: int, g: int, dtype: torch.dtype, device: torch.device | str | None = None
+) -> TileConfig:
+    """The heuristic's config for one problem.
+
+    ragged_m: A[m, k] x B[g, k, n]; ragged_k: A[k, m] x B[k, n] -> [g, m, n] (k is the ragged token axis);
+    batch: g is the batch count. `device` is accepted for the autotuner's key; the heuristic is the same for
+    every GPU today.
+    """
+    if problem == "ragged_m":
+        cfg = _ragged_m_config(m, k, n, g)
+    elif problem == "ragged_k":
+        cfg = _ragged_k_config(k, m, n, g)
+    elif problem == "batch":
+        cfg = _batch_config(m, k, n, g)
+    else:
+        raise ValueError(f"problem={problem!r}: expected one of {', '.join(PROBLEMS)}")
+    return _for_dtype(cfg, dtype)
+
+
+def candidate_configs(problem: Problem, dtype: torch.dtype = torch.bfloat16) -> list[TileConfig]:
+    """The space the autotuner searches for `problem` (the heuristic's picks are all inside it)."""
+    if problem not in PROBLEMS:
+        raise ValueError(f"problem={problem!r}: expected one of {', '.join(PROBLEMS)}")
+    out: list[TileConfig] = []
+    for bm, bn, bk, warps in (
+        (32, 64, 128, 4),
+        (64, 64, 128, 4),
+        (64, 128, 64, 4),
+        (64, 256, 64, 8),
+        (128, 64, 64, 4),
+        (128, 128, 32, 4),
+        (128, 128, 64, 4),
+        (128, 128, 64, 8),
+        (128, 256, 32, 8),
+        (128, 256, 64, 8),
+        (256, 128, 64, 8),
+    ):
+        for stages in (3, 4):
+            for group_m in (1, 8):
+                for persistent in (False, True) if problem != "batch" else (False,):
+                    for tma in (False, True) if problem != "batch" else (False,):
+                        pps = (1 if bm * bn >= 128 * 256 else 2) if persistent else 1
+                        cfg = TileConfig(bm, bn, bk, group_m, warps, stages, persistent, pps, tma)
+                        out.append(_for_dtype(cfg, dtype))
+    return sorted(set(out), key=TileConfig.short)
+
+
+# ---- launch helpers shared by the kernel modules ----------------------------------------------------------
+
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot input_precision: full float32 unless PyTorch's matmul setting allows TF32 (as torch.matmul)."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessor count of a CUDA device (the target's inside `compile_only`; 4 in the interpreter)."""
+    if _AOT[0]:
+        return _AOT_SMS[0]
+    if device.type != "cuda":
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def check_operand(name: str, t: object, ndim: int) -> torch.Tensor:
+    """TypeError/ValueError unless `t` is a tensor of a supported float dtype with `ndim` dimensions."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}")
+    return t
+
+
+def check_group_ends(group_ends: object, g: int, device: torch.device) -> torch.Tensor:
+    """The group ends as an int32/int64 [G] tensor on `device` (no copy when it already is one)."""
+    if not isinstance(group_ends, torch.Tensor):
+        raise TypeError(f"group_ends: expected a torch.Tensor, got {type(group_ends).__name__}")
+    if group_ends.shape != (g,):
+        raise ValueError(f"group_ends: expected shape ({g},), got {tuple(group_ends.shape)}")
+    if group_ends.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"group_ends: expected dtype int32 or int64, got {group_ends.dtype}")
+    if group_ends.device != device:
+        raise ValueError(f"group_ends: expected device {device}, got {group_ends.device}")
+    return group_ends if group_ends.is_contiguous() else group_ends.contiguous()
+
+
+def make_output(
+    name: str, out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """`out` checked to be contiguous with `shape`/`dtype`/`device`, or a new empty tensor."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if tuple(out.shape) != shape or out.dtype != dtype or out.device != device or not out.is_contiguous():
+        raise ValueError(
+            f"{name}: expected a contiguous {dtype} tensor of shape {shape} on {device}, got "
+            f"{out.dtype} {tuple(out.shape)} on {out.device} (contiguous={out.is_contiguous()})"
+        )
+    return out
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+# ---- compile-only mode: build for a GPU target on any machine (no launch) ---------------------------------
+
+
+class _FakeDriver:
+    """Answers the Triton JIT's driver queries for a GPU that is not there; launches become compiles."""
+
+    def __init__(self, target: object) -> None:
+        self.target = target
+
+    def get_current_target(self) -> object:
+        return self.target
+
+    def get_current_device(self) -> str:
+        return f"aot-{self.target}"  # a cache key of its own: never mixed with a real device's kernels
+
+    def get_current_stream(self, device: object = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+_AOT: list[bool] = [False]
+_AOT_SMS: list[int] = [132]
+
+
+@contextlib.contextmanager
+def compile_only(
+    arch: int = 90, backend: str = "cuda", warp_size: int = 32, multiprocessors: int = 132
+) -> Iterator[None]:
+    """Inside this block the kernel launchers compile for `backend`/`arch` and return the compiled kernel
+    without running it (tensors may live on the CPU; only their dtypes, strides and alignment matter).
+
+    `multiprocessors` stands in for the target's SM count (persistent grids depend on it).
+    Needs a process where TRITON_INTERPRET is not set (the interpreter compiles nothing) and, for CUDA
+    targets, the ptxas that ships with Triton. Use it to check instructions (wgmma) and register spills.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise RuntimeError("compile_only: TRITON_INTERPRET=1 is set; Triton's interpreter compiles nothing")
+    previous = driver._active
+    driver.set_active(_FakeDriver(GPUTarget(backend, arch, warp_size)))
+    _AOT[0] = True
+    _AOT_SMS[0] = multiprocessors
+    try:
+        yield
+    finally:
+        _AOT[0] = False
+        driver._active = previous
+
+
+def tma_capable(device: torch.device) -> bool:
+    """Whether kernels for `device` may use tensor descriptors (TMA): NVIDIA compute capability >= 9.0,
+    or a `compile_only` block (which targets such a GPU)."""
+    if _AOT[0]:
+        return True
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def launch_options(cfg: TileConfig, device: torch.device) -> dict[str, Any]:
+    """Triton launch options of a config: warps, stages and, on NVIDIA, the register cap."""
+    opts: dict[str, Any] = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.max_regs and (_AOT[0] or (device.type == "cuda" and torch.version.hip is None)):
+        opts["maxnreg"] = cfg.max_regs
+    return opts
+
+
+def run_kernel(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Any:
+    """Launch a @triton.jit kernel on `grid` (or only compile it inside `compile_only`); returns its handle."""
+    if _AOT[0]:
+        return kernel.warmup(*args, grid=grid, **kwargs)
+    return kernel[grid](*args, **kwargs)
+
+
+def resource_usage(handle: Any) -> dict[str, Any]:
+    """{"wgmma": bool, "regs": int, "spills": int, "shared": int} of a kernel handle from a launcher.
+
+    Works for kernels launched on a GPU and for kernels built inside `compile_only` (read with the
+    cuobjdump that ships with Triton; spills are the local-memory/stack bytes of the cubin).
+    """
+    asm = handle.asm
+    info: dict[str, Any] = {"wgmma": "wgmma" in asm.get("ptx", ""), "shared": int(handle.metadata.shared)}
+    if getattr(handle, "n_regs", None) is not None and getattr(handle, "n_spills", None) is not None:
+        info.update(regs=int(handle.n_regs), spills=int(handle.n_spills))
+        return info
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(asm["cubin"])
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    fields = dict(re.findall(r"(\w+):(\d+)", text.split("Function", 1)[-1]))
+    info.update(regs=int(fields["REG"]), spills=int(fields.get("STACK", 0)) + int(fields.get("LOCAL", 0)))
+    return info

@@ -1,0 +1,312 @@
+"""Ragged-K Group-GEMM (contracting ragged dimension: the MoE weight gradient).
+
+    c[g, bt] = a[bt, rows of g, :]^T @ b[bt, rows of g, :]       rows of g = [ends[g-1], ends[g])
+
+The group is a work axis: each output tile belongs to one group and contracts only over that group's token
+range, so there are no atomics and results are bitwise reproducible. A one-program prep kernel
+(`_schedule_kernel`, no host sync) ranks the groups longest first and writes, per rank ("slot"), the group
+and its token range; slots are handed out in that order, so under skewed routing the long groups start first
+and the short ones fill in behind them. Token rows outside the group are masked to zero by the load (a
+select), so NaN stored in other groups or past ends[-1] never reaches a result; an empty group stores zeros.
+
+Two schedules:
+- one program per (tile, slot, batch) (`ragged_k_kernel`);
+- persistent (`ragged_k_persistent_kernel`): each program walks its (slot, batch, tile) items round-robin in
+  ONE loop over token chunks (the tile loop and the chunk loop flattened by hand), so the software pipeline
+  prefetches the next tile's rows while the current tile's epilogue runs. Groups hold tens to hundreds of
+  tokens, so without this the epilogue and load latency of every tile would be exposed.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ragdot.kernels.configs import (
+    TileConfig,
+    check_group_ends,
+    check_operand,
+    dot_precision,
+    launch_options,
+    make_output,
+    next_pow2,
+    num_sms,
+    pick_config,
+    run_kernel,
+    tma_capable,
+)
+
+
+@triton.jit
+def _schedule_kernel(
+    ends_ptr,  # [G] int32/int64 inclusive group ends
+    sched_ptr,  # [3, G] int32 output: per slot (groups by size descending, ties by index): group, start, end
+    G,  # scalar: number of groups
+    BLOCK_G: tl.constexpr,  # groups ranked per step (power of two)
+    BLOCK_H: tl.constexpr,  # groups compared against per inner step (power of two)
+):
+    for g0 in range(0, G, BLOCK_G):
+        og = g0 + tl.arange(0, BLOCK_G)
+        end = tl.load(ends_ptr + og, mask=og < G, other=0).to(tl.int32)
+        start = tl.load(ends_ptr + og - 1, mask=(og > 0) & (og < G), other=0).to(tl.int32)
+        end = tl.maximum(end, start)
+        size = end - start
+        rank = tl.zeros((BLOCK_G,), dtype=tl.int32)
+        for h0 in range(0, G, BLOCK_H):
+            oh = h0 + tl.arange(0, BLOCK_H)
+            end_h = tl.load(ends_ptr + oh, mask=oh < G, other=0).to(tl.int32)
+            start_h = tl.load(ends_ptr + oh - 1, mask=(oh > 0) & (oh < G), other=0).to(tl.int32)
+            size_h = tl.where(oh < G, tl.maximum(end_h - start_h, 0), -1)
+            before = (size_h[None, :] > size[:, None]) | (
+                (size_h[None, :] == size[:, None]) & (oh[None, :] < og[:, None])
+            )
+            rank += tl.sum(before.to(tl.int32), 1)
+        ok = og < G
+        tl.store(sched_ptr + rank, og, mask=ok)
+        tl.store(sched_ptr + G + rank, start, mask=ok)
+        tl.store(sched_ptr + 2 * G + rank, end, mask=ok)
+
+
+@triton.jit
+def _tile_of(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of linear tile id `tile`, walked in bands of GROUP_M row tiles."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    band_m = (tile // width) * GROUP_M
+    band_h = tl.minimum(num_m - band_m, GROUP_M)
+    return band_m + (tile % width) % band_h, (tile % width) // band_h
+
+
+@triton.jit
+def _load_chunk(
+    a_ptr, b_ptr, bt, k, end, pid_m, pid_n, M, N,
+    stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """Token rows [k, k + BLOCK_K) of a (columns of row tile pid_m) and b (column tile pid_n); rows >= end are 0."""
+    rk = tl.arange(0, BLOCK_K)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (k + rk).to(tl.int64)
+    k_ok = rk < end - k  # rows of this group only: a select, so NaN elsewhere never enters
+    a_ptrs = a_ptr + bt.to(tl.int64) * stride_ab + rows[:, None] * stride_ar + rm.to(tl.int64)[None, :] * stride_am
+    b_ptrs = b_ptr + bt.to(tl.int64) * stride_bb + rows[:, None] * stride_br + rn.to(tl.int64)[None, :] * stride_bn
+    if EVEN_M:
+        a = tl.load(a_ptrs, mask=k_ok[:, None], other=0.0)
+    else:
+        a = tl.load(a_ptrs, mask=k_ok[:, None] & (rm < M)[None, :], other=0.0)
+    if EVEN_N:
+        b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+    else:
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & (rn < N)[None, :], other=0.0)
+    return a, b
+
+
+@triton.jit
+def _store_tile(
+    c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr,
+):
+    """Write one accumulator tile to c[g, bt] (through the TMA descriptor of c viewed [G*Bt, M, N] if set)."""
+    out = acc.to(c_ptr.dtype.element_ty)
+    if TMA_STORE:
+        c_desc.store([g * Bt + bt, pid_m * BLOCK_M, pid_n * BLOCK_N], out.reshape(1, BLOCK_M, BLOCK_N))
+    else:
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        base = (g.to(tl.int64) * Bt + bt) * M
+        c_ptrs = c_ptr + (base + rm.to(tl.int64))[:, None] * N + rn.to(tl.int64)[None, :]
+        tl.store(c_ptrs, out, mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def ragged_k_kernel(
+    a_ptr,  # [Bt, R, M] lhs, R = ragged contraction (tokens in group order), any strides
+    b_ptr,  # [Bt, R, N] rhs, any strides
+    c_ptr,  # [G, Bt, M, N] output, contiguous
+    c_desc,  # TMA descriptor of c viewed [G*Bt, M, N], block [1, BLOCK_M, BLOCK_N] (None without TMA_STORE)
+    sched_ptr,  # [3, G] int32 from _schedule_kernel: per slot, group / first token row / end token row
+    M, N, G, Bt,  # scalars: output sizes, groups, batch count
+    stride_ab, stride_ar, stride_am,  # scalars: strides of a, in elements
+    stride_bb, stride_br, stride_bn,  # scalars: strides of b, in elements
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,  # row tiles walked together inside one group
+    EVEN_M: tl.constexpr,  # M % BLOCK_M == 0
+    EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
+    TMA_STORE: tl.constexpr,  # store the output tile through c_desc
+    PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32" (used for float32 inputs)
+):
+    slot = tl.program_id(1)
+    bt = tl.program_id(2)
+    g = tl.load(sched_ptr + slot)
+    start = tl.load(sched_ptr + G + slot)
+    end = tl.load(sched_ptr + 2 * G + slot)
+    pid_m, pid_n = _tile_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(start, end, BLOCK_K):
+        a, b = _load_chunk(a_ptr, b_ptr, bt, k, end, pid_m, pid_n, M, N,
+                           stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
+                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N)
+        acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
+    _store_tile(c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, TMA_STORE)
+
+
+@triton.jit
+def ragged_k_persistent_kernel(
+    a_ptr,  # [Bt, R, M] lhs, R = ragged contraction (tokens in group order), any strides
+    b_ptr,  # [Bt, R, N] rhs, any strides
+    c_ptr,  # [G, Bt, M, N] output, contiguous
+    c_desc,  # TMA descriptor of c viewed [G*Bt, M, N], block [1, BLOCK_M, BLOCK_N] (None without TMA_STORE)
+    sched_ptr,  # [3, G] int32 from _schedule_kernel: per slot, group / first token row / end token row
+    M, N, G, Bt,  # scalars: output sizes, groups, batch count
+    stride_ab, stride_ar, stride_am,  # scalars: strides of a, in elements
+    stride_bb, stride_br, stride_bn,  # scalars: strides of b, in elements
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_I: tl.constexpr,  # power of two >= items per program, cdiv(G * Bt * tiles, num_programs)
+    GROUP_M: tl.constexpr,  # row tiles walked together inside one group
+    EVEN_M: tl.constexpr,  # M % BLOCK_M == 0
+    EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
+    TMA_STORE: tl.constexpr,  # store the output tile through c_desc
+    PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32" (used for float32 inputs)
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    per_slot = Bt * tiles
+    # this program's items pid, pid + nprog, ...: their group, token range and chunk count, as vectors
+    ii = tl.arange(0, BLOCK_I)
+    items = pid + ii * nprog
+    valid = items < G * per_slot
+    slots = items // per_slot
+    g_v = tl.load(sched_ptr + slots, mask=valid, other=0)
+    s_v = tl.load(sched_ptr + G + slots, mask=valid, other=0)
+    e_v = tl.load(sched_ptr + 2 * G + slots, mask=valid, other=0)
+    n_v = tl.where(valid, tl.maximum(tl.cdiv(e_v - s_v, BLOCK_K), 1), 0)  # an empty group: one zero step
+    total = tl.sum(n_v, 0)
+
+    i = pid * 0 - 1  # current item index (int32 scalar, loop-carried)
+    kk = pid * 0  # chunk index inside the current item
+    n_i = pid * 0 + 1
+    g = pid * 0
+    bt = pid * 0
+    start = pid * 0
+    end = pid * 0
+    pid_m = pid * 0
+    pid_n = pid * 0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in tl.range(0, total):
+        if kk == 0:  # first chunk of the next item: pick its group, token range and tile
+            i += 1
+            sel = ii == i
+            g = tl.sum(tl.where(sel, g_v, 0), 0)
+            start = tl.sum(tl.where(sel, s_v, 0), 0)
+            end = tl.sum(tl.where(sel, e_v, 0), 0)
+            n_i = tl.sum(tl.where(sel, n_v, 0), 0)
+            rest = (pid + i * nprog) % per_slot
+            bt = rest // tiles
+            pid_m, pid_n = _tile_of(rest % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        a, b = _load_chunk(a_ptr, b_ptr, bt, start + kk * BLOCK_K, end, pid_m, pid_n, M, N,
+                           stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
+                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N)
+        acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
+        kk += 1
+        if kk == n_i:  # last chunk: write the tile and start the next one from zero
+            _store_tile(c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, TMA_STORE)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            kk = pid * 0
+
+
+def schedule(group_ends: torch.Tensor) -> torch.Tensor:
+    """int32 [3, G]: per slot (groups by size, largest first, ties by index) the group, its first and end row.
+
+    One launch of one program on the device; no host sync.
+    """
+    g = group_ends.shape[0]
+    sched = torch.empty((3, g), dtype=torch.int32, device=group_ends.device)
+    run_kernel(_schedule_kernel, (1,), group_ends, sched, g, BLOCK_G=min(next_pow2(g), 128), BLOCK_H=32,
+               num_warps=4)
+    return sched
+
+
+def longest_first(group_ends: torch.Tensor) -> torch.Tensor:
+    """int32 [G] permutation of the groups by size, largest first (ties by index); no host sync."""
+    return schedule(group_ends)[0]
+
+
+def launch(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_ends: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    *,
+    config: TileConfig | None = None,
+    out: torch.Tensor | None = None,
+    sched: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, object]:
+    """`ragged_k` returning also the launched kernel handle (compiled kernel on a GPU), for inspection."""
+    check_operand("a", a, 3)
+    check_operand("b", b, 3)
+    bt, r, m = a.shape
+    if b.shape[0] != bt or b.shape[1] != r:
+        raise ValueError(f"b: expected shape [{bt}, {r}, N] to match a {tuple(a.shape)}, got {tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"b: expected the dtype of a ({a.dtype}), got {b.dtype}")
+    if b.device != a.device:
+        raise ValueError(f"b: expected device {a.device}, got {b.device}")
+    if not isinstance(group_ends, torch.Tensor) or group_ends.dim() != 1:
+        raise ValueError("group_ends: expected a 1-D integer tensor [G]")
+    g, n = group_ends.shape[0], b.shape[2]
+    ends = check_group_ends(group_ends, g, a.device)
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    c = make_output("out", out, (g, bt, m, n), out_dtype, a.device)
+    if config is not None and not isinstance(config, TileConfig):
+        raise TypeError(f"config: expected a TileConfig or None, got {type(config).__name__}")
+    cfg = config or pick_config("ragged_k", m, r, n, g, a.dtype, a.device)
+    if c.numel() == 0:
+        return c, None
+    if r == 0:
+        return c.zero_(), None
+    if g > 65535 or bt > 65535:
+        raise ValueError(f"group_ends/a: {g} groups x batch {bt} exceed the grid's 65535 per axis")
+    if sched is None:
+        sched = schedule(ends)
+    c_desc = None
+    if cfg.tma and tma_capable(a.device) and (n * c.element_size()) % 16 == 0 and c.data_ptr() % 16 == 0:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        c_desc = TensorDescriptor(c, [g * bt, m, n], [m * n, n, 1], [1, cfg.block_m, cfg.block_n])
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    common = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        EVEN_M=m % cfg.block_m == 0, EVEN_N=n % cfg.block_n == 0, TMA_STORE=c_desc is not None,
+        PRECISION=dot_precision(a.dtype), **launch_options(cfg, a.device),
+    )
+    args = (a, b, c, c_desc, sched, m, n, g, bt, a.stride(0), a.stride(1), a.stride(2),
+            b.stride(0), b.stride(1), b.stride(2))
+    items = g * bt * tiles
+    programs = min(items, num_sms(a.device) * cfg.programs_per_sm)
+    block_i = next_pow2(triton.cdiv(items, programs))
+    if cfg.persistent and block_i <= 512:
+        handle = run_kernel(ragged_k_persistent_kernel, (programs,), *args, BLOCK_I=block_i, **common)
+    else:
+        handle = run_kernel(ragged_k_kernel, (tiles, g, bt), *args, **common)
+    return c, handle
+
+
+def ragged_k(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_ends: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    *,
+    config: TileConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """c[G, Bt, M, N]: c[g, bt] = a[bt, rows of g]^T @ b[bt, rows of g]; an empty group gives exact zeros.
+
+    a [Bt, R, M] and b [Bt, R, N] may be any strided views of one float dtype; group_ends is int32 or int64
+    [G], non-decreasing, each in [0, R]; rows past ends[-1] contribute to no group.
+    """
+    return launch(a, b, group_ends, out_dtype, config=config, out=out)[0]

@@ -1,0 +1,308 @@
+"""Ragged-M Group-GEMM (non-contracting ragged dimension: MoE forward and data gradient).
+
+    c[bt, r, :] = a[bt, r, :] @ b[bt, group(r)]      for rows r < group_ends[-1];   c[bt, r, :] = 0 beyond
+
+Work decomposition. Group g owns rows [ends[g-1], ends[g]) and is cut into ceil(size_g / BLOCK_M) row tiles
+that start at the group's first row, so a tile never spans two groups. The rows from ends[-1] to M form one
+more "tail group" whose tiles only store zeros. Tiles are numbered group-major: all (m, n) tiles of group 0,
+then of group 1, ...; inside a group, bands of GROUP_M row tiles are walked M-fastest (GROUP_M=1 walks N
+fastest), so programs that run together share the group's weight tiles in L2. Every program rebuilds the
+tile-to-group map from `group_ends` (a cumulative sum of tiles per group, on the device; no host sync).
+
+Rows of `a` that belong to a neighbouring group or to the tail may be read into a tile, but each output row
+depends only on its own `a` row and rows outside the tile's group are never stored, so NaN stored there never
+reaches a result.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ragdot.kernels.configs import (
+    TileConfig,
+    check_group_ends,
+    check_operand,
+    dot_precision,
+    launch_options,
+    make_output,
+    next_pow2,
+    num_sms,
+    pick_config,
+    run_kernel,
+    tma_capable,
+)
+
+
+@triton.jit
+def _group_table(ends_ptr, M, G, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Per-group vectors of length BLOCK_G (>= G + 1): first row, end row, first row tile, row tiles.
+
+    Slot G is the tail group [ends[G-1], M); slots beyond it are empty groups at M.
+    """
+    offs = tl.arange(0, BLOCK_G)
+    ends = tl.load(ends_ptr + offs, mask=offs < G, other=0).to(tl.int32)
+    ends = tl.where(offs < G, ends, M)
+    prev = tl.load(ends_ptr + offs - 1, mask=(offs > 0) & (offs <= G), other=0).to(tl.int32)
+    starts = tl.where(offs <= G, prev, M)
+    ends = tl.maximum(ends, starts)
+    tiles = (ends - starts + BLOCK_M - 1) // BLOCK_M
+    first = tl.cumsum(tiles, 0) - tiles
+    return offs, starts, ends, first, tiles
+
+
+@triton.jit
+def _locate(
+    tile, num_n, offs, starts, ends, first, tiles, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr
+):
+    """(group, first row, end row, column tile) of linear tile id `tile` (group-major order)."""
+    g = tl.sum(((first + tiles) * num_n <= tile).to(tl.int32), 0)
+    sel = offs == g
+    # start row and end row packed in one int64 so that one reduction extracts both
+    packed = tl.sum(tl.where(sel, (starts.to(tl.int64) << 32) | ends.to(tl.int64), 0), 0)
+    first_g = tl.sum(tl.where(sel, first, 0), 0)
+    start_g = (packed >> 32).to(tl.int32)
+    end_g = (packed & 0xFFFFFFFF).to(tl.int32)
+    tiles_g = (end_g - start_g + BLOCK_M - 1) // BLOCK_M
+    local = tile - first_g * num_n
+    width = GROUP_M * num_n
+    band_m = (local // width) * GROUP_M
+    band_h = tl.minimum(tiles_g - band_m, GROUP_M)
+    m_idx = band_m + (local % width) % band_h
+    n_idx = (local % width) // band_h
+    return g, start_g + m_idx * BLOCK_M, end_g, n_idx
+
+
+@triton.jit
+def _tile(
+    a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+    stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One [BLOCK_M, BLOCK_N] output tile: rows [row0, row_end) of group g (g == G: the zero tail)."""
+    rm = row0 + tl.arange(0, BLOCK_M)
+    rn = n_idx * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    rk64 = rk.to(tl.int64)
+    rm_safe = tl.minimum(rm, M - 1).to(tl.int64)  # rows past M are clamped in bounds, never stored
+    rn64 = rn.to(tl.int64)
+    n_ok = rn < N
+    a_ptrs = a_ptr + bt.to(tl.int64) * stride_ab + rm_safe[:, None] * stride_am + rk64[None, :] * stride_ak
+    b_ptrs = (
+        b_ptr + bt.to(tl.int64) * stride_bb + g.to(tl.int64) * stride_bg
+        + rk64[:, None] * stride_bk + rn64[None, :] * stride_bn
+    )
+    step_a = tl.full([], BLOCK_K, tl.int64) * stride_ak
+    step_b = tl.full([], BLOCK_K, tl.int64) * stride_bk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_end = tl.where(g < G, K, 0)  # the tail group skips the contraction
+    for k in tl.range(0, k_end, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            if EVEN_N:
+                b = tl.load(b_ptrs)
+            else:
+                b = tl.load(b_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = rk < K - k
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += step_a
+        b_ptrs += step_b
+    c_ptrs = c_ptr + (bt.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rn64[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < row_end)[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def ragged_m_kernel(
+    a_ptr,  # [Bt, M, K] lhs, rows in group order, any strides
+    b_ptr,  # [Bt, G, K, N] one rhs matrix per group, any strides
+    c_ptr,  # [Bt, M, N] output, contiguous
+    ends_ptr,  # [G] int32 inclusive group ends: non-decreasing, each in [0, M]
+    M, N, K, G,  # scalars: problem sizes
+    stride_ab, stride_am, stride_ak,  # scalars: strides of a, in elements
+    stride_bb, stride_bg, stride_bk, stride_bn,  # scalars: strides of b, in elements
+    max_tiles,  # scalar: upper bound of the tile count per batch entry, (cdiv(M, BLOCK_M) + G) * cdiv(N, BLOCK_N)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # power of two >= G + 1
+    GROUP_M: tl.constexpr,  # row tiles walked together (L2 reuse of the weight tile)
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0
+    EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
+    PERSISTENT: tl.constexpr,  # programs loop over tiles with stride num_programs(0)
+    PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32" (used for float32 inputs)
+):
+    pid = tl.program_id(0)
+    bt = tl.program_id(1)
+    num_n = tl.cdiv(N, BLOCK_N)
+    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, BLOCK_M, BLOCK_G)
+    total = tl.sum(tiles, 0) * num_n
+    if PERSISTENT:
+        for tile in tl.range(pid, max_tiles, tl.num_programs(0)):
+            if tile < total:
+                g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
+                _tile(a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+                      stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
+                      BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, PRECISION)
+    else:
+        if pid < total:
+            g, row0, row_end, n_idx = _locate(pid, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
+            _tile(a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+                  stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
+                  BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, PRECISION)
+
+
+@triton.jit
+def _tile_tma(
+    a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    B_KMAJOR: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """`_tile` with tensor-descriptor (TMA) loads; out-of-bounds K/N/M elements arrive as zeros."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_end = tl.where(g < G, K, 0)
+    n0 = n_idx * BLOCK_N
+    for k in tl.range(0, k_end, BLOCK_K):
+        a = a_desc.load([bt, row0, k]).reshape(BLOCK_M, BLOCK_K)
+        if B_KMAJOR:
+            b = b_desc.load([bt, g, n0, k]).reshape(BLOCK_N, BLOCK_K).T
+        else:
+            b = b_desc.load([bt, g, k, n0]).reshape(BLOCK_K, BLOCK_N)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    rm = row0 + tl.arange(0, BLOCK_M)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + (bt.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rn.to(tl.int64)[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < row_end)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def ragged_m_tma_kernel(
+    a_desc,  # descriptor of a [Bt, M, K] (K contiguous), block [1, BLOCK_M, BLOCK_K]
+    b_desc,  # descriptor of b [Bt, G, K, N] (N contiguous), block [1, 1, BLOCK_K, BLOCK_N];
+    #          or, with B_KMAJOR, of b^T [Bt, G, N, K] (K contiguous), block [1, 1, BLOCK_N, BLOCK_K]
+    c_ptr,  # [Bt, M, N] output, contiguous
+    ends_ptr,  # [G] int32 inclusive group ends: non-decreasing, each in [0, M]
+    M, N, K, G,  # scalars: problem sizes
+    max_tiles,  # scalar: upper bound of the tile count per batch entry
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # power of two >= G + 1
+    GROUP_M: tl.constexpr,  # row tiles walked together (L2 reuse of the weight tile)
+    B_KMAJOR: tl.constexpr,  # b_desc describes b transposed (K contiguous)
+    PERSISTENT: tl.constexpr,  # programs loop over tiles with stride num_programs(0)
+    PRECISION: tl.constexpr,  # tl.dot input_precision
+):
+    pid = tl.program_id(0)
+    bt = tl.program_id(1)
+    num_n = tl.cdiv(N, BLOCK_N)
+    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, BLOCK_M, BLOCK_G)
+    total = tl.sum(tiles, 0) * num_n
+    if PERSISTENT:
+        for tile in tl.range(pid, max_tiles, tl.num_programs(0)):
+            if tile < total:
+                g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
+                _tile_tma(a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+                          BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION)
+    else:
+        if pid < total:
+            g, row0, row_end, n_idx = _locate(pid, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
+            _tile_tma(a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+                      BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION)
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A tensor a TMA descriptor can describe: last dim contiguous, other strides and base 16-byte aligned."""
+    size = t.element_size()
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * size) % 16 == 0 for s in t.stride()[:-1])
+
+
+def _launch_tma(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, ends: torch.Tensor, cfg: TileConfig, max_tiles: int,
+    programs: int, block_g: int,
+) -> object:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bt, m, k = a.shape
+    g, n = b.shape[1], b.shape[3]
+    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [1, cfg.block_m, cfg.block_k])
+    kmajor = b.stride(3) != 1
+    bv = b.transpose(2, 3) if kmajor else b
+    block = [1, 1, cfg.block_n, cfg.block_k] if kmajor else [1, 1, cfg.block_k, cfg.block_n]
+    b_desc = TensorDescriptor(bv, list(bv.shape), list(bv.stride()), block)
+    return run_kernel(
+        ragged_m_tma_kernel, (programs, bt),
+        a_desc, b_desc, c, ends, m, n, k, g, max_tiles,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=block_g,
+        GROUP_M=cfg.group_m, B_KMAJOR=kmajor, PERSISTENT=cfg.persistent, PRECISION=dot_precision(a.dtype),
+        **launch_options(cfg, a.device),
+    )
+
+
+def launch(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_ends: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    *,
+    config: TileConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, object]:
+    """`ragged_m` returning also the launched kernel handle (compiled kernel on a GPU), for inspection."""
+    check_operand("a", a, 3)
+    check_operand("b", b, 4)
+    bt, m, k = a.shape
+    if b.shape[0] != bt or b.shape[2] != k:
+        raise ValueError(f"b: expected shape [{bt}, G, {k}, N] to match a {tuple(a.shape)}, got {tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"b: expected the dtype of a ({a.dtype}), got {b.dtype}")
+    if b.device != a.device:
+        raise ValueError(f"b: expected device {a.device}, got {b.device}")
+    g, n = b.shape[1], b.shape[3]
+    ends = check_group_ends(group_ends, g, a.device)
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    c = make_output("out", out, (bt, m, n), out_dtype, a.device)
+    if config is not None and not isinstance(config, TileConfig):
+        raise TypeError(f"config: expected a TileConfig or None, got {type(config).__name__}")
+    cfg = config or pick_config("ragged_m", m, k, n, g, a.dtype, a.device)
+    if c.numel() == 0:
+        return c, None
+    if g == 0:
+        return c.zero_(), None
+    if bt > 65535:
+        raise ValueError(f"a: batch size {bt} exceeds the 65535 the grid allows")
+    num_n = triton.cdiv(n, cfg.block_n)
+    max_tiles = (triton.cdiv(m, cfg.block_m) + g) * num_n
+    programs = min(max_tiles, num_sms(a.device) * cfg.programs_per_sm) if cfg.persistent else max_tiles
+    if cfg.tma and tma_capable(a.device) and _tma_ok(a) and (_tma_ok(b) or _tma_ok(b.transpose(2, 3))):
+        return c, _launch_tma(a, b, c, ends, cfg, max_tiles, programs, next_pow2(g + 1))
+    handle = run_kernel(
+        ragged_m_kernel, (programs, bt),
+        a, b, c, ends, m, n, k, g,
+        a.stride(0), a.stride(1), a.stride(2),
+        b.stride(0), b.stride(1), b.stride(2), b.stride(3),
+        max_tiles,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=next_pow2(g + 1),
+        GROUP_M=cfg.group_m, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
+        PERSISTENT=cfg.persistent, PRECISION=dot_precision(a.dtype),
+        **launch_options(cfg, a.device),
+    )
+    return c, handle
+
+
+def ragged_m(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_ends: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    *,
+    config: TileConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """c[Bt, M, N] = a[Bt, M, K] x b[Bt, G, K, N] with row r using b[:, group(r)]; rows past ends[-1] zero.
+
+    a and b may be any strided views of one float dtype (float16, bfloat16, float32); group_ends is int32 or
+    int64 [G] on the same device, non-decreasing, each in [0, M]. `config` overrides the heuristic's tiles;
+    `out` is an optional contiguous output buffer.
+    """
+    return launch(a, b, group_ends, out_dtype, config=config, out=out)[0]

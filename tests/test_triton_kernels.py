@@ -1,0 +1,395 @@
+"""Kernel-level tests of ragdot.kernels against a float64 torch reference.
+
+Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1) with float16/float32 inputs and
+small tiles (the interpreter's bfloat16 tl.dot is wrong, and it is slow); with CUDA the same tests run the
+compiled kernels, and the `gpu` tests add bfloat16, TMA, large (int64-offset) problems and code checks.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # the interpreter must be chosen before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ragdot.kernels import TileConfig, candidate_configs, pick_config, zero_tail_rows_  # noqa: E402
+from ragdot.kernels import batch as batch_mod  # noqa: E402
+from ragdot.kernels import ragged_k as rk_mod  # noqa: E402
+from ragdot.kernels import ragged_m as rm_mod  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+SMALL = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2)  # interpreter-sized tiles
+SMALL_PERSISTENT = TileConfig(16, 32, 16, group_m=1, num_warps=4, num_stages=2, persistent=True)
+SMALL_PERSISTENT_K = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2, persistent=True)
+
+
+def ends_of(sizes: list[int], limit: int) -> torch.Tensor:
+    return torch.tensor(sizes, dtype=torch.int64).cumsum(0).clamp(max=limit).to(torch.int32).to(DEVICE)
+
+
+def ref_ragged_m(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    a64, b64 = a.double().nan_to_num(0), b.double()
+    c = torch.zeros(a.shape[0], a.shape[1], b.shape[-1], dtype=torch.float64, device=a.device)
+    start = 0
+    for g, end in enumerate(ends.tolist()):
+        c[:, start:end] = a64[:, start:end] @ b64[:, g]
+        start = max(start, end)
+    return c
+
+
+def ref_ragged_k(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(len(ends), a.shape[0], a.shape[2], b.shape[2], dtype=torch.float64, device=a.device)
+    start = 0
+    for g, end in enumerate(ends.tolist()):
+        out[g] = a[:, start:end].double().transpose(1, 2) @ b[:, start:end].double()
+        start = max(start, end)
+    return out
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def operand(shape: tuple[int, ...], dtype: torch.dtype, transposed: bool) -> torch.Tensor:
+    """Random tensor of `shape`; with `transposed`, a non-contiguous view with the last two dims swapped."""
+    if transposed:
+        return torch.randn(*shape[:-2], shape[-1], shape[-2], device=DEVICE).to(dtype).transpose(-1, -2)
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+# ---- ragged-M -------------------------------------------------------------------------------------------
+
+RAGGED_M_CASES = [
+    # (M, K, N, sizes): what it exercises
+    (37, 24, 19, [5, 0, 20, 3]),  # odd K/N, an empty group, sum < M (NaN tail), tiles straddling groups
+    (9, 16, 16, [3, 2, 4]),  # M < tile, groups smaller than a tile, sum == M
+    (40, 33, 48, [0, 0, 40]),  # leading empty groups, odd K (masked K tail)
+    (30, 16, 20, [0, 0, 0]),  # every group empty: all rows are tail rows, exactly zero
+    (12, 20, 17, [2, 1, 0, 3, 1, 0, 2, 1, 1]),  # more groups than row tiles, prime-ish G
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", RAGGED_M_CASES)
+def test_ragged_m_matches_reference(case: tuple, dtype: torch.dtype) -> None:
+    m, k, n, sizes = case
+    a = operand((1, m, k), dtype, False)
+    b = operand((1, len(sizes), k, n), dtype, False)
+    ends = ends_of(sizes, m)
+    a[:, int(ends[-1]) :] = float("nan")  # rows of no group: must never reach the output
+    c = rm_mod.ragged_m(a, b, ends, config=SMALL)
+    ref = ref_ragged_m(a, b, ends)
+    assert c.shape == (1, m, n) and c.dtype == dtype
+    assert not c.isnan().any()
+    assert (c[:, int(ends[-1]) :] == 0).all()
+    if ref.norm() > 0:
+        assert rel_err(c, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("a_t,b_t", [(True, False), (False, True), (True, True)])
+def test_ragged_m_transposed_views(a_t: bool, b_t: bool) -> None:
+    m, k, n, sizes = 29, 24, 21, [4, 11, 0, 9]
+    a = operand((2, m, k), torch.float32, a_t)
+    b = operand((2, len(sizes), k, n), torch.float32, b_t)
+    assert a.is_contiguous() != a_t and b.is_contiguous() != b_t
+    ends = ends_of(sizes, m)
+    c = rm_mod.ragged_m(a, b, ends, config=SMALL)
+    assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float32]
+    assert (c[:, int(ends[-1]) :] == 0).all()
+
+
+@pytest.mark.parametrize("cfg", [SMALL_PERSISTENT, TileConfig(16, 16, 32, group_m=8, num_warps=4, num_stages=3)])
+def test_ragged_m_schedules(cfg: TileConfig) -> None:
+    """Persistent loop and wide GROUP_M bands cover every tile exactly once."""
+    m, k, n, sizes = 70, 32, 40, [17, 0, 30, 5, 8]
+    a = operand((1, m, k), torch.float16, False)
+    b = operand((1, len(sizes), k, n), torch.float16, False)
+    ends = ends_of(sizes, m)
+    a[:, int(ends[-1]) :] = float("inf")
+    out = torch.full((1, m, n), float("nan"), dtype=torch.float32, device=DEVICE)  # poisoned output
+    c = rm_mod.ragged_m(a, b, ends, torch.float32, config=cfg, out=out)
+    assert c is out and not c.isnan().any()
+    assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float16]
+
+
+def test_ragged_m_clamped_ends_and_int64() -> None:
+    """int64 group_ends, ends clamped at M (sizes summing past M), default heuristic config."""
+    m, k, n = 20, 16, 16
+    a = operand((1, m, k), torch.float32, False)
+    b = operand((1, 3, k, n), torch.float32, False)
+    ends = torch.tensor([8, 20, 20], dtype=torch.int64, device=DEVICE)
+    c = rm_mod.ragged_m(a, b, ends)
+    assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float32]
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 12), min_size=1, max_size=6),
+    extra=st.integers(0, 9),
+    k=st.integers(1, 40),
+    n=st.integers(1, 24),
+)
+def test_ragged_m_random_partitions(sizes: list[int], extra: int, k: int, n: int) -> None:
+    m = sum(sizes) + extra
+    if m == 0:
+        return
+    a = operand((1, m, k), torch.float32, False)
+    b = operand((1, len(sizes), k, n), torch.float32, False)
+    ends = ends_of(sizes, m)
+    a[:, int(ends[-1]) :] = float("nan")
+    c = rm_mod.ragged_m(a, b, ends, config=SMALL)
+    ref = ref_ragged_m(a, b, ends)
+    assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
+    assert (c.double() - ref).abs().max() <= 1e-4 * (1 + ref.abs().max())
+
+
+# ---- ragged-K -------------------------------------------------------------------------------------------
+
+RAGGED_K_CASES = [
+    (37, 24, 19, [5, 0, 20, 3]),  # odd M/N, an empty group, NaN rows past the last group
+    (9, 16, 16, [3, 2, 4]),  # groups shorter than BLOCK_K
+    (40, 33, 17, [0, 0, 40]),  # leading empty groups: exact zeros
+    (12, 8, 8, [0, 0]),  # no rows in any group: every output exactly zero
+]
+
+
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_PERSISTENT_K], ids=["grid", "persistent"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", RAGGED_K_CASES)
+def test_ragged_k_matches_reference(case: tuple, dtype: torch.dtype, cfg: TileConfig) -> None:
+    r, m, n, sizes = case
+    a = operand((1, r, m), dtype, False)
+    b = operand((1, r, n), dtype, False)
+    ends = ends_of(sizes, r)
+    a[:, int(ends[-1]) :] = float("nan")
+    b[:, int(ends[-1]) :] = float("inf")
+    c = rk_mod.ragged_k(a, b, ends, config=cfg)
+    ref = ref_ragged_k(a.nan_to_num(0), b.nan_to_num(0, 0, 0), ends)
+    assert c.shape == (len(sizes), 1, m, n) and not c.isnan().any()
+    for g, size in enumerate(sizes):
+        if min(size, r) == 0 or (g > 0 and ends[g] == ends[g - 1]):
+            assert (c[g] == 0).all(), f"empty group {g} must be exactly zero"
+    if ref.norm() > 0:
+        assert rel_err(c, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("a_t,b_t,cfg", [(True, False, SMALL), (False, True, SMALL), (True, True, SMALL_PERSISTENT_K)])
+def test_ragged_k_transposed_views(a_t: bool, b_t: bool, cfg: TileConfig) -> None:
+    r, m, n, sizes = 31, 20, 18, [7, 0, 13, 6]
+    a = operand((2, r, m), torch.float32, a_t)
+    b = operand((2, r, n), torch.float32, b_t)
+    ends = ends_of(sizes, r)
+    c = rk_mod.ragged_k(a, b, ends, config=cfg)
+    assert rel_err(c, ref_ragged_k(a, b, ends)) < TOL[torch.float32]
+
+
+def test_ragged_k_reproducible_and_default_config() -> None:
+    r, m, n, sizes = 50, 24, 40, [20, 3, 0, 27]
+    a = operand((1, r, m), torch.float16, False)
+    b = operand((1, r, n), torch.float16, False)
+    ends = ends_of(sizes, r)
+    c1 = rk_mod.ragged_k(a, b, ends, torch.float32)
+    c2 = rk_mod.ragged_k(a, b, ends, torch.float32)
+    assert torch.equal(c1, c2)
+    assert rel_err(c1, ref_ragged_k(a, b, ends)) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [[5, 0, 20, 3], [4, 4, 4, 4], [0, 0, 0], [1], list(range(40, 0, -3)) + [7, 7, 0, 7], [3] * 130 + [9]],
+)
+def test_longest_first_order(sizes: list[int]) -> None:
+    ends = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32).to(DEVICE)
+    sched = rk_mod.schedule(ends).tolist()
+    expected = sorted(range(len(sizes)), key=lambda g: (-sizes[g], g))
+    assert sched[0] == expected == rk_mod.longest_first(ends).tolist()
+    starts = [0] + ends.tolist()[:-1]
+    assert sched[1] == [starts[g] for g in expected] and sched[2] == [ends.tolist()[g] for g in expected]
+
+
+# ---- batch, tail, configs, errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_batch_matches_reference(dtype: torch.dtype) -> None:
+    a = operand((3, 21, 37), dtype, True)
+    b = operand((3, 37, 19), dtype, False)
+    c = batch_mod.batch(a, b, config=SMALL)
+    assert rel_err(c, a.double() @ b.double()) < TOL[dtype]
+
+
+def test_zero_tail_rows() -> None:
+    c = torch.randn(2, 10, 7, device=DEVICE) + 5.0
+    keep = c.clone()
+    zero_tail_rows_(c, torch.tensor([3, 6], dtype=torch.int32, device=DEVICE))
+    assert (c[:, 6:] == 0).all() and torch.equal(c[:, :6], keep[:, :6])
+    full = keep.clone()
+    zero_tail_rows_(full, torch.tensor([4, 10], dtype=torch.int64, device=DEVICE))  # sum == M: untouched
+    assert torch.equal(full, keep)
+    none = keep.clone()
+    zero_tail_rows_(none, torch.tensor([0, 0], dtype=torch.int32, device=DEVICE))  # no rows in any group
+    assert (none == 0).all()
+
+
+def test_configs() -> None:
+    for problem in ("ragged_m", "ragged_k", "batch"):
+        for shape in ((5120, 512, 512, 256), (15360, 6144, 20480, 32), (64, 64, 64, 1), (8192, 8192, 64, 4)):
+            for dtype in (torch.bfloat16, torch.float32):
+                cfg = pick_config(problem, *shape, dtype)
+                assert cfg in candidate_configs(problem, dtype), (problem, shape, cfg)
+    assert pick_config("ragged_m", 5120, 512, 512, 256, torch.float32).block_k <= 64
+    if not torch.backends.cuda.matmul.allow_tf32:  # full float32 runs on FMA units: a tile that does not spill
+        assert pick_config("ragged_k", 2048, 10240, 768, 128, torch.float32).block_m == 64
+    with pytest.raises(ValueError, match="block_m"):
+        TileConfig(block_m=48)
+    with pytest.raises(ValueError, match="num_warps"):
+        TileConfig(num_warps=3)
+    with pytest.raises(ValueError, match="max_regs"):
+        TileConfig(max_regs=8)
+    with pytest.raises(ValueError, match="problem"):
+        pick_config("dense", 1, 1, 1, 1, torch.float16)
+
+
+def test_bad_inputs_raise() -> None:
+    a = torch.randn(1, 8, 4, device=DEVICE)
+    b = torch.randn(1, 2, 4, 5, device=DEVICE)
+    ends = torch.tensor([3, 8], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="b: expected shape"):
+        rm_mod.ragged_m(a, b[:, :, :3], ends)
+    with pytest.raises(TypeError, match="b: expected the dtype"):
+        rm_mod.ragged_m(a, b.half(), ends)
+    with pytest.raises(ValueError, match="group_ends: expected shape"):
+        rm_mod.ragged_m(a, b, ends[:1])
+    with pytest.raises(TypeError, match="group_ends: expected dtype"):
+        rm_mod.ragged_m(a, b, ends.float())
+    with pytest.raises(TypeError, match="a: expected dtype"):
+        rm_mod.ragged_m(a.double(), b.double(), ends)
+    with pytest.raises(ValueError, match="out: expected"):
+        rm_mod.ragged_m(a, b, ends, out=torch.empty(1, 8, 4, device=DEVICE))
+    with pytest.raises(TypeError, match="config"):
+        rk_mod.ragged_k(a, a, ends, config={"block_m": 16})
+    with pytest.raises(ValueError, match="c: expected a contiguous"):
+        zero_tail_rows_(torch.randn(4, 4, 3, device=DEVICE).transpose(1, 2), ends)
+
+
+# ---- compiled code, checked without a GPU (Triton's bundled ptxas, sm_90 target) -----------------------
+
+_COMPILE_SCRIPT = textwrap.dedent(
+    """
+    import json, torch
+    from ragdot.kernels import compile_only, pick_config, resource_usage
+    from ragdot.kernels import ragged_m as rm, ragged_k as rk
+    bf = torch.bfloat16
+    out = {}
+    with compile_only(90):
+        for m, k, n, g in ((3840, 2048, 1408, 64), (15360, 6144, 20480, 32), (5120, 512, 512, 256)):
+            cfg = pick_config("ragged_m", m, k, n, g, bf)
+            a = torch.empty(1, m, k, dtype=bf)
+            for name, b in (("fwd", torch.empty(1, g, k, n, dtype=bf)),
+                            ("dgrad", torch.empty(1, g, n, k, dtype=bf).transpose(-1, -2))):
+                h = rm.launch(a, b, torch.zeros(g, dtype=torch.int32), config=cfg)[1]
+                out[f"ragged_m {name} {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
+            cfg = pick_config("ragged_k", k, m, n, g, bf)
+            h = rk.launch(a, torch.empty(1, m, n, dtype=bf), torch.zeros(g, dtype=torch.int32), config=cfg,
+                          sched=torch.zeros(3, g, dtype=torch.int32))[1]
+            out[f"ragged_k {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
+    print(json.dumps(out))
+    """
+)
+
+
+def _bundled_ptxas() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
+
+
+@pytest.mark.skipif(not _bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
+def test_sm90_code_uses_wgmma_without_spills() -> None:
+    """The heuristic's configs compile (for sm_90, on any machine) to wgmma with zero register spills."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    usage = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(usage) == 9
+    for name, info in usage.items():
+        if " 32x" not in name:  # tiles of 32 rows fall back to mma.sync (small groups, memory bound)
+            assert info["wgmma"], name
+        assert info["spills"] == 0, (name, info)
+
+
+# ---- GPU only ---------------------------------------------------------------------------------------------
+
+ANCHOR_SMALL = [(3840, 2048, 1408, 64), (5120, 512, 512, 256), (1280, 5120, 8192, 16)]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("shape", ANCHOR_SMALL)
+@pytest.mark.parametrize("tma", [False, True])
+def test_gpu_bf16_classes(shape: tuple[int, int, int, int], tma: bool) -> None:
+    m, k, n, e = shape
+    sizes = [m // e] * e
+    sizes[0] += sizes[1] + m - sum(sizes) - 5  # group 1 empty, 5 tail rows (poisoned)
+    sizes[1] = 0
+    ends = ends_of(sizes, m)
+    x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+    x[:, int(ends[-1]) :] = float("nan")
+    base = pick_config("ragged_m", m, k, n, e, torch.bfloat16)
+    cfg = TileConfig(**{**base.__dict__, "tma": tma})
+    for b in (torch.randn(1, e, k, n, device="cuda", dtype=torch.bfloat16),
+              torch.randn(1, e, n, k, device="cuda", dtype=torch.bfloat16).transpose(-1, -2)):
+        c, handle = rm_mod.launch(x, b, ends, config=cfg)
+        assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
+        assert rel_err(c, ref_ragged_m(x.float(), b.float(), ends)) < TOL[torch.bfloat16]
+        assert handle.n_spills == 0
+        assert base.block_m < 64 or "wgmma" in handle.asm["ptx"]
+    dy = torch.randn(1, m, n, device="cuda", dtype=torch.bfloat16)
+    dy[:, int(ends[-1]) :] = float("inf")
+    w, handle = rk_mod.launch(x, dy, ends)
+    ref = ref_ragged_k(x.float().nan_to_num(0), dy.float().nan_to_num(0, 0, 0), ends)
+    assert not w.isnan().any() and (w[1] == 0).all()
+    assert rel_err(w, ref) < TOL[torch.bfloat16]
+    assert handle.n_spills == 0 and "wgmma" in handle.asm["ptx"]
+
+
+@gpu
+@needs_cuda
+def test_gpu_int64_offsets() -> None:
+    """Index products past 2**31 (rows x row stride, tokens x hidden): 2**19 + 64 rows x 4096 columns."""
+    m, k, n = (1 << 19) + 64, 4096, 64
+    a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1, 2, k, n, device="cuda", dtype=torch.bfloat16)
+    ends = torch.tensor([m - 100, m - 1], dtype=torch.int32, device="cuda")
+    c = rm_mod.ragged_m(a, b, ends)
+    assert rel_err(c[0, m - 100 : m - 1], a[0, m - 100 : m - 1].float() @ b[0, 1].float()) < TOL[torch.bfloat16]
+    assert rel_err(c[0, :64], a[0, :64].float() @ b[0, 0].float()) < TOL[torch.bfloat16]
+    assert (c[0, m - 1] == 0).all()
+    dy = torch.randn(1, m, n, device="cuda", dtype=torch.bfloat16)
+    w = rk_mod.ragged_k(a, dy, ends)
+    for g, rows in enumerate((slice(0, m - 100), slice(m - 100, m - 1))):
+        assert rel_err(w[g, 0], a[0, rows].float().t() @ dy[0, rows].float()) < TOL[torch.bfloat16]
+    c2 = torch.empty(1, m, k, device="cuda", dtype=torch.bfloat16).fill_(1.0)
+    zero_tail_rows_(c2, ends)
+    assert (c2[0, m - 1] == 0).all() and (c2[0, m - 2] == 1).all()
