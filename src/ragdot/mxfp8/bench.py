@@ -1,0 +1,316 @@
+"""`ragdot bench-mxfp8`: the MXFP8 weight gradient against bf16 grouped GEMMs at the seed's MoE shapes.
+
+Per shape and routing it times, interleaved in one process with sustained back-to-back launches (a CUDA event
+pair around each window, no per-call synchronisation, several passes in rotated order):
+- torch._grouped_mm in bf16 (dY^T [N, T] x X [T, K] -> [G, N, K]), the vendor baseline;
+- ragdot's own bf16 weight gradient (ragged_dot_general, contracting mode, backend='triton');
+- every MXFP8 kernel variant on pre-quantized operands (path/tile config), checked against the FP32 oracle
+  on a few experts first; timing-only strip-downs (scales ignored) bound what each inner step could reach.
+Quantization is timed separately. Results go to <out>/mxfp8_bench.csv and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import multiprocessing
+import platform
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+HELP = "benchmark the MXFP8 grouped weight gradient against bf16 grouped GEMMs (GPU)"
+
+#: (N, K, experts, total tokens): the seed's 16B shape and its two 671B shapes
+SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "16B": (1408, 2048, 8, 195_840),
+    "671B-4096": (4096, 7168, 32, 258_304),
+    "671B-7168": (7168, 7168, 32, 126_976),
+    "tiny": (128, 192, 4, 2_048),  # smoke runs
+}
+#: measured ceilings of one H200 (docs/mxfp8.md, ../anchors): bf16 and fp8 dense GEMM, copy bandwidth
+BF16_PEAK, FP8_PEAK, HBM = 720e12, 1440e12, 4.2e12
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    kind: str  # "torch" | "ragdot" | "mx"
+    path: str = ""
+    config: tuple[int, int, int, int, int] | None = None  # block_n, block_k, block_t, warps, stages
+    order: str = "auto"
+
+
+def mx_variants(strip: bool) -> list[Variant]:
+    out = [
+        Variant("mx-upcast-128x128w4", "mx", "upcast", (128, 128, 64, 4, 3)),
+        Variant("mx-upcast-128x256w8", "mx", "upcast", (128, 256, 64, 8, 3)),
+        Variant("mx-upcast-bits-128x128w4", "mx", "upcast-bits", (128, 128, 64, 4, 3)),
+        Variant("mx-upcast-bits-128x256w8", "mx", "upcast-bits", (128, 256, 64, 8, 3)),
+        Variant("mx-promote-128x128w8", "mx", "promote", (128, 128, 64, 8, 4)),
+        Variant("mx-scaled-128x256w8", "mx", "scaled", (128, 256, 64, 8, 3)),
+        Variant("mx-upcast-bits-256x128w8", "mx", "upcast-bits", (256, 128, 64, 8, 3)),
+        Variant("mx-upcast-bits-128x128t32w4", "mx", "upcast-bits", (128, 128, 32, 4, 4)),
+        Variant("mx-dequant-gmm", "mx", "dequant-gmm"),
+    ]
+    if strip:
+        out += [
+            Variant("strip-fp8-noscale-128x256w8", "mx", "fp8-noscale", (128, 256, 128, 8, 3)),
+            Variant("strip-upcast-noscale-128x128w4", "mx", "upcast-noscale", (128, 128, 64, 4, 3)),
+        ]
+    return out
+
+
+def routing_sizes(tokens: int, experts: int, kind: str) -> list[int]:
+    """Linear ramp, busiest expert 1.5x the mean, multiples of 256; 'shifted' moves 32 tokens first<-last."""
+    from ragdot.routing import skewed
+
+    sizes = skewed(tokens, experts, round_to=256).tolist()
+    if kind == "shifted":
+        sizes[0] += 32
+        sizes[-1] -= 32
+    return sizes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shapes", default="16B,671B-4096,671B-7168", help=f"comma list of {', '.join(SHAPES)}")
+    parser.add_argument("--routings", default="aligned,shifted", help="aligned (256) and/or shifted (32)")
+    parser.add_argument("--seconds", type=float, default=0.25, help="timed window per variant and pass")
+    parser.add_argument("--passes", type=int, default=2, help="interleaved passes over all variants")
+    parser.add_argument("--variants", default="", help="comma list of substrings: keep matching MXFP8 variants")
+    parser.add_argument("--strip", action="store_true", help="add the timing-only strip-downs (aligned only)")
+    parser.add_argument("--no-baselines", action="store_true", help="skip torch._grouped_mm and ragdot bf16")
+    parser.add_argument("--compile-jobs", type=int, default=0, help="compile the kernels in N processes first")
+    parser.add_argument("--compile-only", action="store_true", help="only fill the kernel cache (--compile-jobs)")
+    parser.add_argument("--budget", type=float, default=0.0, help="stop starting new shapes after this many s")
+    parser.add_argument("--out", default=None, help="folder for mxfp8_bench.csv / .json")
+    parser.add_argument("--device", default="cuda", help="cuda; 'cpu' only smoke-tests this script (interpreter)")
+
+
+def _mx_call(v: Variant, ops: dict, sizes: torch.Tensor, order: str | None = None):
+    from ragdot.mxfp8.wgrad import WgradConfig, grouped_wgrad_triton
+
+    cfg = WgradConfig(*v.config) if v.config else None
+    return lambda: grouped_wgrad_triton(*ops["mx"], sizes, path=v.path, config=cfg, order=order or v.order)
+
+
+def _compile_one(job: tuple) -> tuple[str, float, str]:
+    """Worker: run one variant on a tiny problem with the real launch's specialisation (fills the cache)."""
+    from ragdot.mxfp8 import quantize
+    from ragdot.mxfp8.wgrad import WgradConfig, grouped_wgrad_triton
+
+    name, path, config, experts, longest = job
+    t0 = time.perf_counter()
+    try:
+        x = torch.randn(256 * 2, 256, device="cuda", dtype=torch.bfloat16)
+        aq, as_ = quantize(x)
+        sizes = torch.full((experts,), 0, dtype=torch.int32, device="cuda")
+        sizes[0] = 256
+        grouped_wgrad_triton(aq, as_, aq, as_, sizes, path=path, config=WgradConfig(*config) if config else None,
+                             order="longest" if longest else "natural")
+        torch.cuda.synchronize()
+        return name, time.perf_counter() - t0, ""
+    except Exception as exc:  # noqa: BLE001 - reported, the timed run retries and records it
+        return name, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _longest(v: Variant, n: int, k: int, experts: int) -> bool:
+    from ragdot.mxfp8.wgrad import LONGEST_FIRST_MAX_BLOCKS
+
+    if v.order != "auto":
+        return v.order == "longest"
+    if v.config is None:
+        return False
+    bn, bk = v.config[0], v.config[1]
+    return experts * math.ceil(n / bn) * math.ceil(k / bk) < LONGEST_FIRST_MAX_BLOCKS
+
+
+def precompile(jobs: int, shapes: list[str], variants: list[Variant]) -> None:
+    todo = {}
+    for shape in shapes:
+        n, k, experts, _ = SHAPES[shape]
+        for v in variants:
+            if v.kind == "mx":
+                both = v is variants[0]  # bench_shape times both block orders of the first variant
+                for longest in {_longest(v, n, k, experts), *([True, False] if both else [])}:
+                    todo[(v.name, experts, longest)] = (v.name, v.path, v.config, experts, longest)
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        for name, sec, err in pool.map(_compile_one, todo.values()):
+            print(f"  compiled {name:32s} {sec:5.1f}s {err}", flush=True)
+    print(f"precompile: {len(todo)} kernels in {time.perf_counter() - t0:.1f}s", flush=True)
+
+
+def sustained_ms(fn, seconds: float) -> float:
+    """Mean ms per call over back-to-back launches filling about `seconds` (no per-call sync)."""
+    if not torch.cuda.is_available():  # smoke runs on the CPU: wall clock
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    reps = max(3, min(200, int(seconds / max(time.perf_counter() - t0, 1e-5))))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _oracle(mx: tuple, sizes: list[int], experts: list[int]) -> dict[int, torch.Tensor]:
+    """FP32 oracle (dequantize, matmul without TF32) of the weight gradient of a few experts."""
+    from ragdot.mxfp8 import dequantize
+
+    aq, as_, bq, bs = mx
+    starts = [sum(sizes[:g]) for g in range(len(sizes) + 1)]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    refs = {}
+    for g in experts:
+        t0, t1 = starts[g], starts[g + 1]
+        a = dequantize(aq[t0:t1], as_[t0 // 32:t1 // 32])
+        refs[g] = a.t() @ dequantize(bq[t0:t1], bs[t0 // 32:t1 // 32])
+    return refs
+
+
+def _max_rel_err(out: torch.Tensor, refs: dict[int, torch.Tensor]) -> float:
+    """max over the checked experts of max|out - ref| / max|ref| (inf for any NaN or a wrong empty slab)."""
+    worst = 0.0
+    for g, ref in refs.items():
+        scale = ref.abs().max().item()
+        diff = (out[g].float() - ref).abs().max().item()
+        err = diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
+        worst = max(worst, err if math.isfinite(err) else math.inf)
+    return worst
+
+
+def bench_shape(shape: str, args, variants: list[Variant], rows: list[dict]) -> None:
+    import ragdot
+    from ragdot.mxfp8.quantize import quantize_triton
+
+    n, k, experts, tokens = SHAPES[shape]
+    dev = torch.device(args.device)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    dy = torch.randn(tokens, n, device=dev, dtype=torch.bfloat16, generator=gen)
+    x = torch.randn(tokens, k, device=dev, dtype=torch.bfloat16, generator=gen)
+    q_ms = {}
+    for name, t in (("quantize dY", dy), ("quantize X", x)):
+        q_ms[name] = sustained_ms(lambda t=t: quantize_triton(t), args.seconds / 2)
+        gbs = t.numel() * 3.03 / q_ms[name] / 1e6
+        rows.append(dict(shape=shape, routing="-", variant=name, ms=q_ms[name], tflops=0.0,
+                         speedup=0.0, err=0.0, note=f"{gbs:.0f} GB/s of {HBM / 1e9:.0f}"))
+    mx = (*quantize_triton(dy), *quantize_triton(x))
+    dn = ragdot.RaggedDotDimensionNumbers((([0], [0]), ([], [])), [0], [])
+    for routing in args.routings.split(","):
+        sizes_l = routing_sizes(tokens, experts, routing)
+        sizes = torch.tensor(sizes_l, dtype=torch.int32, device=dev)
+        ends = torch.cumsum(sizes, 0, dtype=torch.int32)
+        flops = 2.0 * sum(sizes_l) * n * k
+        calls: dict[str, object] = {}
+        if not args.no_baselines:
+            calls["torch-bf16"] = lambda e=ends: torch._grouped_mm(dy.t(), x, offs=e, out_dtype=torch.bfloat16)
+            calls["ragdot-bf16"] = lambda s=sizes: ragdot.ragged_dot_general(dy, x, s, dn, backend="triton")
+        for v in variants:
+            if v.name.startswith("strip") and routing != "aligned":
+                continue
+            calls[v.name] = _mx_call(v, {"mx": mx}, sizes)
+            if routing == "aligned" and v.name == variants[0].name:
+                other = "natural" if _longest(v, n, k, experts) else "longest"
+                calls[f"{v.name}-{other}"] = _mx_call(v, {"mx": mx}, sizes, order=other)
+        errs, notes = {}, {}
+        refs = _oracle(mx, sizes_l, [0, experts // 2, experts - 1])
+        for name, fn in list(calls.items()):
+            try:
+                out = fn()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                if not (name.startswith(("torch", "ragdot", "strip"))):
+                    errs[name] = _max_rel_err(out, refs)
+                del out
+            except Exception as exc:  # noqa: BLE001 - a failing variant is recorded, the others still run
+                notes[name] = f"{type(exc).__name__}: {exc}"[:200]
+                calls.pop(name)
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        names = list(calls)
+        for p in range(args.passes):
+            for name in names[p % len(names):] + names[:p % len(names)]:
+                try:
+                    times[name].append(sustained_ms(calls[name], args.seconds))
+                except Exception as exc:  # noqa: BLE001
+                    notes[name] = f"{type(exc).__name__}: {exc}"[:200]
+        times = {name: t for name, t in times.items() if t and name not in notes}
+        base = sum(times["torch-bf16"]) / args.passes if "torch-bf16" in times else float("nan")
+        for name in list(times) + list(notes):
+            ms = sum(times[name]) / len(times[name]) if name in times else float("nan")
+            rows.append(dict(shape=shape, routing=routing, variant=name, ms=ms, tflops=flops / ms / 1e9,
+                             speedup=base / ms, err=errs.get(name, float("nan")),
+                             note=notes.get(name, " ".join(f"{t:.3f}" for t in times.get(name, [])))))
+        del refs
+        print(f"{shape} {routing}: done at {time.strftime('%H:%M:%S')}", flush=True)
+
+
+def _table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="MXFP8 weight gradient vs bf16 (ms per call; speedup over torch._grouped_mm bf16)")
+    for col in ("shape", "routing", "variant", "ms", "TFLOP/s", "x torch", "max rel err"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for r in rows:
+        table.add_row(r["shape"], r["routing"], r["variant"], f"{r['ms']:.3f}", f"{r['tflops']:.0f}",
+                      f"{r['speedup']:.2f}", f"{r['err']:.1e}")
+    console = Console(width=110)
+    console.print(table)
+    for r in rows:
+        if r["note"] and not r["note"][0].isdigit():
+            console.print(f"{r['shape']} {r['routing']} {r['variant']}: {r['note']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench-mxfp8 needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 for a smoke run)")
+        return 2
+    shapes = [s for s in args.shapes.split(",") if s]
+    for s in shapes:
+        if s not in SHAPES:
+            raise ValueError(f"--shapes: unknown shape {s!r}; expected some of {', '.join(SHAPES)}")
+    variants = mx_variants(args.strip)
+    if args.variants:
+        keep = [w for w in args.variants.split(",") if w]
+        variants = [v for v in variants if any(w in v.name for w in keep)]
+    if args.compile_jobs > 0 or args.compile_only:
+        precompile(max(1, args.compile_jobs), shapes, variants)
+        if args.compile_only:
+            return 0
+    rows: list[dict] = []
+    t_start = time.perf_counter()
+    for shape in shapes:
+        if args.budget and time.perf_counter() - t_start > args.budget:
+            print(f"budget spent: skipping {shape}")
+            continue
+        bench_shape(shape, args, variants, rows)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    _table(rows)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "mxfp8_bench.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["shape"])
+            writer.writeheader()
+            writer.writerows(rows)
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        meta = dict(gpu=gpu, torch=torch.__version__, python=platform.python_version(),
+                    date=time.strftime("%Y-%m-%d %H:%M:%S"), args=vars(args) | {"_module": None},
+                    variants=[asdict(v) for v in variants])
+        (out / "mxfp8_bench.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str))
+    return 0
