@@ -30,10 +30,15 @@ def bucket(n: int) -> int:
     return value
 
 
+_NAMES: dict[tuple[str, int | None], str] = {}
+
+
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return device.type
+    """The GPU's marketing name ('NVIDIA H200'), or the device type off the GPU; memoized per device."""
+    key = (device.type, device.index)
+    if key not in _NAMES:
+        _NAMES[key] = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return _NAMES[key]
 
 
 def layout_of(t: torch.Tensor) -> str:

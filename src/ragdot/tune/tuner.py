@@ -32,24 +32,30 @@ def label(candidate: Candidate) -> str:
     return name if cfg is None else f"{name}:{cfg.short()}"
 
 
-def candidates_for(problem: str, rows_per_group: float, dtype: torch.dtype, max_configs: int) -> list[Candidate]:
-    """The vendor kernel plus up to `max_configs` Triton tile configs plausible for the regime."""
+def candidates_for(
+    problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, max_configs: int
+) -> list[Candidate]:
+    """The vendor kernel, the heuristic's Triton config, and up to `max_configs` - 1 more plausible for the
+    regime. dims = (M, K, N, G) as `ragdot.kernels.configs.pick_config` reads them."""
     out: list[Candidate] = []
     names = available_backends()
     if "torch" in names:
         out.append(("torch", None))
     if "triton" not in names or problem == "batch":
         return out
-    from ragdot.kernels.configs import candidate_configs
+    from ragdot.kernels.configs import candidate_configs, pick_config
 
-    space = candidate_configs(problem, dtype)
+    m, k, n, g = dims
+    rows_per_group = (k if problem == "ragged_k" else m) / max(g, 1)
+    heuristic = pick_config(problem, m, k, n, g, dtype)
+    space = [c for c in candidate_configs(problem, dtype) if c != heuristic]
     if problem == "ragged_m":
         # Tiles much taller than a group waste their rows; tiles much shorter re-read the weights.
         target = min(max(rows_per_group, 32), 256)
         space = sorted(space, key=lambda c: (abs(c.block_m - target) / target, -c.block_n, c.num_stages))
     else:
         space = sorted(space, key=lambda c: (-(c.block_m * c.block_n), c.num_stages))
-    seen: list[Any] = []
+    seen: list[Any] = [heuristic]
     for cfg in space:
         if len(seen) >= max_configs:
             break
@@ -156,7 +162,8 @@ def tune_key(key: TuneKey, *, max_configs: int = 8) -> dict[str, Any] | None:
         b = _operand((bt, extent, s2), lb, dtype, device)
     else:
         return None
-    cands = candidates_for(key.problem, extent / max(g, 1), dtype, max_configs)
+    dims = (extent, s1, s2, g) if key.problem == "ragged_m" else (s1, extent, s2, g)
+    cands = candidates_for(key.problem, dims, dtype, max_configs)
     entry = entry_from_times(measure_problem(key.problem, a, b, g, out_dtype, cands), cands)
     if entry is not None:
         if key_for(key.problem, a, b, g, out_dtype) != key:  # the operands must describe the key exactly
