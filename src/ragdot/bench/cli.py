@@ -233,6 +233,26 @@ def _run(args: argparse.Namespace) -> int:
         args.seed,
         graphs=args.cuda_graphs and cuda,
     )
+    now = datetime.datetime.now()
+    commit = args.commit or _commit()
+    meta = {
+        "gpu": gpu,
+        "commit": commit,
+        "date": now.isoformat(timespec="seconds"),
+        "dtype": dtype_name,
+        "torch": torch.__version__,
+        "device": str(device),
+        "peak_tflops": ceilings.peak_tflops,
+        "bandwidth_gbs": ceilings.bandwidth_gbs,
+        "ceilings": ceilings.source,
+        "cuda_graphs": cfg.graphs,
+        "warmup": warmup,
+        "iters": iters,
+        "max_seconds": max_s,
+        "seconds": None,
+        "argv": sys.argv[1:],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
     results = []
     start = time.perf_counter()
     done_est = 0.0
@@ -252,6 +272,8 @@ def _run(args: argparse.Namespace) -> int:
                     progress.update(task, description=f"{shape.name} {cls.name} {routing}")
                     results += run_cell(shape, cls, routing, systems, cfg)
                     progress.advance(task)
+            # Keep what is measured so far: an interrupted run still leaves its rows behind.
+            report.write_csv(report.result_rows(results, meta), args.out / "partial.csv")
             done_est += estimate([shape])
             elapsed = time.perf_counter() - start
             left = (est - done_est) * elapsed / max(done_est, 1e-9)
@@ -260,25 +282,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"(elapsed {elapsed:.0f} s, about {left:.0f} s left)"
             )
 
-    now = datetime.datetime.now()
-    commit = args.commit or _commit()
-    meta = {
-        "gpu": gpu,
-        "commit": commit,
-        "date": now.isoformat(timespec="seconds"),
-        "dtype": dtype_name,
-        "torch": torch.__version__,
-        "device": str(device),
-        "peak_tflops": ceilings.peak_tflops,
-        "bandwidth_gbs": ceilings.bandwidth_gbs,
-        "ceilings": ceilings.source,
-        "cuda_graphs": cfg.graphs,
-        "warmup": warmup,
-        "iters": iters,
-        "max_seconds": max_s,
-        "seconds": round(time.perf_counter() - start, 1),
-        "argv": sys.argv[1:],
-    }
+    meta["seconds"] = round(time.perf_counter() - start, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = report.file_stem(gpu, commit, now.strftime("%Y%m%d-%H%M%S"))
     rows = report.result_rows(results, meta)
@@ -290,6 +294,7 @@ def _run(args: argparse.Namespace) -> int:
     report.print_tables(results, console, title, anchors="H200" in gpu and dtype == torch.bfloat16)
     if not args.no_plots:
         files += plots.plot_results(results, args.out, stem, title)
+    (args.out / "partial.csv").unlink(missing_ok=True)
     console.print(f"done in {meta['seconds']} s; wrote " + ", ".join(str(f) for f in files))
     bad = [r for r in results if r.status in ("wrong", "error")]
     for r in bad:

@@ -53,6 +53,12 @@ def run(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     shapes = _expand(args.shapes)
     classes = parse_classes(args.classes or list(CLASS_NAMES))
+    if args.out:
+        path = Path(args.out)
+    elif args.ship:
+        path = shipped_path(device_name(device))
+    else:
+        path = user_cache_path()
     entries: dict[str, dict] = {}
     table = Table(title=f"ragdot tune on {device_name(device)} ({args.dtype})")
     for col in ("shape", "class", "problem", "winner", "ms (bal/skew)", "torch ms (bal/skew)"):
@@ -78,16 +84,10 @@ def run(args: argparse.Namespace) -> int:
         if entry is None:
             continue
         entries[key.text()] = entry
+        CACHE.put({key.text(): entry}, path)  # as we go: an interrupted run keeps what it measured
         fmt = lambda t: "/".join(f"{t[r]:.3f}" for r in sorted(t))  # noqa: E731
         table.add_row(shape.name, cls.name, key.problem, entry["winner"], fmt(times[entry["winner"]]),
                       fmt(times["torch"]) if "torch" in times else "-")
-    if args.out:
-        path = Path(args.out)
-    elif args.ship:
-        path = shipped_path(device_name(device))
-    else:
-        path = user_cache_path()
-    CACHE.put(entries, path)
     console.print(table)
     console.print(f"wrote {len(entries)} entries to {path}")
     return 0
