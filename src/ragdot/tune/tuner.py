@@ -2,7 +2,8 @@
 
 Group sizes are seeded as the seed's autotuner does: balanced with the sum exactly equal to the ragged
 extent (every pointer in bounds, every output written), and skewed routing as a second measurement. The
-winner minimises the summed median time over both, so it does not win on balanced routing alone. Every
+winner minimises the summed median time over both, so it does not win on balanced routing alone. On CUDA
+the candidates are timed as CUDA-graph replays (device time), so Python dispatch cost cannot pick a kernel. Every
 candidate's result is checked against the reference before it is timed; a wrong one is never chosen.
 """
 
@@ -116,7 +117,9 @@ def measure_problem(
             if not err <= TOLERANCE.get(a.dtype, 2e-2):
                 continue
             systems.append(Timed(label(cand), [lambda fn=fn, args=args: fn(*args)]))
-        for name, timing in measure(systems, a.device, warmup=warmup, iters=iters).items():
+        # Device time (CUDA-graph replays): host dispatch overhead must not decide between kernels.
+        graphs = a.device.type == "cuda"
+        for name, timing in measure(systems, a.device, warmup=warmup, iters=iters, graphs=graphs).items():
             times.setdefault(name, {})[routing] = timing.median
     return times
 
