@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-from collections import defaultdict
 from pathlib import Path
 
 PASSES = {"fwd": ("fwd_wi", "fwd_wo"), "dgrad": ("dgrad_wi", "dgrad_wo"), "wgrad": ("wgrad_wi", "wgrad_wo")}
@@ -26,8 +25,9 @@ def geomean(xs):
 def load(paths):
     cells = {}
     for path in paths:
-        for row in csv.DictReader(open(path)):
-            cells[(row["shape"], row["cls"], row["routing"], row["backend"])] = row
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                cells[(row["shape"], row["cls"], row["routing"], row["backend"])] = row
     return cells
 
 

@@ -139,3 +139,28 @@ def test_cpu_plan_is_the_heuristic_order():
     names = [n for n, _ in select.plan("ragged_m", "auto", a, b, 2, torch.float32)]
     assert names[-1] == "reference" and "padded" not in names
     assert select.plan("ragged_m", "padded", a, b, 2, torch.float32) == [("padded", None)]
+
+
+def test_shipped_h200_results_cover_every_anchor_cell(monkeypatch):
+    """A fresh process on an H200 finds a measured choice for every anchor shape and class, without tuning."""
+    import dataclasses
+
+    from ragdot.bench.classes import CLASSES
+    from ragdot.dimension_numbers import canonicalize
+    from ragdot.shapes import shapes_with_tag
+
+    monkeypatch.setenv("RAGDOT_CACHE_DIR", "/nonexistent-ragdot-cache")  # no user cache: shipped file only
+    cache_mod.CACHE.clear()
+    assert cache_mod.CACHE.has_shipped("NVIDIA H200")
+    for shape in shapes_with_tag("anchor"):
+        for cls in CLASSES:
+            lshape, rshape, _ = cls.shapes(shape)
+            meta = {"device": "meta", "dtype": torch.bfloat16}
+            lhs, rhs = torch.empty(lshape, **meta), torch.empty(rshape, **meta)
+            can = canonicalize(lhs, rhs, shape.E, cls.ragdot_dimension_numbers())
+            key = dataclasses.replace(key_for(can.mode, can.a, can.b, shape.E, torch.bfloat16), device="NVIDIA H200")
+            entry = select.tuned_entry(key)
+            assert entry is not None, (shape.name, cls.name)
+            assert entry["backend"] in ("torch", "triton")
+            if entry["triton_config"] is not None:
+                select.config_from_dict(entry["triton_config"])  # a valid TileConfig
