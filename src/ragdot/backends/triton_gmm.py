@@ -8,6 +8,7 @@ dtypes, or tensors on a device Triton cannot run on.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 
@@ -41,39 +42,19 @@ class TritonBackend:
         if out_dtype not in _SUPPORTED:
             raise NotImplementedError(f"triton backend: out_dtype {out_dtype}")
 
-    def ragged_m(
-        self,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        group_ends: torch.Tensor,
-        out_dtype: torch.dtype,
-        config: TileConfig | None = None,
-    ) -> torch.Tensor:
-        from ragdot.kernels.ragged_m import ragged_m
+    def _launch(self, problem: str, a: torch.Tensor, b: torch.Tensor, *rest, config: TileConfig | None):
+        self._check(a, b, out_dtype=rest[-1])
+        kernel = getattr(importlib.import_module(f"ragdot.kernels.{problem}"), problem)
+        return kernel(a, b, *rest, config=config)
 
-        self._check(a, b, out_dtype=out_dtype)
-        return ragged_m(a, b, group_ends, out_dtype, config=config)
+    def ragged_m(self, a, b, group_ends, out_dtype, config: TileConfig | None = None) -> torch.Tensor:
+        return self._launch("ragged_m", a, b, group_ends, out_dtype, config=config)
 
-    def ragged_k(
-        self,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        group_ends: torch.Tensor,
-        out_dtype: torch.dtype,
-        config: TileConfig | None = None,
-    ) -> torch.Tensor:
-        from ragdot.kernels.ragged_k import ragged_k
+    def ragged_k(self, a, b, group_ends, out_dtype, config: TileConfig | None = None) -> torch.Tensor:
+        return self._launch("ragged_k", a, b, group_ends, out_dtype, config=config)
 
-        self._check(a, b, out_dtype=out_dtype)
-        return ragged_k(a, b, group_ends, out_dtype, config=config)
-
-    def batch(
-        self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, config: TileConfig | None = None
-    ) -> torch.Tensor:
-        from ragdot.kernels.batch import batch
-
-        self._check(a, b, out_dtype=out_dtype)
-        return batch(a, b, out_dtype, config=config)
+    def batch(self, a, b, out_dtype, config: TileConfig | None = None) -> torch.Tensor:
+        return self._launch("batch", a, b, out_dtype, config=config)
 
 
 BACKEND = TritonBackend()

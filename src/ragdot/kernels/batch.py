@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ragdot.kernels.configs import (
     TileConfig,
-    check_operand,
+    check_operands,
     dot_precision,
     launch_options,
     make_output,
@@ -80,15 +80,10 @@ def launch(
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, object]:
     """`batch` returning also the launched kernel handle (compiled kernel on a GPU), for inspection."""
-    check_operand("a", a, 3)
-    check_operand("b", b, 3)
+    check_operands(a, b, 3)
     bt, m, k = a.shape
     if b.shape[0] != bt or b.shape[1] != k:
         raise ValueError(f"b: expected shape [{bt}, {k}, N] to match a {tuple(a.shape)}, got {tuple(b.shape)}")
-    if a.dtype != b.dtype:
-        raise TypeError(f"b: expected the dtype of a ({a.dtype}), got {b.dtype}")
-    if b.device != a.device:
-        raise ValueError(f"b: expected device {a.device}, got {b.device}")
     n = b.shape[2]
     out_dtype = a.dtype if out_dtype is None else out_dtype
     c = make_output("out", out, (bt, m, n), out_dtype, a.device)

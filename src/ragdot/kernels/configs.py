@@ -209,6 +209,16 @@ def check_operand(name: str, t: object, ndim: int) -> torch.Tensor:
     return t
 
 
+def check_operands(a: object, b: object, b_ndim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`check_operand` on a ([..., 3 dims]) and b (`b_ndim` dims), plus one dtype and one device for both."""
+    a, b = check_operand("a", a, 3), check_operand("b", b, b_ndim)
+    if a.dtype != b.dtype:
+        raise TypeError(f"b: expected the dtype of a ({a.dtype}), got {b.dtype}")
+    if b.device != a.device:
+        raise ValueError(f"b: expected device {a.device}, got {b.device}")
+    return a, b
+
+
 def check_group_ends(group_ends: object, g: int, device: torch.device) -> torch.Tensor:
     """The group ends as an int32/int64 [G] tensor on `device` (no copy when it already is one)."""
     if not isinstance(group_ends, torch.Tensor):

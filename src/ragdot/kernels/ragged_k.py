@@ -26,7 +26,7 @@ import triton.language as tl
 from ragdot.kernels.configs import (
     TileConfig,
     check_group_ends,
-    check_operand,
+    check_operands,
     dot_precision,
     launch_options,
     make_output,
@@ -246,15 +246,10 @@ def launch(
     sched: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, object]:
     """`ragged_k` returning also the launched kernel handle (compiled kernel on a GPU), for inspection."""
-    check_operand("a", a, 3)
-    check_operand("b", b, 3)
+    check_operands(a, b, 3)
     bt, r, m = a.shape
     if b.shape[0] != bt or b.shape[1] != r:
         raise ValueError(f"b: expected shape [{bt}, {r}, N] to match a {tuple(a.shape)}, got {tuple(b.shape)}")
-    if a.dtype != b.dtype:
-        raise TypeError(f"b: expected the dtype of a ({a.dtype}), got {b.dtype}")
-    if b.device != a.device:
-        raise ValueError(f"b: expected device {a.device}, got {b.device}")
     if not isinstance(group_ends, torch.Tensor) or group_ends.dim() != 1:
         raise ValueError("group_ends: expected a 1-D integer tensor [G]")
     g, n = group_ends.shape[0], b.shape[2]

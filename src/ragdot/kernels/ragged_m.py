@@ -23,7 +23,7 @@ import triton.language as tl
 from ragdot.kernels.configs import (
     TileConfig,
     check_group_ends,
-    check_operand,
+    check_operands,
     dot_precision,
     launch_options,
     make_output,
@@ -249,15 +249,10 @@ def launch(
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, object]:
     """`ragged_m` returning also the launched kernel handle (compiled kernel on a GPU), for inspection."""
-    check_operand("a", a, 3)
-    check_operand("b", b, 4)
+    check_operands(a, b, 4)
     bt, m, k = a.shape
     if b.shape[0] != bt or b.shape[2] != k:
         raise ValueError(f"b: expected shape [{bt}, G, {k}, N] to match a {tuple(a.shape)}, got {tuple(b.shape)}")
-    if a.dtype != b.dtype:
-        raise TypeError(f"b: expected the dtype of a ({a.dtype}), got {b.dtype}")
-    if b.device != a.device:
-        raise ValueError(f"b: expected device {a.device}, got {b.device}")
     g, n = b.shape[1], b.shape[3]
     ends = check_group_ends(group_ends, g, a.device)
     out_dtype = a.dtype if out_dtype is None else out_dtype

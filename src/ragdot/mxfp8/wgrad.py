@@ -337,8 +337,11 @@ def _dequant_gmm(a_q, a_s, b_q, b_s, group_sizes, out_dtype: torch.dtype) -> tor
         raise NotImplementedError("path='dequant-gmm' needs torch._grouped_mm")
     a = dequantize_tokens_triton(a_q, a_s)  # [T, N], storage [N, T]
     b = dequantize_tokens_triton(b_q, b_s)  # [T, K], storage [K, T]
-    run_dtype = out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.float32
-    out = torch._grouped_mm(a.t(), b, offs=_block_ends(group_sizes, a_q.shape[0]), out_dtype=run_dtype)
+    if out_dtype != torch.bfloat16:
+        # The vendor kernel writes its input dtype; a wider output needs wider (still exact) operands.
+        a, b = a.float(), b.float()
+    # Offsets are multiples of 32 tokens, so the token axis may be the contiguous one here.
+    out = torch._grouped_mm(a.t(), b, offs=_block_ends(group_sizes, a_q.shape[0]))
     return out.to(out_dtype).contiguous()
 
 
