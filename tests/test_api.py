@@ -83,6 +83,19 @@ def test_dimension_numbers_type_errors():
         ragdot.ragged_dot_general(*_args(), "fwd")
 
 
+def test_group_sizes_as_a_list_or_numpy_array():
+    import numpy as np
+
+    lhs, rhs, gs = _args()
+    expected = ragdot.ragged_dot(lhs, rhs, gs, backend="reference")
+    assert torch.equal(ragdot.ragged_dot(lhs, rhs, gs.tolist(), backend="reference"), expected)
+    assert torch.equal(ragdot.ragged_dot(lhs, rhs, np.array(gs.tolist()), backend="reference"), expected)
+    with pytest.raises(TypeError, match="group_sizes must be an integer"):
+        ragdot.ragged_dot(lhs, rhs, [1.5, 2.0, 3.0])
+    with pytest.raises(TypeError, match="group_sizes must be a"):
+        ragdot.ragged_dot(lhs, rhs, "3,3,4")
+
+
 def test_preferred_element_type_must_be_a_float_dtype():
     with pytest.raises(TypeError, match="preferred_element_type"):
         ragdot.ragged_dot(*_args(), preferred_element_type=torch.int32)

@@ -35,6 +35,21 @@ def _check_backend(backend: str | None) -> str:
     return backend
 
 
+def _as_sizes(group_sizes, lhs):
+    """Tensors pass through; a list, tuple or numpy array of ints becomes an int64 tensor on lhs's device."""
+    if isinstance(group_sizes, torch.Tensor) or not isinstance(lhs, torch.Tensor):
+        return group_sizes
+    if isinstance(group_sizes, (list, tuple)) or type(group_sizes).__module__ == "numpy":
+        try:
+            sizes = torch.as_tensor(group_sizes)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"group_sizes must be a 1-D sequence of ints, got {group_sizes!r}") from None
+        if sizes.numel() == 0:
+            sizes = sizes.to(torch.int64)
+        return sizes.to(lhs.device)
+    return group_sizes
+
+
 def _check_operands(lhs, rhs, group_sizes, preferred_element_type) -> torch.dtype:
     for name, t in (("lhs", lhs), ("rhs", rhs), ("group_sizes", group_sizes)):
         if not isinstance(t, torch.Tensor):
@@ -105,6 +120,7 @@ def ragged_dot_general(
     to no group: their output rows are zero and they contribute to no group, whatever they hold.
     """
     dn = RaggedDotDimensionNumbers.coerce(ragged_dot_dimension_numbers)
+    group_sizes = _as_sizes(group_sizes, lhs)
     out_dtype = _check_operands(lhs, rhs, group_sizes, preferred_element_type)
     name = _check_backend(backend)
     if not isinstance(validate, bool):
