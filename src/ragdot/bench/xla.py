@@ -7,8 +7,8 @@ a batch ending in `block_until_ready`. The extra device memory of a call is XLA'
 compiled program (temporaries + output).
 
 Before JAX is imported we ask it not to grab most of the GPU up front (`XLA_PYTHON_CLIENT_PREALLOCATE`)
-and to grow to at most `XLA_PYTHON_CLIENT_MEM_FRACTION` (0.30 unless set), leaving the rest to torch (with
-0.45, JAX's pool plus the padded baseline's temporaries left too little for the mixtral-8x7b weight gradient);
+and to grow to at most `XLA_PYTHON_CLIENT_MEM_FRACTION` (0.30 unless set), leaving the rest to torch (in a run
+with 0.45 every torch backend reported OOM on the mixtral-8x7b weight gradient while JAX held its pool);
 XLA's C++ log is silenced (`TF_CPP_MIN_LOG_LEVEL=3` unless set): its errors still reach us as exceptions.
 """
 
