@@ -183,8 +183,8 @@ def _problem(draw):
     return lshape, rshape, dn, group_sizes
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=_problem(), backend=st.sampled_from(["reference", "padded", "torch"]))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=_problem(), backend=st.sampled_from(ragdot.backends()))
 def test_random_dimension_numbers_match_oracle(problem, backend):
     lshape, rshape, dn, group_sizes = problem
     lhs, rhs = torch.randn(lshape), torch.randn(rshape)
