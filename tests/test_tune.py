@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing as mp
 import warnings
@@ -164,3 +165,17 @@ def test_shipped_h200_results_cover_every_anchor_cell(monkeypatch):
             assert entry["backend"] in ("torch", "triton")
             if entry["triton_config"] is not None:
                 select.config_from_dict(entry["triton_config"])  # a valid TileConfig
+
+
+@pytest.mark.parametrize("problem,layout", [("ragged_m", "arbc"), ("ragged_k", "arbr")])
+def test_tune_key_measures_what_the_key_describes_and_stores_it(problem, layout):
+    # The call-time tuning path (RAGDOT_AUTOTUNE=1), run on the CPU with tiny sizes.
+    from ragdot.tune.tuner import tune_key
+
+    key = TuneKey("cpu", "float32", "float32", problem, (1, 16, 8, 3), layout, 48, "0.1.0")
+    key = dataclasses.replace(key, version=__import__("ragdot").__version__)
+    entry = tune_key(key, max_configs=1, device=torch.device("cpu"), warmup=1, iters=2)
+    assert entry is not None and entry["backend"] in ("torch", "triton")
+    assert set(entry["ms"]) >= {"torch"} and all(set(t) == {"balanced", "skewed"} for t in entry["ms"].values())
+    cache_mod.CACHE.clear()
+    assert cache_mod.CACHE.get(key.text(), "cpu") == entry

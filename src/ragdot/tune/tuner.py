@@ -148,11 +148,15 @@ def _operand(shape: tuple[int, ...], layout: str, dtype: torch.dtype, device: to
     return torch.randn(shape, device=device).to(dtype)
 
 
-def tune_key(key: TuneKey, *, max_configs: int = 8) -> dict[str, Any] | None:
-    """Measure the problem a key describes (at the top of its token bucket) and store the winner."""
+def tune_key(
+    key: TuneKey, *, max_configs: int = 8, device: torch.device | None = None, warmup: int = 5, iters: int = 20
+) -> dict[str, Any] | None:
+    """Measure the problem a key describes (at the top of its token bucket) and store the winner.
+
+    `device` defaults to the current CUDA device (the key names the GPU model, not an index)."""
     from ragdot.tune.cache import CACHE
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = device or torch.device("cuda", torch.cuda.current_device())
     dtype, out_dtype = getattr(torch, key.dtype), getattr(torch, key.out_dtype)
     bt, s1, s2, g = key.sizes
     la, lb = key.layout[1], key.layout[3]
@@ -167,7 +171,8 @@ def tune_key(key: TuneKey, *, max_configs: int = 8) -> dict[str, Any] | None:
         return None
     dims = (extent, s1, s2, g) if key.problem == "ragged_m" else (s1, extent, s2, g)
     cands = candidates_for(key.problem, dims, dtype, max_configs)
-    entry = entry_from_times(measure_problem(key.problem, a, b, g, out_dtype, cands), cands)
+    times = measure_problem(key.problem, a, b, g, out_dtype, cands, warmup=warmup, iters=iters)
+    entry = entry_from_times(times, cands)
     if entry is not None:
         if key_for(key.problem, a, b, g, out_dtype) != key:  # the operands must describe the key exactly
             raise RuntimeError(f"tuning operands do not match key {key.text()}")
