@@ -188,9 +188,10 @@ def test_bitwise_deterministic(backend, dtype):
 
 
 @pytest.mark.parametrize("backend,dtype", PARAMS, ids=IDS)
-def test_group_sizes_int64_and_on_host(backend, dtype):
+def test_group_sizes_of_any_int_dtype_and_on_host(backend, dtype):
     gen = torch.Generator().manual_seed(8)
     lhs, rhs = rand((20, 16), dtype, DEV, gen), rand((2, 16, 8), dtype, DEV, gen)
-    a = ragdot.ragged_dot(lhs, rhs, torch.tensor([8, 10], dtype=torch.int64), backend=backend)
     b = ragdot.ragged_dot(lhs, rhs, sizes([8, 10]), backend=backend)
-    assert torch.equal(a, b)
+    for dtype_ in (torch.int64, torch.int16, torch.uint8):
+        a = ragdot.ragged_dot(lhs, rhs, torch.tensor([8, 10], dtype=dtype_), backend=backend)
+        assert torch.equal(a, b)

@@ -93,13 +93,20 @@ def _validate_sizes(group_sizes: torch.Tensor, extent: int) -> None:
 def group_ends_from_sizes(group_sizes: torch.Tensor, extent: int, scale: int = 1) -> torch.Tensor:
     """Inclusive prefix sums of the sizes (negatives count as 0), times `scale`, clamped to `extent`; int32.
 
-    Stays on the device of `group_sizes`: no host synchronisation.
+    Stays on the device of `group_sizes`: no host synchronisation. Each size is first clamped to the unscaled
+    extent (which leaves every clamped end unchanged), so the running sum stays below G * extent and fits
+    int32 whenever that product does: then three small kernels, no widening and narrowing copies.
     """
-    sizes = group_sizes.to(torch.int64).clamp(min=0)
+    rows = extent // scale
+    narrow = group_sizes.shape[0] * max(extent, 1) < 2**31
+    acc = torch.int32 if narrow else torch.int64
+    if group_sizes.dtype not in (torch.int32, torch.int64):  # narrow ints cannot hold the clamp bound
+        group_sizes = group_sizes.to(torch.int64)
+    ends = torch.cumsum(group_sizes.clamp(0, rows), 0, dtype=acc)
     if scale != 1:
-        sizes = sizes * scale
-    ends = torch.cumsum(sizes, 0).clamp(max=extent)
-    return ends.to(torch.int32)
+        ends = ends * scale
+    ends = ends.clamp_(max=extent)
+    return ends if narrow else ends.to(torch.int32)
 
 
 def ragged_dot_general(
