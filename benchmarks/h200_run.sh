@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 session run: bf16 GPU tests, tuning of the anchor shapes, the micro-benchmark (balanced with every
+# The first H200 run of 2026-11-29: bf16 GPU tests, tuning of the anchor shapes, the micro-benchmark (balanced with every
 # backend and XLA, skewed and empty-expert routing for torch/triton/auto), and the MoE train-step benchmark.
 # Usage (repository root, GPU machine): OUT=/some/dir COMMIT=<sha> bash benchmarks/h200_run.sh
 set -u
