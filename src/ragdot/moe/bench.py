@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time only permute + unpermute (forward and backward) per config and implementation",
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("benchmarks/results/moe-bench"), help="output folder"
+        "--out", type=Path, default=Path("out/moe-bench"), help="output folder (default out/moe-bench)"
     )
 
 
