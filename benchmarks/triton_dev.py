@@ -28,16 +28,11 @@ from ragdot.kernels import TileConfig, pick_config
 from ragdot.kernels import batch as batch_mod
 from ragdot.kernels import ragged_k as rk_mod
 from ragdot.kernels import ragged_m as rm_mod
+from ragdot.routing import group_sizes as routing_sizes
+from ragdot.shapes import shapes_with_tag
 
 SHAPES: dict[str, tuple[int, int, int, int]] = {  # (M tokens, K hidden, N intermediate, E experts)
-    "deepseek2-16b": (3840, 2048, 1408, 64),
-    "deepseek3-test": (5120, 512, 512, 256),
-    "gemma4-26b": (10240, 2816, 704, 128),
-    "qwen3-30b-a3b": (10240, 2048, 768, 128),
-    "qwen3-235b-a22b": (20480, 4096, 1536, 128),
-    "llama4-17b-16e": (1280, 5120, 8192, 16),
-    "mixtral-8x7b": (15360, 6144, 20480, 32),
-    "gpt-oss-120b-like": (10240, 2880, 2880, 128),
+    s.name: (s.M, s.K, s.N, s.E) for s in shapes_with_tag("anchor")
 }
 CLASSES = ("fwd_wi", "fwd_wo", "dgrad_wi", "dgrad_wo", "wgrad_wi", "wgrad_wo")
 PEAK_FLOPS, PEAK_BYTES = 720e12, 4.2e12
@@ -72,22 +67,8 @@ RK_SWEEP = [
 
 
 def group_sizes(m: int, e: int, routing: str) -> list[int]:
-    """balanced: M//E each, remainder to the last; skewed: linear ramp 0.5x..1.5x of the mean; empty: the
-    same ramp over the experts that are not every eighth one, which get no tokens."""
-    if routing == "balanced":
-        sizes = [m // e] * e
-        sizes[-1] += m - sum(sizes)
-        return sizes
-    live = [i for i in range(e) if routing != "empty" or i % 8 != 7]
-    w = [0.0] * e
-    for j, i in enumerate(live):
-        w[i] = 0.5 + j / max(len(live) - 1, 1)
-    exact = [m * x / sum(w) for x in w]
-    sizes = [int(x) for x in exact]
-    by_fraction = sorted(range(e), key=lambda i: sizes[i] - exact[i])  # largest remainders first
-    for i in by_fraction[: m - sum(sizes)]:
-        sizes[i] += 1
-    return sizes
+    """The project's routing generators (ragdot.routing): balanced, skewed, empty."""
+    return routing_sizes(routing, m, e).tolist()
 
 
 def operands(cls: str, shape: tuple[int, int, int, int], device: str, fill: bool) -> tuple:

@@ -23,13 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _expand(specs: list[str]):
-    from ragdot.shapes import get_shape, shapes_with_tag
+    """Shapes for names, 'M,K,N,E' strings and tags; a bare tag name means the same as 'tag:NAME'."""
+    from ragdot.shapes import TAGS, parse_shapes
 
-    out = []
-    for spec in specs:
-        tagged = shapes_with_tag(spec) if spec in ("seed", "anchor", "tiny") else [get_shape(spec)]
-        out += [s for s in tagged if s not in out]
-    return out
+    return parse_shapes([f"tag:{spec}" if spec in TAGS else spec for spec in specs])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,6 @@ never synchronises with the device.
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 from typing import Any
@@ -22,11 +21,6 @@ from ragdot.tune.key import TuneKey, key_for
 __all__ = ["plan", "tuned_entry", "config_from_dict"]
 
 _warned: set[str] = set()
-
-
-@functools.cache
-def _has_shipped(device: str) -> bool:
-    return CACHE.has_shipped(device)
 
 
 def config_from_dict(data: dict[str, Any] | None):
@@ -43,7 +37,7 @@ def tuned_entry(key: TuneKey) -> dict[str, Any] | None:
         from ragdot.tune.tuner import tune_key
 
         entry = tune_key(key)
-    if entry is None and key.device not in _warned and not _has_shipped(key.device):
+    if entry is None and key.device not in _warned and not CACHE.has_shipped(key.device):
         _warned.add(key.device)
         warnings.warn(
             f"ragdot: no tuned results for {key.device}; choosing backends and tiles by heuristics "
