@@ -38,12 +38,12 @@ CLASSES = ("fwd_wi", "fwd_wo", "dgrad_wi", "dgrad_wo", "wgrad_wi", "wgrad_wo")
 PEAK_FLOPS, PEAK_BYTES = 720e12, 4.2e12
 
 RM_SWEEP = [
-    TileConfig(64, 64, 64, 1, 4, 4),
     TileConfig(64, 128, 64, 1, 4, 4),
     TileConfig(64, 128, 64, 1, 4, 4, True, 2),
-    TileConfig(64, 128, 128, 1, 4, 3),
-    TileConfig(128, 128, 64, 1, 8, 4, tma=True),
-    TileConfig(128, 256, 64, 8, 8, 3),
+    TileConfig(64, 256, 64, 8, 4, 3, tma=True),
+    TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True),
+    TileConfig(64, 256, 64, 8, 8, 3, True, 1, tma=True),
+    TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True),
     TileConfig(128, 256, 64, 8, 8, 3, tma=True),
     TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True),
     TileConfig(128, 256, 64, 8, 8, 4, True, 1, tma=True),
@@ -53,16 +53,20 @@ RM_SWEEP = [
 RK_SWEEP = [
     TileConfig(128, 128, 32, 8, 4, 3, tma=True),
     TileConfig(128, 128, 32, 8, 4, 4, tma=True),
-    TileConfig(128, 128, 16, 8, 4, 4, tma=True),
-    TileConfig(128, 128, 64, 8, 4, 2, tma=True),
-    TileConfig(128, 128, 64, 8, 4, 3, tma=True),
+    TileConfig(128, 128, 16, 8, 4, 5, tma=True),
+    TileConfig(128, 128, 32, 8, 4, 3),
+    TileConfig(128, 128, 32, 8, 4, 3, True, 2, tma=True),
+    TileConfig(128, 128, 32, 8, 4, 4, True, 2, tma=True),
+    TileConfig(128, 128, 16, 8, 4, 5, True, 2, tma=True),
+    TileConfig(128, 128, 64, 8, 8, 3, tma=True),
     TileConfig(128, 128, 32, 8, 8, 4, tma=True),
-    TileConfig(128, 128, 32, 1, 4, 3, tma=True),
-    TileConfig(128, 256, 32, 8, 8, 3, tma=True),
-    TileConfig(128, 256, 64, 8, 8, 3, tma=True),
-    TileConfig(256, 128, 32, 8, 8, 3, tma=True),
-    TileConfig(256, 128, 64, 8, 8, 3, tma=True),
+    TileConfig(64, 128, 32, 8, 4, 3, tma=True),
+    TileConfig(64, 128, 32, 8, 4, 4, tma=True),
+    TileConfig(64, 128, 64, 8, 4, 3, True, 4, tma=True),
     TileConfig(64, 256, 32, 8, 4, 3, tma=True),
+    TileConfig(128, 64, 32, 8, 4, 3, tma=True),
+    TileConfig(128, 256, 32, 8, 8, 3, True, 1, tma=True),
+    TileConfig(256, 128, 32, 8, 8, 3, True, 1, tma=True),
 ]
 
 

@@ -164,7 +164,7 @@ def ragged_k_persistent_kernel(
     stride_ab, stride_ar, stride_am,  # scalars: strides of a, in elements
     stride_bb, stride_br, stride_bn,  # scalars: strides of b, in elements
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_I: tl.constexpr,  # power of two >= items per program, cdiv(G * Bt * tiles, num_programs)
+    BLOCK_I: tl.constexpr,  # items counted per step when sizing the loop (power of two)
     GROUP_M: tl.constexpr,  # row tiles walked together inside one group
     EVEN_M: tl.constexpr,  # M % BLOCK_M == 0
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
@@ -175,18 +175,17 @@ def ragged_k_persistent_kernel(
     nprog = tl.num_programs(0)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     per_slot = Bt * tiles
-    # this program's items pid, pid + nprog, ...: their group, token range and chunk count, as vectors
-    ii = tl.arange(0, BLOCK_I)
-    items = pid + ii * nprog
-    valid = items < G * per_slot
-    slots = items // per_slot
-    g_v = tl.load(sched_ptr + slots, mask=valid, other=0)
-    s_v = tl.load(sched_ptr + G + slots, mask=valid, other=0)
-    e_v = tl.load(sched_ptr + 2 * G + slots, mask=valid, other=0)
-    n_v = tl.where(valid, tl.maximum(tl.cdiv(e_v - s_v, BLOCK_K), 1), 0)  # an empty group: one zero step
-    total = tl.sum(n_v, 0)
+    # this program's items are pid, pid + nprog, ...; the loop runs over all their token chunks
+    mine = tl.cdiv(G * per_slot - pid, nprog)
+    total = pid * 0
+    for i0 in range(0, mine, BLOCK_I):
+        ii = i0 + tl.arange(0, BLOCK_I)
+        slots = (pid + ii * nprog) // per_slot
+        s_v = tl.load(sched_ptr + G + slots, mask=ii < mine, other=0)
+        e_v = tl.load(sched_ptr + 2 * G + slots, mask=ii < mine, other=0)
+        total += tl.sum(tl.where(ii < mine, tl.maximum(tl.cdiv(e_v - s_v, BLOCK_K), 1), 0), 0)
 
-    i = pid * 0 - 1  # current item index (int32 scalar, loop-carried)
+    item = pid - nprog  # current item (int32 scalar, loop-carried)
     kk = pid * 0  # chunk index inside the current item
     n_i = pid * 0 + 1
     g = pid * 0
@@ -197,14 +196,14 @@ def ragged_k_persistent_kernel(
     pid_n = pid * 0
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in tl.range(0, total):
-        if kk == 0:  # first chunk of the next item: pick its group, token range and tile
-            i += 1
-            sel = ii == i
-            g = tl.sum(tl.where(sel, g_v, 0), 0)
-            start = tl.sum(tl.where(sel, s_v, 0), 0)
-            end = tl.sum(tl.where(sel, e_v, 0), 0)
-            n_i = tl.sum(tl.where(sel, n_v, 0), 0)
-            rest = (pid + i * nprog) % per_slot
+        if kk == 0:  # first chunk of the next item: its group, token range and tile
+            item += nprog
+            slot = item // per_slot
+            g = tl.load(sched_ptr + slot)
+            start = tl.load(sched_ptr + G + slot)
+            end = tl.load(sched_ptr + 2 * G + slot)
+            n_i = tl.maximum(tl.cdiv(end - start, BLOCK_K), 1)  # an empty group: one zero step
+            rest = item % per_slot
             bt = rest // tiles
             pid_m, pid_n = _tile_of(rest % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         a, b = _load_chunk(a_ptr, b_ptr, bt, start + kk * BLOCK_K, end, pid_m, pid_n, M, N,
@@ -282,9 +281,8 @@ def launch(
             b.stride(0), b.stride(1), b.stride(2))
     items = g * bt * tiles
     programs = min(items, num_sms(a.device) * cfg.programs_per_sm)
-    block_i = next_pow2(triton.cdiv(items, programs))
-    if cfg.persistent and block_i <= 512:
-        handle = run_kernel(ragged_k_persistent_kernel, (programs,), *args, BLOCK_I=block_i, **common)
+    if cfg.persistent:
+        handle = run_kernel(ragged_k_persistent_kernel, (programs,), *args, BLOCK_I=128, **common)
     else:
         handle = run_kernel(ragged_k_kernel, (tiles, g, bt), *args, **common)
     return c, handle
