@@ -272,9 +272,15 @@ def small_cases() -> None:
             base = pick_config("ragged_m", 333, 200, 264, 4, bf)
             c = rm_mod.ragged_m(a, b, ends, config=TileConfig(**{**base.__dict__, "tma": tma}))
             assert not c.isnan().any() and (c[:, 301:] == 0).all()
-    w = rk_mod.ragged_k(torch.randn(1, 333, 136, device="cuda", dtype=bf), torch.randn(1, 333, 72, device="cuda",
-                                                                                       dtype=bf), ends)
-    assert (w[1] == 0).all()
+    for cfg in (None, TileConfig(128, 128, 32, 8, 4, 4, True, 2, tma=True)):
+        xa, xb = torch.randn(1, 333, 136, device="cuda", dtype=bf), torch.randn(1, 333, 72, device="cuda", dtype=bf)
+        xa[:, 301:] = float("nan")
+        w = rk_mod.ragged_k(xa, xb, ends, config=cfg)
+        assert (w[1] == 0).all() and not w.isnan().any()
+    a = torch.randn(1, 333, 200, device="cuda", dtype=bf)
+    c = rm_mod.ragged_m(a, torch.randn(1, 4, 200, 264, device="cuda", dtype=bf), ends,
+                        config=TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True))
+    assert (c[:, 301:] == 0).all()
     batch_mod.batch(torch.randn(3, 70, 90, device="cuda", dtype=bf), torch.randn(3, 90, 40, device="cuda", dtype=bf))
     zero_tail_rows_(torch.randn(2, 333, 72, device="cuda"), ends)
     torch.cuda.synchronize()

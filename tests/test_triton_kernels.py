@@ -244,6 +244,24 @@ def test_zero_tail_rows() -> None:
     assert (none == 0).all()
 
 
+def test_tuning_configs_start_with_the_heuristic() -> None:
+    from ragdot.kernels import tuning_configs
+
+    for shape in ((5120, 512, 512, 256), (20480, 4096, 1536, 128), (15360, 6144, 20480, 32)):
+        for problem in ("ragged_m", "ragged_k"):
+            for dtype in (torch.bfloat16, torch.float32):
+                cfgs = tuning_configs(problem, *shape, dtype, limit=4)
+                assert cfgs[0] == pick_config(problem, *shape, dtype)
+                assert (2 if dtype == torch.bfloat16 else 1) <= len(cfgs) <= 4 and len(set(cfgs)) == len(cfgs)
+                assert all(c in candidate_configs(problem, dtype) for c in cfgs)
+    # few rows per group: only tiles that cover a group at once; many rows: no 64x128 bandwidth tiles
+    assert all(c.block_m <= 128 for c in tuning_configs("ragged_m", 5120, 512, 512, 256, torch.bfloat16))
+    assert TileConfig(64, 128, 64, 1, 4, 4) not in tuning_configs("ragged_m", 20480, 4096, 1536, 128, torch.bfloat16)
+    assert tuning_configs("batch", 64, 64, 64, 2, torch.bfloat16, limit=3) == [
+        pick_config("batch", 64, 64, 64, 2, torch.bfloat16)
+    ]
+
+
 def test_configs() -> None:
     for problem in ("ragged_m", "ragged_k", "batch"):
         for shape in ((5120, 512, 512, 256), (15360, 6144, 20480, 32), (64, 64, 64, 1), (8192, 8192, 64, 4)):
@@ -295,7 +313,8 @@ _COMPILE_SCRIPT = textwrap.dedent(
     bf = torch.bfloat16
     out = {}
     with compile_only(90):
-        for m, k, n, g in ((3840, 2048, 1408, 64), (15360, 6144, 20480, 32), (5120, 512, 512, 256)):
+        for m, k, n, g in ((3840, 2048, 1408, 64), (15360, 6144, 20480, 32), (5120, 512, 512, 256),
+                           (20480, 4096, 1536, 128), (10240, 2048, 768, 128)):
             cfg = pick_config("ragged_m", m, k, n, g, bf)
             a = torch.empty(1, m, k, dtype=bf)
             for name, b in (("fwd", torch.empty(1, g, k, n, dtype=bf)),
@@ -332,7 +351,7 @@ def test_sm90_code_uses_wgmma_without_spills() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     usage = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(usage) == 9
+    assert len(usage) == 15
     for name, info in usage.items():
         if " 32x" not in name:  # tiles of 32 rows fall back to mma.sync (small groups, memory bound)
             assert info["wgmma"], name

@@ -12,7 +12,14 @@ optional `config=` (a `TileConfig`); None uses `pick_config`'s heuristic.
 """
 
 from ragdot.kernels import batch, ragged_k, ragged_m
-from ragdot.kernels.configs import TileConfig, candidate_configs, compile_only, pick_config, resource_usage
+from ragdot.kernels.configs import (
+    TileConfig,
+    candidate_configs,
+    compile_only,
+    pick_config,
+    resource_usage,
+    tuning_configs,
+)
 from ragdot.kernels.tail import zero_tail_rows_
 
 __all__ = [
@@ -24,5 +31,6 @@ __all__ = [
     "ragged_k",
     "ragged_m",
     "resource_usage",
+    "tuning_configs",
     "zero_tail_rows_",
 ]

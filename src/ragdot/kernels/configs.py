@@ -7,9 +7,10 @@ enumerates `candidate_configs` and passes its winner explicitly.
 Regimes (measured on one H200, bf16; see docs/kernels.md):
 - ragged-M with few rows per group (tens of tokens per expert) is weight-bandwidth bound: a tile of rows
   covers the whole group so each weight byte is read once, and narrow N tiles give enough programs.
-- ragged-M with 80+ rows per group is matrix bound: 128x256 wgmma tiles, 8 warps, TMA loads, persistent.
+- ragged-M with 80+ rows per group is matrix bound: wgmma tiles, TMA loads, persistent programs; the tile
+  height is chosen so a group wastes few computed rows (160 rows: 64-row tiles).
 - ragged-K (weight gradient) writes G output matrices, mostly store bound: 128x128 tiles stored through TMA,
-  two programs per multiprocessor.
+  three programs per multiprocessor.
 """
 
 from __future__ import annotations
@@ -101,20 +102,75 @@ def _for_dtype(cfg: TileConfig, dtype: torch.dtype) -> TileConfig:
     return replace(cfg, block_k=cfg.block_k // 2) if cfg.block_k > 32 else cfg
 
 
+def _padded_rows(rows: float, block_m: int) -> float:
+    """Rows a group of `rows` occupies in tiles of `block_m` (the tile rows the MMA computes)."""
+    return -(-max(rows, 1) // block_m) * block_m
+
+
 def _ragged_m_config(m: int, k: int, n: int, g: int) -> TileConfig:
     rows = m / max(g, 1)  # average rows per group: the seed's compile-time estimate M / G
     if rows <= 64:
         # weight-bandwidth bound: one 64-row tile covers a group, each weight tile is read once
         return TileConfig(64, 128, 64, group_m=1, num_warps=4, num_stages=4)
-    # matrix bound: large wgmma tiles, TMA loads, persistent programs
-    stages = 3 if rows < 256 else 4  # measured: s3 at 80-160 rows per group, s4 at 480
-    return TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=stages, persistent=True, tma=True)
+    if rows < 256 and _padded_rows(rows, 64) <= 0.8 * _padded_rows(rows, 128):
+        # e.g. 160 rows: 128-row tiles compute 256 rows, 64-row tiles 192 (measured 1.00-1.12x vs 0.92-1.03x)
+        return TileConfig(64, 256, 64, group_m=8, num_warps=4, num_stages=4, persistent=True, tma=True)
+    if rows < 256:
+        # matrix bound with short groups: 128x128 tiles, two persistent programs per SM (one's epilogue
+        # overlaps the other's main loop); measured within 0-6% of 128x256 or ahead by up to 15%
+        return TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
+                          tma=True)
+    # long groups: large wgmma tiles, TMA loads, one persistent program per SM
+    return TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4, persistent=True, tma=True)
 
 
 def _ragged_k_config(r: int, m: int, n: int, g: int) -> TileConfig:
     # short contractions (tens to hundreds of tokens per group): the output store dominates, so the tile is
-    # stored through TMA and two programs share a multiprocessor to overlap one's epilogue with the other's loads
-    return TileConfig(128, 128, 32, group_m=8, num_warps=4, num_stages=3, tma=True)
+    # stored through TMA and three programs share a multiprocessor (160 registers, 48-64 KB shared memory)
+    # to overlap one's epilogue with the others' loads; a fourth stage pays below ~256 tokens per group
+    # (measured +4-10%), three stages above (mixtral, 480 tokens: s4 0.89x vs s3 0.90x).
+    tokens = r / max(g, 1)
+    return TileConfig(128, 128, 32, group_m=8, num_warps=4, num_stages=4 if tokens < 256 else 3, tma=True)
+
+
+# Configs that won or came within a few percent in measured sweeps (H200, bf16, benchmarks/triton_dev.py),
+# per problem and regime: what the autotuner tries after the heuristic's pick.
+_TUNE_SPACE: dict[str, tuple[tuple[str, TileConfig], ...]] = {
+    "ragged_m": (
+        ("small", TileConfig(64, 128, 64, 1, 4, 4, True, 2)),
+        ("small", TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True)),
+        ("small", TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True)),
+        ("large", TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True)),
+        ("large", TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True)),
+        ("large", TileConfig(128, 256, 64, 8, 8, 4, True, 1, tma=True)),
+        ("large", TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True)),
+        ("large", TileConfig(128, 256, 64, 8, 8, 3, tma=True)),
+    ),
+    "ragged_k": (
+        ("any", TileConfig(128, 128, 32, 8, 4, 3, tma=True)),
+        ("any", TileConfig(128, 128, 32, 8, 4, 4, tma=True)),
+        ("any", TileConfig(128, 128, 16, 8, 4, 5, tma=True)),
+        ("any", TileConfig(128, 128, 32, 8, 4, 4, True, 2, tma=True)),
+        ("any", TileConfig(64, 256, 32, 8, 4, 3, tma=True)),
+        ("any", TileConfig(64, 128, 32, 8, 4, 3, tma=True)),
+    ),
+    "batch": (),
+}
+
+
+def tuning_configs(
+    problem: Problem, m: int, k: int, n: int, g: int, dtype: torch.dtype, limit: int = 8
+) -> list[TileConfig]:
+    """Up to `limit` configs for the autotuner to measure: the heuristic's pick, then the measured-strong
+    configs of the problem's regime (dims as in `pick_config`)."""
+    heuristic = pick_config(problem, m, k, n, g, dtype)
+    regime = "small" if problem == "ragged_m" and m / max(g, 1) <= 64 else "large"
+    out = [heuristic]
+    for tag, cfg in _TUNE_SPACE[problem]:
+        cfg = _for_dtype(cfg, dtype)
+        if tag in (regime, "any") and cfg not in out:
+            out.append(cfg)
+    return out[: max(limit, 1)]
 
 
 def _batch_config(m: int, k: int, n: int, bt: int) -> TileConfig:
@@ -168,6 +224,7 @@ def candidate_configs(problem: Problem, dtype: torch.dtype = torch.bfloat16) -> 
                         pps = (1 if bm * bn >= 128 * 256 else 2) if persistent else 1
                         cfg = TileConfig(bm, bn, bk, group_m, warps, stages, persistent, pps, tma)
                         out.append(_for_dtype(cfg, dtype))
+    out += [_for_dtype(cfg, dtype) for _, cfg in _TUNE_SPACE[problem]]
     return sorted(set(out), key=TileConfig.short)
 
 

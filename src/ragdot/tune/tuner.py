@@ -36,32 +36,17 @@ def label(candidate: Candidate) -> str:
 def candidates_for(
     problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, max_configs: int
 ) -> list[Candidate]:
-    """The vendor kernel, the heuristic's Triton config, and up to `max_configs` - 1 more plausible for the
-    regime. dims = (M, K, N, G) as `ragdot.kernels.configs.pick_config` reads them."""
+    """The vendor kernel, the heuristic's Triton config, and up to `max_configs` - 1 more that measured well
+    in the regime (`ragdot.kernels.configs.tuning_configs`). dims = (M, K, N, G) as `pick_config` reads them."""
     out: list[Candidate] = []
     names = available_backends()
     if "torch" in names:
         out.append(("torch", None))
     if "triton" not in names or problem == "batch":
         return out
-    from ragdot.kernels.configs import candidate_configs, pick_config
+    from ragdot.kernels.configs import tuning_configs
 
-    m, k, n, g = dims
-    rows_per_group = (k if problem == "ragged_k" else m) / max(g, 1)
-    heuristic = pick_config(problem, m, k, n, g, dtype)
-    space = [c for c in candidate_configs(problem, dtype) if c != heuristic]
-    if problem == "ragged_m":
-        # Tiles much taller than a group waste their rows; tiles much shorter re-read the weights.
-        target = min(max(rows_per_group, 32), 256)
-        space = sorted(space, key=lambda c: (abs(c.block_m - target) / target, -c.block_n, c.num_stages))
-    else:
-        space = sorted(space, key=lambda c: (-(c.block_m * c.block_n), c.num_stages))
-    seen: list[Any] = [heuristic]
-    for cfg in space:
-        if len(seen) >= max_configs:
-            break
-        seen.append(cfg)
-    return out + [("triton", cfg) for cfg in seen]
+    return out + [("triton", cfg) for cfg in tuning_configs(problem, *dims, dtype, limit=max_configs)]
 
 
 def pick_winner(times: dict[str, dict[str, float]]) -> str | None:
