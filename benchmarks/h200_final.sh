@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measured results of this commit on the H200, part 1 (one 10-minute device call): GPU tests of the
-# kernels in bf16, compute-sanitizer on small cases, the anchor-shape tune (30 replays per candidate), and
+# kernels in bf16, compute-sanitizer on small cases, the anchor-shape tune (20 replays per candidate), and
 # the torch/triton/auto benchmark over balanced, skewed and empty routing with the fresh tune cache.
 # Usage (repository root, GPU machine): OUT=/some/dir COMMIT=<sha> bash benchmarks/h200_final.sh
 set -u
@@ -15,8 +15,8 @@ tail -2 "$R/gpu-tests.txt" | tee -a "$R/log.txt"
 log "memcheck"
 timeout 60 compute-sanitizer --tool memcheck --error-exitcode 3 python3 benchmarks/triton_dev.py --small-cases \
   > "$R/memcheck.txt" 2>&1; echo "memcheck rc=$?" | tee -a "$R/log.txt"
-log "tune anchors, 30 replays per candidate"
-timeout 220 python3 -m ragdot tune --shapes anchor --max-configs 5 --warmup 3 --iters 30 > "$R/tune.txt" 2>&1
+log "tune anchors, 20 replays per candidate"
+timeout 220 python3 -m ragdot tune --shapes anchor --max-configs 5 --warmup 3 --iters 20 > "$R/tune.txt" 2>&1
 cp "$RAGDOT_CACHE_DIR/tune.json" "$R/nvidia-h200.json" 2>/dev/null
 log "bench torch/triton/auto, balanced + skewed + empty"
 timeout 140 python3 -m ragdot bench --anchors --routing balanced skewed empty --backends torch triton auto --no-xla \
