@@ -53,6 +53,7 @@ RM_SWEEP = [
 RK_SWEEP = [
     TileConfig(128, 128, 32, 8, 4, 3, tma=True),
     TileConfig(128, 128, 32, 8, 4, 4, tma=True),
+    TileConfig(128, 128, 32, 1, 4, 4, tma=True),
     TileConfig(128, 128, 16, 8, 4, 5, tma=True),
     TileConfig(128, 128, 32, 8, 4, 3),
     TileConfig(128, 128, 32, 8, 4, 3, True, 2, tma=True),
