@@ -241,3 +241,30 @@ def test_bf16_layer_on_gpu(backend):
     assert nerr(y_sparse, y_dense) <= 2e-2
     for name in ("x", "w_gate_up", "w_down", "router.weight"):
         assert nerr(g_sparse[name], g_dense[name]) <= 3e-2, name
+
+
+def test_moe_bench_variant_after_a_failed_one_starts_from_clean_optimizer_state(monkeypatch):
+    """An out-of-memory step can stop AdamW half-way through making its state; the next variant must run."""
+    import argparse
+
+    from ragdot.moe import bench as moe_bench
+    from ragdot.moe.model import MoEDecoder, get_config
+
+    cfg = get_config("tiny")
+    model = MoEDecoder(cfg, device=DEV)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), device=DEV)
+    args = argparse.Namespace(steps=2, measure_from=1, max_seconds=5.0, no_profile=True, routing_impl="torch",
+                              eager=True)
+    real = moe_bench._time_steps
+
+    def out_of_memory_midway(model, opt, tokens, args, device):
+        opt.state[next(model.parameters())] = {"step": torch.tensor(1.0)}  # exp_avg* never made
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(moe_bench, "_time_steps", out_of_memory_midway)
+    row = moe_bench._run_variant(model, opt, tokens, cfg, "sparse-torch", args, torch.device(DEV), torch.float32)
+    assert row["status"] == "OOM"
+    monkeypatch.setattr(moe_bench, "_time_steps", real)
+    row = moe_bench._run_variant(model, opt, tokens, cfg, "dense_drop", args, torch.device(DEV), torch.float32)
+    assert row["status"] == "ok", row

@@ -271,6 +271,7 @@ def _run_variant(model, opt, tokens, cfg, name, args, device, dtype) -> dict[str
     except Exception as exc:  # one variant's failure (OOM, a backend that cannot serve) must not end the run
         status, note = _classify(exc)
         row.update(status=status, note=note)
+        opt.state.clear()  # a step cut short can leave AdamW state half made; the next variant starts afresh
     finally:
         opt.zero_grad(set_to_none=True)
     return row
