@@ -223,6 +223,7 @@ def _profile_layer(layer, cfg, dtype, device, share: bool) -> dict[str, float | 
         _sync(device)
 
     once()
+    layer.zero_grad(set_to_none=True)  # as in a train step: the profiled backward writes fresh gradients
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         once()
