@@ -268,3 +268,19 @@ def test_moe_bench_variant_after_a_failed_one_starts_from_clean_optimizer_state(
     monkeypatch.setattr(moe_bench, "_time_steps", real)
     row = moe_bench._run_variant(model, opt, tokens, cfg, "dense_drop", args, torch.device(DEV), torch.float32)
     assert row["status"] == "ok", row
+
+
+def test_moe_bench_config_in_its_own_process():
+    """On GPUs each config runs in a spawned process; the rows come back the same way (CPU here)."""
+    import argparse
+    from pathlib import Path
+
+    from ragdot.moe import bench as moe_bench
+    from ragdot.moe.model import get_config
+
+    args = argparse.Namespace(steps=2, measure_from=1, max_seconds=5.0, no_profile=True, routing_impl="torch",
+                              eager=True, variants=["sparse-torch", "dense_drop"], out=Path("."),
+                              func=moe_bench.run)
+    rows = moe_bench._run_config_in_subprocess(get_config("tiny"), args, torch.device("cpu"), torch.float32)
+    assert [r["variant"] for r in rows] == ["sparse-torch", "dense_drop"]
+    assert all(r["status"] == "ok" and r["step_s"] > 0 for r in rows), rows

@@ -316,6 +316,32 @@ def _run_config(cfg, args, device, dtype, progress, task) -> list[dict[str, Any]
     return rows
 
 
+class _NoProgress:
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def advance(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def _config_worker(cfg, args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[dict[str, Any]]:
+    return _run_config(cfg, args, torch.device(device), dtype, _NoProgress(), None)
+
+
+def _run_config_in_subprocess(cfg, args, device, dtype) -> list[dict[str, Any]]:
+    """`_run_config` in a spawned process (CUDA state and graph memory pools die with it)."""
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        try:
+            return pool.submit(_config_worker, cfg, args, str(device), dtype).result()
+        except Exception as exc:  # the process died (e.g. a driver error): report it, keep the run going
+            note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            return [{"config": cfg.name, "variant": v, "status": "error", "note": note} for v in args.variants]
+
+
 # ------------------------------------------------------------------------------------------ routing only
 def _argsort_routing(x, experts, weights, num_experts):
     """The seed's sparse-path pre/post-processing: argsort + gather, then inverse argsort + weighted sum."""
@@ -559,8 +585,14 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("moe-bench", total=len(configs) * len(args.variants))
+        isolate = device.type == "cuda" and len(configs) > 1
         for cfg in configs:
-            rows.extend(_run_config(cfg, args, device, dtype, progress, task))
+            if isolate:  # a fresh process per config: memory one config leaves behind cannot starve the next
+                progress.update(task, description=f"{cfg.name} (own process)")
+                rows.extend(_run_config_in_subprocess(cfg, args, device, dtype))
+                progress.advance(task, len(args.variants))
+            else:
+                rows.extend(_run_config(cfg, args, device, dtype, progress, task))
             _relative(rows)
             _save(rows, meta, args.out, "results")  # after every config: a cut-short run keeps its results
     _print_table(rows, console)
