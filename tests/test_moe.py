@@ -280,7 +280,7 @@ def test_moe_bench_config_in_its_own_process():
 
     args = argparse.Namespace(steps=2, measure_from=1, max_seconds=5.0, no_profile=True, routing_impl="torch",
                               eager=True, variants=["sparse-torch", "dense_drop"], out=Path("."),
-                              func=moe_bench.run)
+                              _module=moe_bench)  # the CLI's own entries (a module) stay behind
     rows = moe_bench._run_config_in_subprocess(get_config("tiny"), args, torch.device("cpu"), torch.float32)
     assert [r["variant"] for r in rows] == ["sparse-torch", "dense_drop"]
     assert all(r["status"] == "ok" and r["step_s"] > 0 for r in rows), rows

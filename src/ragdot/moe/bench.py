@@ -334,6 +334,7 @@ def _run_config_in_subprocess(cfg, args, device, dtype) -> list[dict[str, Any]]:
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
+    args = argparse.Namespace(**{k: v for k, v in vars(args).items() if not k.startswith("_")})  # picklable
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
         try:
             return pool.submit(_config_worker, cfg, args, str(device), dtype).result()
