@@ -2,11 +2,8 @@
 # Kernel investigation on the H200: weight-gradient and ragged-M config sweeps (CUDA-graph timing), Nsight
 # Compute on the weight gradient, and the padded/XLA baselines still owed by the bench results.
 # Usage (repository root, GPU machine): OUT=/some/dir COMMIT=<sha> bash benchmarks/h200_dev3.sh
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1 RAGDOT_CACHE_DIR=/tmp/ragdot-cache
-R=/tmp/ragdot-results
-mkdir -p "$R" "$RAGDOT_CACHE_DIR"
-log() { echo "== $(date +%T) $*" | tee -a "$R/log.txt"; }
+export RAGDOT_CACHE_DIR=/tmp/ragdot-cache
+source "$(dirname "$0")/device_common.sh"
 log "start $(nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader)"
 log "wgrad sweep"
 timeout 200 python3 benchmarks/triton_dev.py --out "$R/wgrad" --sweep --graph --routing balanced \
@@ -23,6 +20,4 @@ timeout 60 $NCU python3 benchmarks/profile_cell.py --shape mixtral-8x7b --cls wg
 log "baselines: gpt-oss-120b-like and mixtral-8x7b, padded/torch/xla"
 timeout 150 python3 -m ragdot bench --shapes gpt-oss-120b-like mixtral-8x7b --backends padded torch xla --cuda-graphs \
   --max-seconds 0.3 --no-plots --commit "$COMMIT" --out "$R/baselines" > "$R/baselines.txt" 2>&1
-log "done"
-tar czf "$OUT/results.tgz" -C "$R" .
-cp "$R/log.txt" "$OUT/log.txt"
+finish

@@ -3,11 +3,8 @@
 # kernels in bf16, compute-sanitizer on small cases, the anchor-shape tune (20 replays per candidate), and
 # the torch/triton/auto benchmark over balanced, skewed and empty routing with the fresh tune cache.
 # Usage (repository root, GPU machine): OUT=/some/dir COMMIT=<sha> bash benchmarks/h200_final.sh
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1 RAGDOT_CACHE_DIR=/tmp/ragdot-cache
-R=/tmp/ragdot-results
-mkdir -p "$R" "$RAGDOT_CACHE_DIR"
-log() { echo "== $(date +%T) $*" | tee -a "$R/log.txt"; }
+export RAGDOT_CACHE_DIR=/tmp/ragdot-cache
+source "$(dirname "$0")/device_common.sh"
 log "gpu tests"
 timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernels.py \
   "tests/test_backends.py" "tests/test_autograd.py" -k "bfloat16 or gpu or cuda or sm90" > "$R/gpu-tests.txt" 2>&1
@@ -21,6 +18,4 @@ cp "$RAGDOT_CACHE_DIR/tune.json" "$R/nvidia-h200.json" 2>/dev/null
 log "bench torch/triton/auto, balanced + skewed + empty"
 timeout 140 python3 -m ragdot bench --anchors --routing balanced skewed empty --backends torch triton auto --no-xla \
   --cuda-graphs --max-seconds 0.15 --no-plots --commit "$COMMIT" --out "$R/tta" > "$R/tta.txt" 2>&1
-log "done"
-tar czf "$OUT/results.tgz" -C "$R" .
-cp "$R/log.txt" "$OUT/log.txt"
+finish

@@ -3,11 +3,7 @@
 # ceilings (write-only for the weight gradient's output), a weight-gradient tile-order check, and the MoE
 # train step for the seed configs not measured before.
 # Usage (repository root, GPU machine): OUT=/some/dir COMMIT=<sha> bash benchmarks/h200_final2.sh
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-R=/tmp/ragdot-results
-mkdir -p "$R"
-log() { echo "== $(date +%T) $*" | tee -a "$R/log.txt"; }
+source "$(dirname "$0")/device_common.sh"
 log "bandwidth"
 timeout 60 python3 benchmarks/bandwidth_probe.py 2>&1 | tee -a "$R/log.txt"
 log "wgrad sweep, three store-bound shapes"
@@ -16,6 +12,4 @@ timeout 90 python3 benchmarks/triton_dev.py --out "$R/wgrad" --sweep --graph --r
 log "moe-bench, remaining configs"
 timeout 400 python3 -m ragdot moe-bench --configs qwen3-235b-a22b gemma4-26b deepseek2-16b llama4-17b-16e \
   mixtral-8x7b deepseek3-671b-reduced --max-seconds 3 --out "$R/moe" > "$R/moe.txt" 2>&1
-log "done"
-tar czf "$OUT/results.tgz" -C "$R" .
-cp "$R/log.txt" "$OUT/log.txt"
+finish

@@ -3,11 +3,7 @@
 # gradients, as a train step does), plus the 16384-token runs of the configs whose 4096-token steps are
 # dominated by the optimizer step.
 # Usage (repository root, GPU machine): OUT=/some/dir bash benchmarks/h200_final4.sh
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-R=/tmp/ragdot-results
-mkdir -p "$R"
-log() { echo "== $(date +%T) $*" | tee -a "$R/log.txt"; }
+source "$(dirname "$0")/device_common.sh"
 log "moe-bench, every config"
 timeout 330 python3 -m ragdot moe-bench --max-seconds 3 --out "$R/moe" > "$R/moe.txt" 2>&1
 for spec in llama4-17b-16e:16 deepseek2-16b:32 deepseek3-671b-reduced:32; do
@@ -16,6 +12,4 @@ for spec in llama4-17b-16e:16 deepseek2-16b:32 deepseek3-671b-reduced:32; do
   timeout 80 python3 -m ragdot moe-bench --configs "$name" --batch "$batch" --max-seconds 2 \
     --out "$R/moe-16k-$name" > "$R/moe-16k-$name.txt" 2>&1
 done
-log "done"
-tar czf "$OUT/results.tgz" -C "$R" .
-cp "$R/log.txt" "$OUT/log.txt"
+finish

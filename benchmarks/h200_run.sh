@@ -2,11 +2,8 @@
 # The first H200 run of 2026-11-29: bf16 GPU tests, tuning of the anchor shapes, the micro-benchmark (balanced with every
 # backend and XLA, skewed and empty-expert routing for torch/triton/auto), and the MoE train-step benchmark.
 # Usage (repository root, GPU machine): OUT=/some/dir COMMIT=<sha> bash benchmarks/h200_run.sh
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1 RAGDOT_CACHE_DIR=/tmp/ragdot-cache
-R=/tmp/ragdot-results
-mkdir -p "$R" "$RAGDOT_CACHE_DIR"
-log() { echo "== $(date +%T) $*" | tee -a "$R/log.txt"; }
+export RAGDOT_CACHE_DIR=/tmp/ragdot-cache
+source "$(dirname "$0")/device_common.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv >> "$R/log.txt"
 log "gpu tests (bf16 suite + gpu-marked)"
 timeout 60 python3 -m pytest -q -x -p no:cacheprovider tests/test_backends.py tests/test_autograd.py -k bfloat16 2>&1 | tail -4 | tee -a "$R/log.txt"
@@ -27,6 +24,4 @@ log "moe-bench"
 timeout "${MOE_SECONDS:-60}" python3 -m ragdot moe-bench --configs qwen3-30b-a3b deepseek3-test --max-seconds 3 \
   --out "$R/moe" > "$R/moe.txt" 2>&1
 tail -30 "$R/moe.txt" >> "$R/log.txt"
-log "done"
-tar czf "$OUT/results.tgz" -C "$R" .
-cp "$R/log.txt" "$OUT/log.txt"
+finish
