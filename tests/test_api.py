@@ -96,6 +96,18 @@ def test_group_sizes_as_a_list_or_numpy_array():
         ragdot.ragged_dot(lhs, rhs, "3,3,4")
 
 
+def test_explain_names_the_problem_and_what_would_run():
+    x, w, gs = torch.randn(64, 32), torch.randn(4, 32, 16), torch.tensor([10, 20, 0, 34])
+    info = ragdot.explain(x, w, gs)
+    assert info["problem"] == "ragged_m" and info["plan"][0][0] in ragdot.backends()
+    assert info["key"] is None and info["tuned"] is False  # measured entries exist for GPUs only
+    assert ragdot.explain(x, w, gs, backend="reference")["plan"] == [("reference", None)]
+    dn = DN((([0], [0]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[])  # weight gradient
+    assert ragdot.explain(x, torch.randn(64, 16), gs, dn)["problem"] == "ragged_k"
+    with pytest.raises(ValueError, match="backend"):
+        ragdot.explain(x, w, gs, backend="nope")
+
+
 def test_preferred_element_type_must_be_a_float_dtype():
     with pytest.raises(TypeError, match="preferred_element_type"):
         ragdot.ragged_dot(*_args(), preferred_element_type=torch.int32)

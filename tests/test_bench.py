@@ -315,6 +315,7 @@ def test_csv_schema_and_speedups(tmp_path):
     assert by["padded"]["status"] == "ok" and float(by["padded"]["speedup_vs_padded"]) == 1.0
     auto = by["auto"]
     assert auto["status"] == "ok" and float(auto["ms"]) > 0
+    assert auto["note"].startswith("auto: ") and by["padded"]["note"] == ""  # what auto ran, per cell
     assert math.isclose(float(auto["tflops"]), flops(TINY) / float(auto["ms"]) / 1e9, rel_tol=1e-3)
     assert math.isclose(
         float(auto["speedup_vs_padded"]), float(by["padded"]["ms"]) / float(auto["ms"]), rel_tol=1e-3

@@ -143,6 +143,40 @@ def ragged_dot_general(
     return can.finish(ops.ragged_k(can.a, can.b, ends, out_dtype, name))
 
 
+def explain(
+    lhs: torch.Tensor,
+    rhs: torch.Tensor,
+    group_sizes: torch.Tensor,
+    ragged_dot_dimension_numbers: RaggedDotDimensionNumbers = RAGGED_DOT_DN,
+    *,
+    preferred_element_type: torch.dtype | None = None,
+    backend: str | None = None,
+) -> dict[str, object]:
+    """What `ragged_dot_general` with these arguments would run (forward only), without running it.
+
+    Returns {"problem", "key", "tuned", "plan"}: the canonical problem (ragged_m / ragged_k / batch), the
+    tuning-cache key of the call (None off CUDA), whether a measured entry exists for it, and the ordered
+    (backend, Triton config or None) pairs the call tries, the first one being what normally runs.
+    """
+    from ragdot.tune.cache import CACHE
+    from ragdot.tune.key import key_for
+    from ragdot.tune.select import plan
+
+    dn = RaggedDotDimensionNumbers.coerce(ragged_dot_dimension_numbers)
+    group_sizes = _as_sizes(group_sizes, lhs)
+    out_dtype = _check_operands(lhs, rhs, group_sizes, preferred_element_type)
+    name = _check_backend(backend)
+    can: Canonical = canonicalize(lhs, rhs, group_sizes.shape[0], dn)
+    groups = 0 if can.mode == "batch" else group_sizes.shape[0]
+    key = key_for(can.mode, can.a, can.b, groups, out_dtype) if can.a.device.type == "cuda" else None
+    return {
+        "problem": can.mode,
+        "key": key.text() if key is not None else None,
+        "tuned": key is not None and CACHE.get(key.text(), key.device) is not None,
+        "plan": plan(can.mode, name, can.a, can.b, groups, out_dtype),
+    }
+
+
 def ragged_dot(
     lhs: torch.Tensor,
     rhs: torch.Tensor,

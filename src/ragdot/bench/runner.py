@@ -214,6 +214,8 @@ def run_cell(
         r.status, r.err, r.peak_mem_mb, r.note = _check(system, calls[system.name][0], ref, cfg, cls, sets)
         if r.status == "unchecked":
             r.note = ref_note
+        if r.status in ("ok", "unchecked") and not r.note:
+            r.note = system.describe(cls, sets, cfg.dtype)
         if r.status not in ("ok", "unchecked"):
             calls.pop(system.name)
             _free(cfg.device)

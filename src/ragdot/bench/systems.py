@@ -49,6 +49,10 @@ class System:
         """Extra device bytes of one call when the system knows them itself (None: measure them)."""
         return None
 
+    def describe(self, cls: RaggedClass, sets: list[Operands], out_dtype: torch.dtype) -> str:
+        """A note for the results (e.g. what `auto` chose); empty by default."""
+        return ""
+
     def release(self) -> None:
         """Drop whatever the system holds for the current cell."""
 
@@ -79,6 +83,20 @@ class RagdotSystem(System):
             )
             for s in sets
         ]
+
+
+    def describe(self, cls: RaggedClass, sets: list[Operands], out_dtype: torch.dtype) -> str:
+        """For `auto`: the backend (and Triton tile) it runs for set 0, and whether a measured entry chose it."""
+        if self.backend is not None:
+            return ""
+        import ragdot
+
+        s = sets[0]
+        info = ragdot.explain(s.lhs, s.rhs, s.group_sizes, cls.ragdot_dimension_numbers(),
+                              preferred_element_type=out_dtype)
+        name, cfg = info["plan"][0]
+        chosen = name if cfg is None else f"{name}:{cfg.short()}"
+        return f"auto: {chosen} ({'tuned' if info['tuned'] else 'heuristic'})"
 
 
 class FunctionSystem(System):
