@@ -331,14 +331,16 @@ class _FakeDriver:
 
 _AOT: list[bool] = [False]
 _AOT_SMS: list[int] = [132]
+_AOT_TARGET: list[tuple[str, int | str]] = [("cuda", 90)]
 
 
 @contextlib.contextmanager
 def compile_only(
-    arch: int = 90, backend: str = "cuda", warp_size: int = 32, multiprocessors: int = 132
+    arch: int | str = 90, backend: str = "cuda", warp_size: int = 32, multiprocessors: int = 132
 ) -> Iterator[None]:
     """Inside this block the kernel launchers compile for `backend`/`arch` and return the compiled kernel
     without running it (tensors may live on the CPU; only their dtypes, strides and alignment matter).
+    NVIDIA: backend "cuda", arch 90 (sm_90); AMD: backend "hip", arch e.g. "gfx942", warp_size 64.
 
     `multiprocessors` stands in for the target's SM count (persistent grids depend on it).
     Needs a process where TRITON_INTERPRET is not set (the interpreter compiles nothing) and, for CUDA
@@ -353,6 +355,7 @@ def compile_only(
     driver.set_active(_FakeDriver(GPUTarget(backend, arch, warp_size)))
     _AOT[0] = True
     _AOT_SMS[0] = multiprocessors
+    _AOT_TARGET[0] = (backend, arch)
     try:
         yield
     finally:
@@ -361,10 +364,11 @@ def compile_only(
 
 
 def tma_capable(device: torch.device) -> bool:
-    """Whether kernels for `device` may use tensor descriptors (TMA): NVIDIA compute capability >= 9.0,
-    or a `compile_only` block (which targets such a GPU)."""
+    """Whether kernels for `device` may use tensor descriptors (TMA): NVIDIA compute capability >= 9.0, or
+    inside `compile_only`, whether its target is such a GPU."""
     if _AOT[0]:
-        return True
+        backend, arch = _AOT_TARGET[0]
+        return backend == "cuda" and isinstance(arch, int) and arch >= 90
     if device.type != "cuda" or torch.version.hip is not None:
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
@@ -373,7 +377,8 @@ def tma_capable(device: torch.device) -> bool:
 def launch_options(cfg: TileConfig, device: torch.device) -> dict[str, Any]:
     """Triton launch options of a config: warps, stages and, on NVIDIA, the register cap."""
     opts: dict[str, Any] = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    if cfg.max_regs and (_AOT[0] or (device.type == "cuda" and torch.version.hip is None)):
+    nvidia = _AOT_TARGET[0][0] == "cuda" if _AOT[0] else device.type == "cuda" and torch.version.hip is None
+    if cfg.max_regs and nvidia:
         opts["maxnreg"] = cfg.max_regs
     return opts
 
