@@ -284,3 +284,32 @@ def test_moe_bench_config_in_its_own_process():
     rows = moe_bench._run_config_in_subprocess(get_config("tiny"), args, torch.device("cpu"), torch.float32)
     assert [r["variant"] for r in rows] == ["sparse-torch", "dense_drop"]
     assert all(r["status"] == "ok" and r["step_s"] > 0 for r in rows), rows
+
+
+def test_moe_bench_target_checks():
+    """The issue's targets from result rows: best sparse backend vs dense_drop and padded, routing, memory."""
+    from ragdot.moe.bench import check_targets
+
+    def row(cfg, variant, step, experts=128, share=None, temp=None):
+        return {"config": cfg, "variant": variant, "status": "ok", "step_s": step, "experts": experts,
+                "routing_share": share, "temp_gb": temp}
+
+    rows = [
+        row("qwen3-235b-a22b", "sparse-torch", 0.050, share=0.05, temp=10.0),
+        row("qwen3-235b-a22b", "sparse-triton", 0.040, share=0.20, temp=10.0),  # the best: its numbers count
+        row("qwen3-235b-a22b", "sparse-padded", 1.000, temp=50.0),
+        row("qwen3-235b-a22b", "dense_drop", 0.050, temp=9.0),
+        row("llama4-17b-16e", "sparse-torch", 0.058, experts=16, share=0.01),
+        row("llama4-17b-16e", "sparse-padded", 0.195, experts=16),
+        row("llama4-17b-16e", "dense_drop", 0.059, experts=16),
+        {"config": "mixtral-8x7b", "variant": "sparse-torch", "status": "OOM"},
+    ]
+    got = {text: (ok, value) for text, ok, value in check_targets(rows)}
+    assert got["qwen3-235b-a22b (sparse-triton): >= 1.2x faster than dense_drop"] == (True, "1.25x")
+    assert got["qwen3-235b-a22b (sparse-triton): >= 4x faster than sparse-padded"] == (True, "25.00x")
+    assert got["qwen3-235b-a22b (sparse-triton): routing <= 15% of MoE layer time"] == (False, "20.0%")
+    assert got["qwen3-235b-a22b (sparse-triton): temp memory <= 100% of dense_drop"][0] is False
+    assert got["qwen3-235b-a22b (sparse-triton): temp memory <= 30% of sparse-padded"] == (True, "20%")
+    assert got["llama4-17b-16e (sparse-torch): >= 1.2x faster than dense_drop"][0] is False
+    assert not any("llama4" in t and "padded" in t for t in got)  # the padded target is for 64+ experts only
+    assert not any("mixtral" in t for t in got)  # nothing measured, nothing claimed
