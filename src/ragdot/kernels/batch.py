@@ -18,7 +18,7 @@ from ragdot.kernels.configs import (
     dot_precision,
     launch_options,
     make_output,
-    pick_config,
+    resolve_config,
     run_kernel,
 )
 
@@ -87,9 +87,7 @@ def launch(
     n = b.shape[2]
     out_dtype = a.dtype if out_dtype is None else out_dtype
     c = make_output("out", out, (bt, m, n), out_dtype, a.device)
-    if config is not None and not isinstance(config, TileConfig):
-        raise TypeError(f"config: expected a TileConfig or None, got {type(config).__name__}")
-    cfg = config or pick_config("batch", m, k, n, bt, a.dtype, a.device)
+    cfg = resolve_config(config, "batch", m, k, n, bt, a)
     if c.numel() == 0:
         return c, None
     if bt > 65535:

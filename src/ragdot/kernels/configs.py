@@ -199,6 +199,18 @@ def pick_config(
     return _for_dtype(cfg, dtype)
 
 
+def resolve_config(
+    config: object, problem: Problem, m: int, k: int, n: int, g: int, a: torch.Tensor
+) -> TileConfig:
+    """A launcher's `config=` argument: a TileConfig as given, or the heuristic's pick for `a`'s dtype and
+    device when None (dims as in `pick_config`); TypeError for anything else."""
+    if config is None:
+        return pick_config(problem, m, k, n, g, a.dtype, a.device)
+    if not isinstance(config, TileConfig):
+        raise TypeError(f"config: expected a TileConfig or None, got {type(config).__name__}")
+    return config
+
+
 def candidate_configs(problem: Problem, dtype: torch.dtype = torch.bfloat16) -> list[TileConfig]:
     """The space the autotuner searches for `problem` (the heuristic's picks are all inside it)."""
     if problem not in PROBLEMS:

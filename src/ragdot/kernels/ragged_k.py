@@ -32,7 +32,7 @@ from ragdot.kernels.configs import (
     make_output,
     next_pow2,
     num_sms,
-    pick_config,
+    resolve_config,
     run_kernel,
     tma_capable,
 )
@@ -255,9 +255,7 @@ def launch(
     ends = check_group_ends(group_ends, g, a.device)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     c = make_output("out", out, (g, bt, m, n), out_dtype, a.device)
-    if config is not None and not isinstance(config, TileConfig):
-        raise TypeError(f"config: expected a TileConfig or None, got {type(config).__name__}")
-    cfg = config or pick_config("ragged_k", m, r, n, g, a.dtype, a.device)
+    cfg = resolve_config(config, "ragged_k", m, r, n, g, a)
     if c.numel() == 0:
         return c, None
     if r == 0:
