@@ -109,6 +109,23 @@ def group_ends_from_sizes(group_sizes: torch.Tensor, extent: int, scale: int = 1
     return ends if narrow else ends.to(torch.int32)
 
 
+def _prepare(
+    lhs: torch.Tensor,
+    rhs: torch.Tensor,
+    group_sizes: object,
+    dimension_numbers: object,
+    preferred_element_type: torch.dtype | None,
+    backend: str | None,
+) -> tuple[Canonical, torch.Tensor, torch.dtype, str]:
+    """Checked arguments of a call: (canonical problem, group sizes tensor, output dtype, backend name)."""
+    dn = RaggedDotDimensionNumbers.coerce(dimension_numbers)
+    group_sizes = _as_sizes(group_sizes, lhs)
+    out_dtype = _check_operands(lhs, rhs, group_sizes, preferred_element_type)
+    name = _check_backend(backend)
+    can: Canonical = canonicalize(lhs, rhs, group_sizes.shape[0], dn)
+    return can, group_sizes, out_dtype, name
+
+
 def ragged_dot_general(
     lhs: torch.Tensor,
     rhs: torch.Tensor,
@@ -126,13 +143,11 @@ def ragged_dot_general(
     slice), batch (a plain batched dot; group_sizes is not read). Indices at or past sum(group_sizes) belong
     to no group: their output rows are zero and they contribute to no group, whatever they hold.
     """
-    dn = RaggedDotDimensionNumbers.coerce(ragged_dot_dimension_numbers)
-    group_sizes = _as_sizes(group_sizes, lhs)
-    out_dtype = _check_operands(lhs, rhs, group_sizes, preferred_element_type)
-    name = _check_backend(backend)
     if not isinstance(validate, bool):
         raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
-    can: Canonical = canonicalize(lhs, rhs, group_sizes.shape[0], dn)
+    can, group_sizes, out_dtype, name = _prepare(
+        lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend
+    )
     if can.mode == "batch":
         return can.finish(ops.batch(can.a, can.b, out_dtype, name))
     if validate or os.environ.get("RAGDOT_VALIDATE", "") not in ("", "0"):
@@ -162,11 +177,9 @@ def explain(
     from ragdot.tune.key import key_for
     from ragdot.tune.select import plan
 
-    dn = RaggedDotDimensionNumbers.coerce(ragged_dot_dimension_numbers)
-    group_sizes = _as_sizes(group_sizes, lhs)
-    out_dtype = _check_operands(lhs, rhs, group_sizes, preferred_element_type)
-    name = _check_backend(backend)
-    can: Canonical = canonicalize(lhs, rhs, group_sizes.shape[0], dn)
+    can, group_sizes, out_dtype, name = _prepare(
+        lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend
+    )
     groups = 0 if can.mode == "batch" else group_sizes.shape[0]
     key = key_for(can.mode, can.a, can.b, groups, out_dtype) if can.a.device.type == "cuda" else None
     return {
