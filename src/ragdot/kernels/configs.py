@@ -257,8 +257,8 @@ _SM_COUNT: dict[int, int] = {}
 
 def num_sms(device: torch.device) -> int:
     """Multiprocessor count of a CUDA device (the target's inside `compile_only`; 4 in the interpreter)."""
-    if _AOT[0]:
-        return _AOT_SMS[0]
+    if _AOT_TARGET is not None:
+        return _AOT_TARGET.multiprocessors
     if device.type != "cuda":
         return 4
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -341,9 +341,14 @@ class _FakeDriver:
         return torch.device("cpu")
 
 
-_AOT: list[bool] = [False]
-_AOT_SMS: list[int] = [132]
-_AOT_TARGET: list[tuple[str, int | str]] = [("cuda", 90)]
+@dataclass(frozen=True)
+class _Target:
+    backend: str  # "cuda" or "hip"
+    arch: int | str  # 90 (sm_90) or e.g. "gfx942"
+    multiprocessors: int
+
+
+_AOT_TARGET: _Target | None = None  # the target of the enclosing `compile_only` block, if any
 
 
 @contextlib.contextmanager
@@ -358,6 +363,7 @@ def compile_only(
     Needs a process where TRITON_INTERPRET is not set (the interpreter compiles nothing) and, for CUDA
     targets, the ptxas that ships with Triton. Use it to check instructions (wgmma) and register spills.
     """
+    global _AOT_TARGET
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
@@ -365,22 +371,19 @@ def compile_only(
         raise RuntimeError("compile_only: TRITON_INTERPRET=1 is set; Triton's interpreter compiles nothing")
     previous = driver._active
     driver.set_active(_FakeDriver(GPUTarget(backend, arch, warp_size)))
-    _AOT[0] = True
-    _AOT_SMS[0] = multiprocessors
-    _AOT_TARGET[0] = (backend, arch)
+    _AOT_TARGET = _Target(backend, arch, multiprocessors)
     try:
         yield
     finally:
-        _AOT[0] = False
+        _AOT_TARGET = None
         driver._active = previous
 
 
 def tma_capable(device: torch.device) -> bool:
     """Whether kernels for `device` may use tensor descriptors (TMA): NVIDIA compute capability >= 9.0, or
     inside `compile_only`, whether its target is such a GPU."""
-    if _AOT[0]:
-        backend, arch = _AOT_TARGET[0]
-        return backend == "cuda" and isinstance(arch, int) and arch >= 90
+    if _AOT_TARGET is not None:
+        return _AOT_TARGET.backend == "cuda" and isinstance(_AOT_TARGET.arch, int) and _AOT_TARGET.arch >= 90
     if device.type != "cuda" or torch.version.hip is not None:
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
@@ -389,7 +392,10 @@ def tma_capable(device: torch.device) -> bool:
 def launch_options(cfg: TileConfig, device: torch.device) -> dict[str, Any]:
     """Triton launch options of a config: warps, stages and, on NVIDIA, the register cap."""
     opts: dict[str, Any] = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    nvidia = _AOT_TARGET[0][0] == "cuda" if _AOT[0] else device.type == "cuda" and torch.version.hip is None
+    if _AOT_TARGET is not None:
+        nvidia = _AOT_TARGET.backend == "cuda"
+    else:
+        nvidia = device.type == "cuda" and torch.version.hip is None
     if cfg.max_regs and nvidia:
         opts["maxnreg"] = cfg.max_regs
     return opts
@@ -397,7 +403,7 @@ def launch_options(cfg: TileConfig, device: torch.device) -> dict[str, Any]:
 
 def run_kernel(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Any:
     """Launch a @triton.jit kernel on `grid` (or only compile it inside `compile_only`); returns its handle."""
-    if _AOT[0]:
+    if _AOT_TARGET is not None:
         return kernel.warmup(*args, grid=grid, **kwargs)
     return kernel[grid](*args, **kwargs)
 
