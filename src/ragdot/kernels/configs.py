@@ -77,7 +77,7 @@ class TileConfig:
         if not isinstance(self.max_regs, int) or not (self.max_regs == 0 or 24 <= self.max_regs <= 255):
             raise ValueError(f"TileConfig.max_regs={self.max_regs!r}: expected 0 (no cap) or an int in [24, 255]")
         if self.split_tail and self.block_m < 32:
-            raise ValueError(f"TileConfig.split_tail needs block_m >= 32 (half tiles >= 16 rows), not {self.block_m}")
+            raise ValueError(f"TileConfig.split_tail needs block_m >= 32 (a half tile of >= 16 rows), got {self.block_m}")
         if not isinstance(self.programs_per_sm, int) or self.programs_per_sm < 1:
             raise ValueError(f"TileConfig.programs_per_sm={self.programs_per_sm!r}: expected an int >= 1")
 
