@@ -49,10 +49,6 @@ RM_SWEEP = [
     TileConfig(128, 256, 64, 8, 8, 4, True, 1, tma=True),
     TileConfig(128, 256, 64, 1, 8, 3, True, 1, tma=True),
     TileConfig(256, 128, 64, 8, 8, 3, True, 1, tma=True),
-    TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True, split_tail=True),
-    TileConfig(128, 256, 64, 8, 8, 4, True, 1, tma=True, split_tail=True),
-    TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True, split_tail=True),
-    TileConfig(128, 256, 64, 8, 8, 3, tma=True, split_tail=True),
 ]
 RK_SWEEP = [
     TileConfig(128, 128, 32, 8, 4, 3, tma=True),

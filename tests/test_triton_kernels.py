@@ -125,24 +125,6 @@ def test_ragged_m_schedules(cfg: TileConfig) -> None:
     assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float16]
 
 
-SPLIT = TileConfig(32, 16, 16, group_m=2, num_warps=4, num_stages=2, split_tail=True)  # half tiles of 16 rows
-
-
-@pytest.mark.parametrize("cfg", [SPLIT, TileConfig(**{**SPLIT.__dict__, "persistent": True, "group_m": 1})])
-def test_ragged_m_split_tail(cfg: TileConfig) -> None:
-    """Half-height last tiles: groups ending 1..16 rows into a 32-row tile take the 16-row path, 17..32 the
-    full one; the tail group's zero tiles too. Every row is written (poisoned output), NaN never leaks."""
-    m, k, n, sizes = 131, 24, 40, [48, 0, 7, 33, 16, 17, 1]  # tails of 16, -, 7, 1, 16, 17, 1 rows; 9 tail rows
-    a = operand((1, m, k), torch.float16, False)
-    b = operand((1, len(sizes), k, n), torch.float16, True)
-    ends = ends_of(sizes, m)
-    a[:, int(ends[-1]) :] = float("nan")
-    out = torch.full((1, m, n), float("nan"), dtype=torch.float32, device=DEVICE)
-    c = rm_mod.ragged_m(a, b, ends, torch.float32, config=cfg, out=out)
-    assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
-    assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float16]
-
-
 def test_ragged_m_clamped_ends_and_int64() -> None:
     """int64 group_ends, ends clamped at M (sizes summing past M), default heuristic config."""
     m, k, n = 20, 16, 16
@@ -295,9 +277,6 @@ def test_configs() -> None:
         TileConfig(num_warps=3)
     with pytest.raises(ValueError, match="max_regs"):
         TileConfig(max_regs=8)
-    with pytest.raises(ValueError, match="split_tail"):
-        TileConfig(16, 16, 16, split_tail=True)
-    assert TileConfig(split_tail=True).short().endswith(" split")
     with pytest.raises(ValueError, match="problem"):
         pick_config("dense", 1, 1, 1, 1, torch.float16)
 
@@ -455,29 +434,6 @@ def test_gpu_bf16_classes(shape: tuple[int, int, int, int], tma: bool) -> None:
     assert not w.isnan().any() and (w[1] == 0).all()
     assert rel_err(w, ref) < TOL[torch.bfloat16]
     assert handle.n_spills == 0 and "wgmma" in handle.asm["ptx"]
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("cfg", [
-    TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True, split_tail=True),
-    TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True, split_tail=True),
-    TileConfig(128, 128, 64, 8, 4, 3, split_tail=True),
-])
-def test_gpu_split_tail(cfg: TileConfig) -> None:
-    """bf16 split-tail tiles (TMA and pointer loads) on groups whose last tile holds 1-64 or 65-128 rows."""
-    m, k, n = 2000, 1536, 1024
-    sizes = [160, 0, 129, 64, 65, 300, 1, 256, 192, 500, 100]  # sum 1867: 133 tail rows
-    ends = ends_of(sizes, m)
-    x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
-    x[:, int(ends[-1]) :] = float("nan")
-    for b in (torch.randn(1, len(sizes), k, n, device="cuda", dtype=torch.bfloat16),
-              torch.randn(1, len(sizes), n, k, device="cuda", dtype=torch.bfloat16).transpose(-1, -2)):
-        out = torch.full((1, m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        c, handle = rm_mod.launch(x, b, ends, config=cfg, out=out)
-        assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
-        assert rel_err(c, ref_ragged_m(x.float(), b.float(), ends)) < TOL[torch.bfloat16]
-        assert handle.n_spills == 0 and "wgmma" in handle.asm["ptx"]
 
 
 @gpu

@@ -47,8 +47,6 @@ class TileConfig:
     tma: use tensor descriptors (TMA) where the layout allows it, on NVIDIA GPUs of compute capability >= 9:
         operand loads in ragged_m, the output store in ragged_k; elsewhere the pointer path (also ROCm).
     max_regs: register cap per thread (0: none), to fit more programs per multiprocessor (NVIDIA only).
-    split_tail: ragged_m only: a group's last row tile holding at most block_m / 2 rows is computed as a
-        half-height tile (e.g. a 160-row group: one 128-row and one 64-row tile instead of two 128-row ones).
     """
 
     block_m: int = 128
@@ -61,7 +59,6 @@ class TileConfig:
     programs_per_sm: int = 1
     tma: bool = False
     max_regs: int = 0
-    split_tail: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -76,8 +73,6 @@ class TileConfig:
             raise ValueError(f"TileConfig.num_stages={self.num_stages!r}: expected an int in [1, 8]")
         if not isinstance(self.max_regs, int) or not (self.max_regs == 0 or 24 <= self.max_regs <= 255):
             raise ValueError(f"TileConfig.max_regs={self.max_regs!r}: expected 0 (no cap) or an int in [24, 255]")
-        if self.split_tail and self.block_m < 32:
-            raise ValueError(f"TileConfig.split_tail needs block_m >= 32 (a half tile of >= 16 rows), got {self.block_m}")
         if not isinstance(self.programs_per_sm, int) or self.programs_per_sm < 1:
             raise ValueError(f"TileConfig.programs_per_sm={self.programs_per_sm!r}: expected an int >= 1")
 
@@ -86,8 +81,7 @@ class TileConfig:
         text = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
         text += f" p{self.programs_per_sm}" if self.persistent else ""
         text += f" r{self.max_regs}" if self.max_regs else ""
-        text += " tma" if self.tma else ""
-        return text + (" split" if self.split_tail else "")
+        return text + (" tma" if self.tma else "")
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:

@@ -9,9 +9,6 @@ then of group 1, ...; inside a group, bands of GROUP_M row tiles are walked M-fa
 fastest), so programs that run together share the group's weight tiles in L2. Every program rebuilds the
 tile-to-group map from `group_ends` (a cumulative sum of tiles per group, on the device; no host sync).
 
-With SPLIT_TAIL, a tile holding at most BLOCK_M / 2 rows of its group (the group's last tile) runs the same
-code at half height, so a 160-row group computes 128 + 64 rows instead of 2 x 128.
-
 Rows of `a` that belong to a neighbouring group or to the tail may be read into a tile, but each output row
 depends only on its own `a` row and rows outside the tile's group are never stored, so NaN stored there never
 reaches a result.
@@ -120,24 +117,6 @@ def _tile(
 
 
 @triton.jit
-def _tile_split(
-    a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-    stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PRECISION: tl.constexpr, SPLIT_TAIL: tl.constexpr,
-):
-    """`_tile`, at half height when SPLIT_TAIL and the tile holds at most BLOCK_M / 2 rows of its group."""
-    if SPLIT_TAIL and row_end - row0 <= BLOCK_M // 2:
-        _tile(a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-              stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
-              BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, PRECISION)
-    else:
-        _tile(a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-              stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
-              BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, PRECISION)
-
-
-@triton.jit
 def ragged_m_kernel(
     a_ptr,  # [Bt, M, K] lhs, rows in group order, any strides
     b_ptr,  # [Bt, G, K, N] one rhs matrix per group, any strides
@@ -154,7 +133,6 @@ def ragged_m_kernel(
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
     PERSISTENT: tl.constexpr,  # programs loop over tiles with stride num_programs(0)
     PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32" (used for float32 inputs)
-    SPLIT_TAIL: tl.constexpr,  # a tile with <= BLOCK_M / 2 rows of its group runs at half height
 ):
     pid = tl.program_id(0)
     bt = tl.program_id(1)
@@ -165,15 +143,15 @@ def ragged_m_kernel(
         for tile in tl.range(pid, max_tiles, tl.num_programs(0)):
             if tile < total:
                 g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
-                _tile_split(a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-                            stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
-                            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, PRECISION, SPLIT_TAIL)
+                _tile(a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+                      stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
+                      BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, PRECISION)
     else:
         if pid < total:
             g, row0, row_end, n_idx = _locate(pid, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
-            _tile_split(a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-                        stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
-                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, PRECISION, SPLIT_TAIL)
+            _tile(a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+                  stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
+                  BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, PRECISION)
 
 
 @triton.jit
@@ -200,25 +178,8 @@ def _tile_tma(
 
 
 @triton.jit
-def _tile_tma_split(
-    a_desc, a_half_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    B_KMAJOR: tl.constexpr, PRECISION: tl.constexpr, SPLIT_TAIL: tl.constexpr,
-):
-    """`_tile_tma`, at half height (through `a_half_desc`) when SPLIT_TAIL and the tile holds at most
-    BLOCK_M / 2 rows of its group."""
-    if SPLIT_TAIL and row_end - row0 <= BLOCK_M // 2:
-        _tile_tma(a_half_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-                  BLOCK_M // 2, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION)
-    else:
-        _tile_tma(a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-                  BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION)
-
-
-@triton.jit
 def ragged_m_tma_kernel(
     a_desc,  # descriptor of a [Bt, M, K] (K contiguous), block [1, BLOCK_M, BLOCK_K]
-    a_half_desc,  # descriptor of the same a, block [1, BLOCK_M // 2, BLOCK_K] (used with SPLIT_TAIL)
     b_desc,  # descriptor of b [Bt, G, K, N] (N contiguous), block [1, 1, BLOCK_K, BLOCK_N];
     #          or, with B_KMAJOR, of b^T [Bt, G, N, K] (K contiguous), block [1, 1, BLOCK_N, BLOCK_K]
     c_ptr,  # [Bt, M, N] output, contiguous
@@ -231,7 +192,6 @@ def ragged_m_tma_kernel(
     B_KMAJOR: tl.constexpr,  # b_desc describes b transposed (K contiguous)
     PERSISTENT: tl.constexpr,  # programs loop over tiles with stride num_programs(0)
     PRECISION: tl.constexpr,  # tl.dot input_precision
-    SPLIT_TAIL: tl.constexpr,  # a tile with <= BLOCK_M / 2 rows of its group runs at half height
 ):
     pid = tl.program_id(0)
     bt = tl.program_id(1)
@@ -242,13 +202,13 @@ def ragged_m_tma_kernel(
         for tile in tl.range(pid, max_tiles, tl.num_programs(0)):
             if tile < total:
                 g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
-                _tile_tma_split(a_desc, a_half_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-                                BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION, SPLIT_TAIL)
+                _tile_tma(a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+                          BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION)
     else:
         if pid < total:
             g, row0, row_end, n_idx = _locate(pid, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
-            _tile_tma_split(a_desc, a_half_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-                            BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION, SPLIT_TAIL)
+            _tile_tma(a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+                      BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -266,18 +226,15 @@ def _launch_tma(
     bt, m, k = a.shape
     g, n = b.shape[1], b.shape[3]
     a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [1, cfg.block_m, cfg.block_k])
-    half = [1, cfg.block_m // 2, cfg.block_k]
-    a_half_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), half) if cfg.split_tail else a_desc
     kmajor = b.stride(3) != 1
     bv = b.transpose(2, 3) if kmajor else b
     block = [1, 1, cfg.block_n, cfg.block_k] if kmajor else [1, 1, cfg.block_k, cfg.block_n]
     b_desc = TensorDescriptor(bv, list(bv.shape), list(bv.stride()), block)
     return run_kernel(
         ragged_m_tma_kernel, (programs, bt),
-        a_desc, a_half_desc, b_desc, c, ends, m, n, k, g, max_tiles,
+        a_desc, b_desc, c, ends, m, n, k, g, max_tiles,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=block_g,
         GROUP_M=cfg.group_m, B_KMAJOR=kmajor, PERSISTENT=cfg.persistent, PRECISION=dot_precision(a.dtype),
-        SPLIT_TAIL=cfg.split_tail,
         **launch_options(cfg, a.device),
     )
 
@@ -320,7 +277,7 @@ def launch(
         max_tiles,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=next_pow2(g + 1),
         GROUP_M=cfg.group_m, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
-        PERSISTENT=cfg.persistent, PRECISION=dot_precision(a.dtype), SPLIT_TAIL=cfg.split_tail,
+        PERSISTENT=cfg.persistent, PRECISION=dot_precision(a.dtype),
         **launch_options(cfg, a.device),
     )
     return c, handle
