@@ -39,7 +39,6 @@ PEAK_FLOPS, PEAK_BYTES = 720e12, 4.2e12
 
 RM_SWEEP = [
     TileConfig(64, 128, 64, 1, 4, 4),
-    TileConfig(64, 128, 64, 1, 4, 4, True, 2),
     TileConfig(64, 256, 64, 8, 4, 3, tma=True),
     TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True),
     TileConfig(64, 256, 64, 8, 8, 3, True, 1, tma=True),
@@ -49,6 +48,13 @@ RM_SWEEP = [
     TileConfig(128, 256, 64, 8, 8, 4, True, 1, tma=True),
     TileConfig(128, 256, 64, 1, 8, 3, True, 1, tma=True),
     TileConfig(256, 128, 64, 8, 8, 3, True, 1, tma=True),
+    TileConfig(64, 256, 32, 8, 4, 4, True, 2, tma=True),
+    TileConfig(64, 128, 64, 1, 4, 4, True, 2, tma=True, flat=True),
+    TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True, flat=True),
+    TileConfig(64, 256, 32, 8, 4, 4, True, 2, tma=True, flat=True),
+    TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True, flat=True),
+    TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True, flat=True),
+    TileConfig(128, 256, 64, 8, 8, 4, True, 1, tma=True, flat=True),
 ]
 RK_SWEEP = [
     TileConfig(128, 128, 32, 8, 4, 3, tma=True),

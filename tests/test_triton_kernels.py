@@ -125,6 +125,29 @@ def test_ragged_m_schedules(cfg: TileConfig) -> None:
     assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float16]
 
 
+TMA_FLAT = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2, persistent=True, tma=True, flat=True)
+
+
+@pytest.mark.parametrize("cfg", [TMA_FLAT, TileConfig(**{**TMA_FLAT.__dict__, "flat": False}),
+                                 TileConfig(**{**TMA_FLAT.__dict__, "block_k": 32, "group_m": 1})])
+@pytest.mark.parametrize("b_t", [False, True])
+def test_ragged_m_tma_kernels(cfg: TileConfig, b_t: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensor-descriptor kernels (on the CPU through the interpreter, which implements descriptors): the
+    flat persistent loop crosses tiles of different groups, K is not a multiple of BLOCK_K in one case, empty
+    groups, the tail group's tiles are zeroed, every row is written (poisoned output), NaN never leaks."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(rm_mod, "tma_capable", lambda device: True)
+    m, k, n, sizes = 83, 40, 40, [17, 0, 30, 5, 1, 8]  # 22 tail rows
+    a = operand((1, m, k), torch.float16, False)
+    b = operand((1, len(sizes), k, n), torch.float16, b_t)
+    ends = ends_of(sizes, m)
+    a[:, int(ends[-1]) :] = float("nan")
+    out = torch.full((1, m, n), float("nan"), dtype=torch.float16, device=DEVICE)
+    c, _ = rm_mod.launch(a, b, ends, config=cfg, out=out)
+    assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
+    assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float16]
+
+
 def test_ragged_m_clamped_ends_and_int64() -> None:
     """int64 group_ends, ends clamped at M (sizes summing past M), default heuristic config."""
     m, k, n = 20, 16, 16
@@ -277,6 +300,8 @@ def test_configs() -> None:
         TileConfig(num_warps=3)
     with pytest.raises(ValueError, match="max_regs"):
         TileConfig(max_regs=8)
+    with pytest.raises(ValueError, match="flat"):
+        TileConfig(persistent=True, flat=True)
     with pytest.raises(ValueError, match="problem"):
         pick_config("dense", 1, 1, 1, 1, torch.float16)
 
@@ -434,6 +459,30 @@ def test_gpu_bf16_classes(shape: tuple[int, int, int, int], tma: bool) -> None:
     assert not w.isnan().any() and (w[1] == 0).all()
     assert rel_err(w, ref) < TOL[torch.bfloat16]
     assert handle.n_spills == 0 and "wgmma" in handle.asm["ptx"]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("cfg", [
+    TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True, flat=True),
+    TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True, flat=True),
+    TileConfig(128, 256, 64, 8, 8, 4, True, 1, tma=True, flat=True),
+])
+def test_gpu_flat_persistent(cfg: TileConfig) -> None:
+    """bf16 flat persistent tiles on uneven groups (empty, 1 row, multiples of the tile, a long one), K not a
+    multiple of BLOCK_K, both weight layouts; every row written (poisoned output), tail rows zero."""
+    m, k, n = 3000, 1560, 1024
+    sizes = [160, 0, 129, 64, 65, 300, 1, 256, 192, 1200, 100]  # sum 2467: 533 tail rows
+    ends = ends_of(sizes, m)
+    x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+    x[:, int(ends[-1]) :] = float("nan")
+    for b in (torch.randn(1, len(sizes), k, n, device="cuda", dtype=torch.bfloat16),
+              torch.randn(1, len(sizes), n, k, device="cuda", dtype=torch.bfloat16).transpose(-1, -2)):
+        out = torch.full((1, m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        c, handle = rm_mod.launch(x, b, ends, config=cfg, out=out)
+        assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
+        assert rel_err(c, ref_ragged_m(x.float(), b.float(), ends)) < TOL[torch.bfloat16]
+        assert handle.n_spills == 0 and "wgmma" in handle.asm["ptx"]
 
 
 @gpu

@@ -47,6 +47,8 @@ class TileConfig:
     tma: use tensor descriptors (TMA) where the layout allows it, on NVIDIA GPUs of compute capability >= 9:
         operand loads in ragged_m, the output store in ragged_k; elsewhere the pointer path (also ROCm).
     max_regs: register cap per thread (0: none), to fit more programs per multiprocessor (NVIDIA only).
+    flat: ragged_m, persistent with TMA loads: each program runs the K steps of all its tiles as one loop,
+        so the software pipeline loads the next tile's operands while the current tile finishes and stores.
     """
 
     block_m: int = 128
@@ -59,6 +61,7 @@ class TileConfig:
     programs_per_sm: int = 1
     tma: bool = False
     max_regs: int = 0
+    flat: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -73,6 +76,8 @@ class TileConfig:
             raise ValueError(f"TileConfig.num_stages={self.num_stages!r}: expected an int in [1, 8]")
         if not isinstance(self.max_regs, int) or not (self.max_regs == 0 or 24 <= self.max_regs <= 255):
             raise ValueError(f"TileConfig.max_regs={self.max_regs!r}: expected 0 (no cap) or an int in [24, 255]")
+        if self.flat and not (self.persistent and self.tma):
+            raise ValueError("TileConfig.flat needs persistent=True and tma=True")
         if not isinstance(self.programs_per_sm, int) or self.programs_per_sm < 1:
             raise ValueError(f"TileConfig.programs_per_sm={self.programs_per_sm!r}: expected an int >= 1")
 
@@ -81,7 +86,8 @@ class TileConfig:
         text = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
         text += f" p{self.programs_per_sm}" if self.persistent else ""
         text += f" r{self.max_regs}" if self.max_regs else ""
-        return text + (" tma" if self.tma else "")
+        text += " tma" if self.tma else ""
+        return text + (" flat" if self.flat else "")
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:

@@ -9,6 +9,11 @@ then of group 1, ...; inside a group, bands of GROUP_M row tiles are walked M-fa
 fastest), so programs that run together share the group's weight tiles in L2. Every program rebuilds the
 tile-to-group map from `group_ends` (a cumulative sum of tiles per group, on the device; no host sync).
 
+The flat persistent kernel (`ragged_m_tma_flat_kernel`) runs the K steps of all of a program's tiles as
+ONE loop (the tile loop and the K loop flattened by hand, as in ragged_k), so the software pipeline issues
+the next tile's TMA loads while the current tile's last steps and its store run; it zeroes the tail group's
+tiles in a short loop first.
+
 Rows of `a` that belong to a neighbouring group or to the tail may be read into a tile, but each output row
 depends only on its own `a` row and rows outside the tile's group are never stored, so NaN stored there never
 reaches a result.
@@ -211,6 +216,68 @@ def ragged_m_tma_kernel(
                       BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION)
 
 
+@triton.jit
+def ragged_m_tma_flat_kernel(
+    a_desc,  # descriptor of a [Bt, M, K] (K contiguous), block [1, BLOCK_M, BLOCK_K]
+    b_desc,  # descriptor of b [Bt, G, K, N] (N contiguous), block [1, 1, BLOCK_K, BLOCK_N];
+    #          or, with B_KMAJOR, of b^T [Bt, G, N, K] (K contiguous), block [1, 1, BLOCK_N, BLOCK_K]
+    c_ptr,  # [Bt, M, N] output, contiguous
+    ends_ptr,  # [G] int32 inclusive group ends: non-decreasing, each in [0, M]
+    M, N, K, G,  # scalars: problem sizes (K >= 1)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # power of two >= G + 1
+    GROUP_M: tl.constexpr,  # row tiles walked together (L2 reuse of the weight tile)
+    B_KMAJOR: tl.constexpr,  # b_desc describes b transposed (K contiguous)
+    PRECISION: tl.constexpr,  # tl.dot input_precision
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    bt = tl.program_id(1)
+    num_n = tl.cdiv(N, BLOCK_N)
+    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, BLOCK_M, BLOCK_G)
+    real = tl.sum(tl.where(offs < G, tiles, 0), 0) * num_n  # tiles of the G groups; the tail group's follow
+    total = tl.sum(tiles, 0) * num_n
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
+    for tile in range(real + pid, total, nprog):  # tail rows: zeros, no contraction
+        g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
+        rm = row0 + rows
+        rn = n_idx * BLOCK_N + cols
+        c_ptrs = c_ptr + (bt.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rn.to(tl.int64)[None, :]
+        tl.store(c_ptrs, zeros, mask=(rm < row_end)[:, None] & (rn < N)[None, :])
+
+    k_steps = tl.cdiv(K, BLOCK_K)
+    steps = tl.cdiv(tl.maximum(real - pid, 0), nprog) * k_steps  # this program's tiles are pid, pid + nprog, ...
+    tile = pid - nprog  # current tile (loop-carried)
+    kk = pid * 0  # K step inside the current tile
+    g = pid * 0
+    row0 = pid * 0
+    row_end = pid * 0
+    n0 = pid * 0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in tl.range(0, steps):
+        if kk == 0:  # first step of the next tile: its group, rows and columns
+            tile += nprog
+            g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
+            n0 = n_idx * BLOCK_N
+        k = kk * BLOCK_K
+        a = a_desc.load([bt, row0, k]).reshape(BLOCK_M, BLOCK_K)
+        if B_KMAJOR:
+            b = b_desc.load([bt, g, n0, k]).reshape(BLOCK_N, BLOCK_K).T
+        else:
+            b = b_desc.load([bt, g, k, n0]).reshape(BLOCK_K, BLOCK_N)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        kk += 1
+        if kk == k_steps:  # last step: store the tile, start the next one from zero
+            rm = row0 + rows
+            rn = n0 + cols
+            c_ptrs = c_ptr + (bt.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rn.to(tl.int64)[None, :]
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < row_end)[:, None] & (rn < N)[None, :])
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            kk = pid * 0
+
+
 def _tma_ok(t: torch.Tensor) -> bool:
     """A tensor a TMA descriptor can describe: last dim contiguous, other strides and base 16-byte aligned."""
     size = t.element_size()
@@ -230,6 +297,14 @@ def _launch_tma(
     bv = b.transpose(2, 3) if kmajor else b
     block = [1, 1, cfg.block_n, cfg.block_k] if kmajor else [1, 1, cfg.block_k, cfg.block_n]
     b_desc = TensorDescriptor(bv, list(bv.shape), list(bv.stride()), block)
+    if cfg.flat and cfg.persistent:
+        return run_kernel(
+            ragged_m_tma_flat_kernel, (programs, bt),
+            a_desc, b_desc, c, ends, m, n, k, g,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=block_g,
+            GROUP_M=cfg.group_m, B_KMAJOR=kmajor, PRECISION=dot_precision(a.dtype),
+            **launch_options(cfg, a.device),
+        )
     return run_kernel(
         ragged_m_tma_kernel, (programs, bt),
         a_desc, b_desc, c, ends, m, n, k, g, max_tiles,
@@ -260,7 +335,7 @@ def launch(
     cfg = resolve_config(config, "ragged_m", m, k, n, g, a)
     if c.numel() == 0:
         return c, None
-    if g == 0:
+    if g == 0 or k == 0:
         return c.zero_(), None
     if bt > 65535:
         raise ValueError(f"a: batch size {bt} exceeds the 65535 the grid allows")
