@@ -13,7 +13,7 @@ log "memcheck"
 timeout 60 compute-sanitizer --tool memcheck --error-exitcode 3 python3 benchmarks/triton_dev.py --small-cases \
   > "$R/memcheck.txt" 2>&1; echo "memcheck rc=$?" | tee -a "$R/log.txt"
 log "tune anchors, 20 replays per candidate"
-timeout 220 python3 -m ragdot tune --shapes anchor --max-configs 5 --warmup 3 --iters 20 > "$R/tune.txt" 2>&1
+timeout 260 python3 -m ragdot tune --shapes anchor --max-configs 7 --warmup 3 --iters 20 > "$R/tune.txt" 2>&1
 cp "$RAGDOT_CACHE_DIR/tune.json" "$R/nvidia-h200.json" 2>/dev/null
 log "bench torch/triton/auto, balanced + skewed + empty"
 timeout 140 python3 -m ragdot bench --anchors --routing balanced skewed empty --backends torch triton auto --no-xla \

@@ -277,7 +277,8 @@ def small_cases() -> None:
             b = torch.randn(1, 4, 264, 200, device="cuda", dtype=bf).transpose(-1, -2) if bt else torch.randn(
                 1, 4, 200, 264, device="cuda", dtype=bf)
             base = pick_config("ragged_m", 333, 200, 264, 4, bf)
-            c = rm_mod.ragged_m(a, b, ends, config=TileConfig(**{**base.__dict__, "tma": tma}))
+            cfg = TileConfig(**{**base.__dict__, "tma": tma, "flat": base.flat and tma})
+            c = rm_mod.ragged_m(a, b, ends, config=cfg)
             assert not c.isnan().any() and (c[:, 301:] == 0).all()
     for cfg in (None, TileConfig(128, 128, 32, 8, 4, 4, True, 2, tma=True)):
         xa, xb = torch.randn(1, 333, 136, device="cuda", dtype=bf), torch.randn(1, 333, 72, device="cuda", dtype=bf)
@@ -285,9 +286,11 @@ def small_cases() -> None:
         w = rk_mod.ragged_k(xa, xb, ends, config=cfg)
         assert (w[1] == 0).all() and not w.isnan().any()
     a = torch.randn(1, 333, 200, device="cuda", dtype=bf)
-    c = rm_mod.ragged_m(a, torch.randn(1, 4, 200, 264, device="cuda", dtype=bf), ends,
-                        config=TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True))
-    assert (c[:, 301:] == 0).all()
+    for flat in (False, True):
+        for cfg in (TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True, flat=flat),
+                    TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True, flat=flat)):
+            c = rm_mod.ragged_m(a, torch.randn(1, 4, 200, 264, device="cuda", dtype=bf), ends, config=cfg)
+            assert (c[:, 301:] == 0).all()
     batch_mod.batch(torch.randn(3, 70, 90, device="cuda", dtype=bf), torch.randn(3, 90, 40, device="cuda", dtype=bf))
     zero_tail_rows_(torch.randn(2, 333, 72, device="cuda"), ends)
     torch.cuda.synchronize()

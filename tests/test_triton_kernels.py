@@ -444,7 +444,7 @@ def test_gpu_bf16_classes(shape: tuple[int, int, int, int], tma: bool) -> None:
     x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
     x[:, int(ends[-1]) :] = float("nan")
     base = pick_config("ragged_m", m, k, n, e, torch.bfloat16)
-    cfg = TileConfig(**{**base.__dict__, "tma": tma})
+    cfg = TileConfig(**{**base.__dict__, "tma": tma, "flat": base.flat and tma})
     for b in (torch.randn(1, e, k, n, device="cuda", dtype=torch.bfloat16),
               torch.randn(1, e, n, k, device="cuda", dtype=torch.bfloat16).transpose(-1, -2)):
         c, handle = rm_mod.launch(x, b, ends, config=cfg)
