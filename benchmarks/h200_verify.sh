@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Verification on the H200 with only the shipped tune file (an empty user cache): every anchor cell finds its
 # entry in a fresh process, then torch/triton/auto on balanced, skewed and empty routing (auto's choice is in
-# each row's note), and the balanced bench once more in a new process. Usage (repository root, GPU machine): OUT=/some/dir COMMIT=<sha> bash benchmarks/h200_verify.sh
+# each row's note), and the balanced bench once more in a new process.
+# Usage (repository root, GPU machine): OUT=/some/dir COMMIT=<sha> bash benchmarks/h200_verify.sh
 export RAGDOT_CACHE_DIR=/tmp/ragdot-empty-cache
 source "$(dirname "$0")/device_common.sh"
 log "shipped entries"
