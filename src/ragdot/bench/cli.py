@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time budget per system and cell; slow systems get fewer iterations, at least 3 "
         "(default 1.0 on CUDA, 0.25 on CPU; 0 = unbounded)",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell (default 5)")
+    parser.add_argument("--rounds", type=int, default=25,
+                        help="interleaved rounds per cell, at most one per iteration (default 25)")
     parser.add_argument(
         "--cuda-graphs",
         action="store_true",

@@ -39,7 +39,7 @@ class BenchConfig:
     warmup: int = 10
     iters: int = 50
     max_seconds: float | None = None  # time budget per system and cell (None: no bound)
-    rounds: int = 5
+    rounds: int = 25
     seed: int = 0
     graphs: bool = False  # time replays of CUDA graphs (device time without launch overhead)
 

@@ -8,9 +8,12 @@ Clocks, picked per system:
   asynchronous on a stream we cannot put events on): one sample per round, the batch mean.
 
 The systems are interleaved: each round runs a share of every system's iterations, in a rotated order, so
-clock and thermal drift hit them all alike. Input sets are rotated call by call (``calls[k % len]``) so
-inputs that fit in L2 are not served from it. The iteration count adapts to a time budget per system:
-slow systems get fewer iterations (never fewer than MIN_ITERS), fast ones the full count.
+clock and thermal drift hit them all alike. Rounds are short (25 by default: one or two calls of each system
+per round at 50 iterations), because the clocks move with power and heat within tens of milliseconds: with
+5 rounds, two copies of one kernel in one run were once measured 5% apart (H200, 6 ms calls).
+Input sets are rotated call by call (``calls[k % len]``) so inputs that fit in L2 are not served from it.
+The iteration count adapts to a time budget per system: slow systems get fewer iterations (never fewer than
+MIN_ITERS), fast ones the full count.
 """
 
 from __future__ import annotations
@@ -151,7 +154,7 @@ def measure(
     warmup: int,
     iters: int,
     max_seconds: float | None = None,
-    rounds: int = 5,
+    rounds: int = 25,
     graphs: bool = False,
 ) -> dict[str, Timing]:
     """Time every system on `device`, interleaved; returns a Timing per system name.
