@@ -160,6 +160,29 @@ def ragged_m_kernel(
 
 
 @triton.jit
+def _store_rows(c_ptr, vals, bt, row0, row_end, n0, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store vals [BLOCK_M, BLOCK_N] at rows row0.. (only those < row_end) and columns n0.. (< N) of c[bt]."""
+    rm = row0 + tl.arange(0, BLOCK_M)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + (bt.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rn.to(tl.int64)[None, :]
+    tl.store(c_ptrs, vals.to(c_ptr.dtype.element_ty), mask=(rm < row_end)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def _load_tma(
+    a_desc, b_desc, bt, g, row0, k, n0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_KMAJOR: tl.constexpr,
+):
+    """One K step's operands through the descriptors: a [BLOCK_M, BLOCK_K] and b [BLOCK_K, BLOCK_N] of group g."""
+    a = a_desc.load([bt, row0, k]).reshape(BLOCK_M, BLOCK_K)
+    if B_KMAJOR:
+        b = b_desc.load([bt, g, n0, k]).reshape(BLOCK_N, BLOCK_K).T
+    else:
+        b = b_desc.load([bt, g, k, n0]).reshape(BLOCK_K, BLOCK_N)
+    return a, b
+
+
+@triton.jit
 def _tile_tma(
     a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -170,16 +193,9 @@ def _tile_tma(
     k_end = tl.where(g < G, K, 0)
     n0 = n_idx * BLOCK_N
     for k in tl.range(0, k_end, BLOCK_K):
-        a = a_desc.load([bt, row0, k]).reshape(BLOCK_M, BLOCK_K)
-        if B_KMAJOR:
-            b = b_desc.load([bt, g, n0, k]).reshape(BLOCK_N, BLOCK_K).T
-        else:
-            b = b_desc.load([bt, g, k, n0]).reshape(BLOCK_K, BLOCK_N)
+        a, b = _load_tma(a_desc, b_desc, bt, g, row0, k, n0, BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    rm = row0 + tl.arange(0, BLOCK_M)
-    rn = n0 + tl.arange(0, BLOCK_N)
-    c_ptrs = c_ptr + (bt.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rn.to(tl.int64)[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < row_end)[:, None] & (rn < N)[None, :])
+    _store_rows(c_ptr, acc, bt, row0, row_end, n0, M, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -237,15 +253,10 @@ def ragged_m_tma_flat_kernel(
     offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, BLOCK_M, BLOCK_G)
     real = tl.sum(tl.where(offs < G, tiles, 0), 0) * num_n  # tiles of the G groups; the tail group's follow
     total = tl.sum(tiles, 0) * num_n
-    rows = tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
     zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
     for tile in range(real + pid, total, nprog):  # tail rows: zeros, no contraction
         g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
-        rm = row0 + rows
-        rn = n_idx * BLOCK_N + cols
-        c_ptrs = c_ptr + (bt.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rn.to(tl.int64)[None, :]
-        tl.store(c_ptrs, zeros, mask=(rm < row_end)[:, None] & (rn < N)[None, :])
+        _store_rows(c_ptr, zeros, bt, row0, row_end, n_idx * BLOCK_N, M, N, BLOCK_M, BLOCK_N)
 
     k_steps = tl.cdiv(K, BLOCK_K)
     steps = tl.cdiv(tl.maximum(real - pid, 0), nprog) * k_steps  # this program's tiles are pid, pid + nprog, ...
@@ -261,19 +272,11 @@ def ragged_m_tma_flat_kernel(
             tile += nprog
             g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
             n0 = n_idx * BLOCK_N
-        k = kk * BLOCK_K
-        a = a_desc.load([bt, row0, k]).reshape(BLOCK_M, BLOCK_K)
-        if B_KMAJOR:
-            b = b_desc.load([bt, g, n0, k]).reshape(BLOCK_N, BLOCK_K).T
-        else:
-            b = b_desc.load([bt, g, k, n0]).reshape(BLOCK_K, BLOCK_N)
+        a, b = _load_tma(a_desc, b_desc, bt, g, row0, kk * BLOCK_K, n0, BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         kk += 1
         if kk == k_steps:  # last step: store the tile, start the next one from zero
-            rm = row0 + rows
-            rn = n0 + cols
-            c_ptrs = c_ptr + (bt.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rn.to(tl.int64)[None, :]
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < row_end)[:, None] & (rn < N)[None, :])
+            _store_rows(c_ptr, acc, bt, row0, row_end, n0, M, N, BLOCK_M, BLOCK_N)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             kk = pid * 0
 
