@@ -17,7 +17,6 @@ import json
 import math
 import multiprocessing as mp
 import os
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -56,13 +55,6 @@ RM_SWEEP = [
     TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True, flat=True),
     TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True, flat=True),
     TileConfig(128, 256, 64, 8, 8, 4, True, 1, tma=True, flat=True),
-    TileConfig(128, 256, 64, 8, 4, 3, tma=True, warp_specialize=True),
-    TileConfig(128, 256, 64, 8, 4, 3, True, 1, tma=True, warp_specialize=True),
-    TileConfig(128, 256, 64, 8, 4, 4, tma=True, warp_specialize=True),
-    TileConfig(128, 128, 64, 8, 4, 3, tma=True, warp_specialize=True),
-    TileConfig(128, 128, 64, 8, 4, 4, tma=True, warp_specialize=True),
-    TileConfig(128, 128, 64, 8, 4, 4, True, 1, tma=True, warp_specialize=True),
-    TileConfig(256, 128, 64, 8, 4, 3, tma=True, warp_specialize=True),
 ]
 RK_SWEEP = [
     TileConfig(128, 128, 32, 8, 4, 3, tma=True),
@@ -130,8 +122,7 @@ def configs_for(problem: str, shape: tuple[int, int, int, int], sweep: bool) -> 
     heur = pick_config(problem, m, k, n, e, torch.bfloat16)  # shape orientation does not change the pick
     out = [heur]
     if sweep:
-        match = re.compile(os.environ.get("SWEEP_MATCH", ""))  # keep only sweep configs whose name matches
-        out += [c for c in (RM_SWEEP if problem == "ragged_m" else RK_SWEEP) if c != heur and match.search(c.short())]
+        out += [c for c in (RM_SWEEP if problem == "ragged_m" else RK_SWEEP) if c != heur]
     return out
 
 

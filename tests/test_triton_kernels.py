@@ -129,16 +129,12 @@ TMA_FLAT = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2, persiste
 
 
 @pytest.mark.parametrize("cfg", [TMA_FLAT, TileConfig(**{**TMA_FLAT.__dict__, "flat": False}),
-                                 TileConfig(**{**TMA_FLAT.__dict__, "block_k": 32, "group_m": 1}),
-                                 TileConfig(**{**TMA_FLAT.__dict__, "flat": False, "warp_specialize": True}),
-                                 TileConfig(**{**TMA_FLAT.__dict__, "flat": False, "persistent": False,
-                                               "warp_specialize": True})])
+                                 TileConfig(**{**TMA_FLAT.__dict__, "block_k": 32, "group_m": 1})])
 @pytest.mark.parametrize("b_t", [False, True])
 def test_ragged_m_tma_kernels(cfg: TileConfig, b_t: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tensor-descriptor kernels (on the CPU through the interpreter, which implements descriptors): the
-    flat persistent loop crosses tiles of different groups, the warp-specialized kernel reads its tile map,
-    K is not a multiple of BLOCK_K in one case, empty groups, the tail group's tiles are zeroed, every row is
-    written (poisoned output), NaN never leaks."""
+    flat persistent loop crosses tiles of different groups, K is not a multiple of BLOCK_K in one case, empty
+    groups, the tail group's tiles are zeroed, every row is written (poisoned output), NaN never leaks."""
     if DEVICE == "cpu":
         monkeypatch.setattr(rm_mod, "tma_capable", lambda device: True)
     m, k, n, sizes = 83, 40, 40, [17, 0, 30, 5, 1, 8]  # 22 tail rows
@@ -306,8 +302,6 @@ def test_configs() -> None:
         TileConfig(max_regs=8)
     with pytest.raises(ValueError, match="flat"):
         TileConfig(persistent=True, flat=True)
-    with pytest.raises(ValueError, match="warp_specialize"):
-        TileConfig(warp_specialize=True)
     with pytest.raises(ValueError, match="problem"):
         pick_config("dense", 1, 1, 1, 1, torch.float16)
 
@@ -473,13 +467,10 @@ def test_gpu_bf16_classes(shape: tuple[int, int, int, int], tma: bool) -> None:
     TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True, flat=True),
     TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True, flat=True),
     TileConfig(128, 256, 64, 8, 8, 4, True, 1, tma=True, flat=True),
-    TileConfig(128, 256, 64, 8, 4, 3, tma=True, warp_specialize=True),
-    TileConfig(128, 128, 64, 8, 4, 4, True, 1, tma=True, warp_specialize=True),
 ])
 def test_gpu_flat_persistent(cfg: TileConfig) -> None:
-    """bf16 flat persistent and warp-specialized tiles on uneven groups (empty, 1 row, multiples of the tile,
-    a long one), K not a multiple of BLOCK_K, both weight layouts; every row written (poisoned output), tail
-    rows zero."""
+    """bf16 flat persistent tiles on uneven groups (empty, 1 row, multiples of the tile, a long one), K not a
+    multiple of BLOCK_K, both weight layouts; every row written (poisoned output), tail rows zero."""
     m, k, n = 3000, 1560, 1024
     sizes = [160, 0, 129, 64, 65, 300, 1, 256, 192, 1200, 100]  # sum 2467: 533 tail rows
     ends = ends_of(sizes, m)

@@ -49,9 +49,6 @@ class TileConfig:
     max_regs: register cap per thread (0: none), to fit more programs per multiprocessor (NVIDIA only).
     flat: ragged_m, persistent with TMA loads: each program runs the K steps of all its tiles as one loop,
         so the software pipeline loads the next tile's operands while the current tile finishes and stores.
-    warp_specialize: with TMA loads (NVIDIA sm_90+), the contraction loop is split by the compiler into a
-        producer warp group issuing the loads and consumer warp groups doing the MMAs (`tl.range(...,
-        warp_specialize=True)`); num_warps counts one consumer warp group's warps (4 gives 12 warps in all).
     """
 
     block_m: int = 128
@@ -65,7 +62,6 @@ class TileConfig:
     tma: bool = False
     max_regs: int = 0
     flat: bool = False
-    warp_specialize: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -82,8 +78,6 @@ class TileConfig:
             raise ValueError(f"TileConfig.max_regs={self.max_regs!r}: expected 0 (no cap) or an int in [24, 255]")
         if self.flat and not (self.persistent and self.tma):
             raise ValueError("TileConfig.flat needs persistent=True and tma=True")
-        if self.warp_specialize and not self.tma:
-            raise ValueError("TileConfig.warp_specialize needs tma=True")
         if not isinstance(self.programs_per_sm, int) or self.programs_per_sm < 1:
             raise ValueError(f"TileConfig.programs_per_sm={self.programs_per_sm!r}: expected an int >= 1")
 
@@ -93,8 +87,7 @@ class TileConfig:
         text += f" p{self.programs_per_sm}" if self.persistent else ""
         text += f" r{self.max_regs}" if self.max_regs else ""
         text += " tma" if self.tma else ""
-        text += " flat" if self.flat else ""
-        return text + (" ws" if self.warp_specialize else "")
+        return text + (" flat" if self.flat else "")
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:

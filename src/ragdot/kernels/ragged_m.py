@@ -80,28 +80,6 @@ def _locate(
 
 
 @triton.jit
-def _tile_table_kernel(
-    ends_ptr,  # [G] int32/int64 inclusive group ends
-    tab_ptr,  # [max_tiles, 4] int32 output: per tile id, group (G: no contraction), first row, end row, column tile
-    M, N, G, max_tiles,  # scalars: rows, columns, groups, tile ids to describe
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, GROUP_M: tl.constexpr,
-    PER_PROGRAM: tl.constexpr,  # tile ids per program
-):
-    """The tile map that the warp-specialized kernel reads (its compiler pass rejects the prefix sum and the
-    reductions of `_locate` in the kernel itself). Ids past the tile count describe empty tiles."""
-    num_n = tl.cdiv(N, BLOCK_N)
-    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, BLOCK_M, BLOCK_G)
-    total = tl.sum(tiles, 0) * num_n
-    for tile in range(tl.program_id(0) * PER_PROGRAM, tl.minimum((tl.program_id(0) + 1) * PER_PROGRAM, max_tiles)):
-        g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
-        valid = tile < total
-        tl.store(tab_ptr + 4 * tile, tl.where(valid, g, G))
-        tl.store(tab_ptr + 4 * tile + 1, tl.where(valid, row0, 0))
-        tl.store(tab_ptr + 4 * tile + 2, tl.where(valid, row_end, 0))
-        tl.store(tab_ptr + 4 * tile + 3, tl.where(valid, n_idx, 0))
-
-
-@triton.jit
 def _tile(
     a_ptr, b_ptr, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
     stride_ab, stride_am, stride_ak, stride_bb, stride_bg, stride_bk, stride_bn,
@@ -208,29 +186,16 @@ def _load_tma(
 def _tile_tma(
     a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    B_KMAJOR: tl.constexpr, PRECISION: tl.constexpr, WS: tl.constexpr,
+    B_KMAJOR: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """`_tile` with tensor-descriptor (TMA) loads; out-of-bounds K/N/M elements arrive as zeros."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_end = tl.where(g < G, K, 0)
     n0 = n_idx * BLOCK_N
-    for k in tl.range(0, k_end, BLOCK_K, warp_specialize=WS):
+    for k in tl.range(0, k_end, BLOCK_K):
         a, b = _load_tma(a_desc, b_desc, bt, g, row0, k, n0, BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     _store_rows(c_ptr, acc, bt, row0, row_end, n0, M, N, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _tile_tma_at(
-    tile, total, num_n, offs, starts, ends, first, tiles, a_desc, b_desc, c_ptr, M, N, K, G, bt,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    B_KMAJOR: tl.constexpr, PRECISION: tl.constexpr,
-):
-    """The TMA tile with linear id `tile`; ids >= total (past the grid's upper bound's real tiles) do nothing."""
-    if tile < total:
-        g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
-        _tile_tma(a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-                  BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION, False)
 
 
 @triton.jit
@@ -248,30 +213,23 @@ def ragged_m_tma_kernel(
     B_KMAJOR: tl.constexpr,  # b_desc describes b transposed (K contiguous)
     PERSISTENT: tl.constexpr,  # programs loop over tiles with stride num_programs(0)
     PRECISION: tl.constexpr,  # tl.dot input_precision
-    WS: tl.constexpr,  # warp-specialized contraction loop (producer / consumer warp groups)
-    tab_ptr,  # [max_tiles, 4] int32 tile map from _tile_table_kernel (with WS; None otherwise)
 ):
     pid = tl.program_id(0)
     bt = tl.program_id(1)
     num_n = tl.cdiv(N, BLOCK_N)
-    if WS:
-        for tile in tl.range(pid, max_tiles, tl.num_programs(0)):
-            g = tl.load(tab_ptr + 4 * tile)
-            row0 = tl.load(tab_ptr + 4 * tile + 1)
-            row_end = tl.load(tab_ptr + 4 * tile + 2)
-            n_idx = tl.load(tab_ptr + 4 * tile + 3)
-            _tile_tma(a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
-                      BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION, WS)
-        return
     offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, BLOCK_M, BLOCK_G)
     total = tl.sum(tiles, 0) * num_n
     if PERSISTENT:
         for tile in tl.range(pid, max_tiles, tl.num_programs(0)):
-            _tile_tma_at(tile, total, num_n, offs, starts, ends, first, tiles, a_desc, b_desc, c_ptr, M, N, K, G, bt,
-                         BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, B_KMAJOR, PRECISION)
+            if tile < total:
+                g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
+                _tile_tma(a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+                          BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION)
     else:
-        _tile_tma_at(pid, total, num_n, offs, starts, ends, first, tiles, a_desc, b_desc, c_ptr, M, N, K, G, bt,
-                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, B_KMAJOR, PRECISION)
+        if pid < total:
+            g, row0, row_end, n_idx = _locate(pid, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
+            _tile_tma(a_desc, b_desc, c_ptr, M, N, K, G, g, row0, row_end, n_idx, bt,
+                      BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR, PRECISION)
 
 
 @triton.jit
@@ -342,13 +300,6 @@ def _launch_tma(
     bv = b.transpose(2, 3) if kmajor else b
     block = [1, 1, cfg.block_n, cfg.block_k] if kmajor else [1, 1, cfg.block_k, cfg.block_n]
     b_desc = TensorDescriptor(bv, list(bv.shape), list(bv.stride()), block)
-    tab = None
-    if cfg.warp_specialize:
-        tab = torch.empty((max_tiles, 4), dtype=torch.int32, device=a.device)
-        per = 16
-        run_kernel(_tile_table_kernel, (triton.cdiv(max_tiles, per),), ends, tab, m, n, g, max_tiles,
-                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_G=block_g, GROUP_M=cfg.group_m, PER_PROGRAM=per,
-                   num_warps=4)
     if cfg.flat and cfg.persistent:
         return run_kernel(
             ragged_m_tma_flat_kernel, (programs, bt),
@@ -362,7 +313,7 @@ def _launch_tma(
         a_desc, b_desc, c, ends, m, n, k, g, max_tiles,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=block_g,
         GROUP_M=cfg.group_m, B_KMAJOR=kmajor, PERSISTENT=cfg.persistent, PRECISION=dot_precision(a.dtype),
-        WS=cfg.warp_specialize, tab_ptr=tab, **launch_options(cfg, a.device),
+        **launch_options(cfg, a.device),
     )
 
 
