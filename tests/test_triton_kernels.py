@@ -130,19 +130,19 @@ TMA_FLAT = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2, persiste
 
 @pytest.mark.parametrize("cfg", [TMA_FLAT, TileConfig(**{**TMA_FLAT.__dict__, "flat": False}),
                                  TileConfig(**{**TMA_FLAT.__dict__, "block_k": 32, "group_m": 1})])
-@pytest.mark.parametrize("b_t", [False, True])
-def test_ragged_m_tma_kernels(cfg: TileConfig, b_t: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("b_t,batch", [(False, 1), (True, 1), (True, 2)])
+def test_ragged_m_tma_kernels(cfg: TileConfig, b_t: bool, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tensor-descriptor kernels (on the CPU through the interpreter, which implements descriptors): the
     flat persistent loop crosses tiles of different groups, K is not a multiple of BLOCK_K in one case, empty
     groups, the tail group's tiles are zeroed, every row is written (poisoned output), NaN never leaks."""
     if DEVICE == "cpu":
         monkeypatch.setattr(rm_mod, "tma_capable", lambda device: True)
     m, k, n, sizes = 83, 40, 40, [17, 0, 30, 5, 1, 8]  # 22 tail rows
-    a = operand((1, m, k), torch.float16, False)
-    b = operand((1, len(sizes), k, n), torch.float16, b_t)
+    a = operand((batch, m, k), torch.float16, False)
+    b = operand((batch, len(sizes), k, n), torch.float16, b_t)
     ends = ends_of(sizes, m)
     a[:, int(ends[-1]) :] = float("nan")
-    out = torch.full((1, m, n), float("nan"), dtype=torch.float16, device=DEVICE)
+    out = torch.full((batch, m, n), float("nan"), dtype=torch.float16, device=DEVICE)
     c, _ = rm_mod.launch(a, b, ends, config=cfg, out=out)
     assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
     assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float16]
