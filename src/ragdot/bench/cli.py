@@ -37,6 +37,7 @@ _ORDER = ("padded", "torch", "triton", "auto", "xla", "reference")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ragdot.bench.classes import CLASS_NAMES
+    from ragdot.bench.timing import DEFAULT_ROUNDS
     from ragdot.routing import ROUTINGS
 
     parser.add_argument(
@@ -78,8 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time budget per system and cell; slow systems get fewer iterations, at least 3 "
         "(default 1.0 on CUDA, 0.25 on CPU; 0 = unbounded)",
     )
-    parser.add_argument("--rounds", type=int, default=25,
-                        help="interleaved rounds per cell, at most one per iteration (default 25)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help=f"interleaved rounds per cell, at most one per iteration (default {DEFAULT_ROUNDS})")
     parser.add_argument(
         "--cuda-graphs",
         action="store_true",

@@ -20,7 +20,7 @@ import torch
 from ragdot.bench.ceilings import Ceilings, speed_of_light_s
 from ragdot.bench.classes import RaggedClass, flops, min_bytes
 from ragdot.bench.systems import Operands, RagdotSystem, System
-from ragdot.bench.timing import Timed, measure, synchronize
+from ragdot.bench.timing import DEFAULT_ROUNDS, Timed, measure, synchronize
 from ragdot.routing import group_sizes
 from ragdot.shapes import Shape
 
@@ -39,7 +39,7 @@ class BenchConfig:
     warmup: int = 10
     iters: int = 50
     max_seconds: float | None = None  # time budget per system and cell (None: no bound)
-    rounds: int = 25
+    rounds: int = DEFAULT_ROUNDS
     seed: int = 0
     graphs: bool = False  # time replays of CUDA graphs (device time without launch overhead)
 

@@ -8,7 +8,7 @@ Clocks, picked per system:
   asynchronous on a stream we cannot put events on): one sample per round, the batch mean.
 
 The systems are interleaved: each round runs a share of every system's iterations, in a rotated order, so
-clock and thermal drift hit them all alike. Rounds are short (25 by default: one or two calls of each system
+clock and thermal drift hit them all alike. Rounds are short (DEFAULT_ROUNDS, 25: one or two calls of each system
 per round at 50 iterations), because the clocks move with power and heat within tens of milliseconds: with
 5 rounds, two copies of one kernel in one run were once measured 5% apart (H200, 6 ms calls).
 Input sets are rotated call by call (``calls[k % len]``) so inputs that fit in L2 are not served from it.
@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Timed", "Timing", "plan_counts", "measure", "synchronize"]
+__all__ = ["Timed", "Timing", "plan_counts", "measure", "synchronize", "DEFAULT_ROUNDS"]
 
 MIN_ITERS = 3
+DEFAULT_ROUNDS = 25  # interleaved rounds per cell (see the module docstring)
 
 
 @dataclass
@@ -154,7 +155,7 @@ def measure(
     warmup: int,
     iters: int,
     max_seconds: float | None = None,
-    rounds: int = 25,
+    rounds: int = DEFAULT_ROUNDS,
     graphs: bool = False,
 ) -> dict[str, Timing]:
     """Time every system on `device`, interleaved; returns a Timing per system name.
