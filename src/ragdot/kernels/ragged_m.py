@@ -300,7 +300,7 @@ def _launch_tma(
     bv = b.transpose(2, 3) if kmajor else b
     block = [1, 1, cfg.block_n, cfg.block_k] if kmajor else [1, 1, cfg.block_k, cfg.block_n]
     b_desc = TensorDescriptor(bv, list(bv.shape), list(bv.stride()), block)
-    if cfg.flat and cfg.persistent:
+    if cfg.flat:  # TileConfig guarantees persistent and tma
         return run_kernel(
             ragged_m_tma_flat_kernel, (programs, bt),
             a_desc, b_desc, c, ends, m, n, k, g,
