@@ -22,8 +22,15 @@ def _membership(group_ends: torch.Tensor, extent: int) -> torch.Tensor:
 
 
 def _compute_dtype(in_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.dtype:
-    # A wider output than the inputs (e.g. bf16 -> fp32) needs the dense products in that width.
-    return out_dtype if out_dtype.itemsize > in_dtype.itemsize else in_dtype
+    """The dtype the dense products run in.
+
+    Equal dtypes keep the input dtype (a 16-bit matmul accumulates in float32 on its own). Otherwise the
+    widest of float32, input and output: a wider output (bf16 -> fp32, fp32 -> fp64) needs the products in
+    that width, and a 16-bit output of other 16-bit inputs (f16 -> bf16) must not round or overflow in f16.
+    """
+    if in_dtype == out_dtype:
+        return in_dtype
+    return torch.float64 if torch.float64 in (in_dtype, out_dtype) else torch.float32
 
 
 class PaddedBackend:

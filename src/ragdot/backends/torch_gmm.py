@@ -3,6 +3,13 @@
 ragdot's rules are enforced on top of it: rows past the last group, which it leaves uninitialised, are
 zeroed; operands whose strides or alignment it rejects are first copied into a layout it accepts (that copy
 is part of this backend's cost). Cases it cannot compute raise NotImplementedError.
+
+Its output dtype is always its input dtype, so the call runs in the input dtype only when the output dtype is
+the same (the GPU kernels accumulate 16-bit inputs in float32); any other output dtype runs it on float32
+copies of the operands and casts only the result, so f16 inputs with a bf16 output never overflow in f16.
+It has no float64 kernel (torch 2.13 on the CPU takes float16, bfloat16 and float32 and raises a RuntimeError
+for float64): a float64 operand or output raises NotImplementedError, in all three problems, so `auto`
+moves on.
 """
 
 from __future__ import annotations
@@ -12,6 +19,16 @@ import torch
 __all__ = ["BACKEND"]
 
 _ALIGN_BYTES = 16
+_GMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what torch._grouped_mm accepts
+
+
+def _run_dtype(in_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the products run in: the input dtype when the output has it, else float32 (the widest of
+    float32, input and output once float64 is excluded). NotImplementedError for dtypes with no kernel."""
+    for what, dtype in (("operand", in_dtype), ("output", out_dtype)):
+        if dtype not in _GMM_DTYPES:
+            raise NotImplementedError(f"torch._grouped_mm has no {dtype} kernel ({what} dtype)")
+    return in_dtype if in_dtype == out_dtype else torch.float32
 
 
 def _aligned_stride(t: torch.Tensor, dim: int) -> bool:
@@ -64,14 +81,6 @@ class TorchGroupedMMBackend:
     def is_available(self) -> bool:
         return hasattr(torch, "_grouped_mm")
 
-    def _check(self, a: torch.Tensor, out_dtype: torch.dtype) -> torch.dtype:
-        """The dtype to run _grouped_mm in; NotImplementedError where it has no kernel."""
-        if a.dtype == torch.float64 or out_dtype == torch.float64:
-            raise NotImplementedError("torch._grouped_mm has no float64 kernel")
-        # Its output dtype must equal its input dtype: widen the inputs when a wider output is asked for
-        # (a bf16 product rounded to bf16 and then widened would not be the float32 result asked for).
-        return out_dtype if out_dtype.itemsize > a.dtype.itemsize else a.dtype
-
     def _gmm(self, mat_a, mat_b, offs, run_dtype, out_dtype, majors):
         mat_a = _prepared(mat_a.to(run_dtype), majors[0])
         mat_b = _prepared(mat_b.to(run_dtype), majors[1])
@@ -82,7 +91,7 @@ class TorchGroupedMMBackend:
         return out.to(out_dtype)
 
     def ragged_m(self, a, b, group_ends, out_dtype):
-        run = self._check(a, out_dtype)
+        run = _run_dtype(a.dtype, out_dtype)
         # mat_a [M, K] row-major (M, the ragged dim, strided), mat_b [G, K, N] either order.
         outs = [self._gmm(a[i], b[i], group_ends, run, out_dtype, ("row", "any")) for i in range(a.shape[0])]
         out = outs[0].unsqueeze(0) if len(outs) == 1 else torch.stack(outs)
@@ -92,7 +101,7 @@ class TorchGroupedMMBackend:
         return out
 
     def ragged_k(self, a, b, group_ends, out_dtype):
-        run = self._check(a, out_dtype)
+        run = _run_dtype(a.dtype, out_dtype)
         # 2D x 2D -> 3D: mat_a [M, R] column-major and mat_b [R, N] row-major, so that R (ragged) is strided
         # in both; empty groups come back zero.
         outs = [
@@ -102,9 +111,7 @@ class TorchGroupedMMBackend:
         return outs[0].unsqueeze(1) if len(outs) == 1 else torch.stack(outs, dim=1)
 
     def batch(self, a, b, out_dtype):
-        if a.dtype == torch.float64:
-            raise NotImplementedError("no float64 path in the torch backend")
-        run = out_dtype if out_dtype.itemsize > a.dtype.itemsize else a.dtype
+        run = _run_dtype(a.dtype, out_dtype)  # bmm could run float64, but the backend keeps one dtype rule
         return torch.bmm(a.to(run), b.to(run)).to(out_dtype)
 
 
