@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 
 import pytest
 import torch
@@ -139,3 +140,49 @@ def test_cli_errors_are_one_line(argv, flag, tmp_path, capsys):
 def test_cli_cuda_without_cuda(capsys):
     assert main(["host-bench", "--device", "cuda"]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+class _FakeEvent:
+    """A CUDA event stand-in on the host clock; `query()` answers from a shared script of booleans."""
+
+    answers: list[bool] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return self.answers.pop(0) if self.answers else False
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return (end.t - self.t) * 1e3
+
+
+# (early answers of query(), device-time passes run, device time given up): query() is asked once per chunk
+# (3 chunks of a 20-call pass); a pass in which the GPU started early is repeated with a 4x longer hold, at
+# most 4 tries per device sample, 2 samples.
+@pytest.mark.parametrize("early,device_passes,gave_up", [(0, 2, False), (2, 3, False), (99, 8, True)])
+def test_cuda_path_chunks_holds_and_retries(monkeypatch, early, device_passes, gave_up):
+    """The CUDA branch with fake events: chunked passes, a hold per chunk, a longer hold when the GPU was early."""
+    holds: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", holds.append, raising=False)
+    monkeypatch.setattr(_FakeEvent, "answers", [True] * early)
+    count = [0]
+
+    def call() -> None:
+        count[0] += 1
+
+    timing = host.time_host(call, torch.device("cuda"), calls=20, repeats=2, warmup=1, chunk=8)
+    assert count[0] == 1 + 10 + 2 * 20 + 20 * device_passes  # warm-up, pilot, host passes, device passes
+    assert timing.eager_us is not None and timing.eager_us >= 0
+    assert (timing.device_us is None) == gave_up and (timing.host_bound is None) == gave_up
+    assert len(holds) == 3 * device_passes and len(set(holds[:3])) == 1
+    if early:
+        assert holds[3] >= 4 * holds[0] - 4  # the repeated pass holds the GPU 4x longer

@@ -14,14 +14,16 @@ require grad; their `.grad` is reset to None before each call, as a train step's
 
 Clocks (every figure names its own):
 - host: wall clock around back-to-back calls without a sync between them (after warm-up and a sync), per call;
-  the median of `--repeats` passes of `--calls` calls. On CUDA a pass is issued in chunks of at most `--chunk`
+  the median of `--repeats` passes of `--calls` calls (fewer calls when `--max-seconds` would be exceeded, at
+  least MIN_CALLS; each row records its count). On CUDA a pass is issued in chunks of at most `--chunk`
   calls, each starting on an idle GPU (the sync before a chunk is not timed): the launch queue then never
   fills, so a slow kernel's back-pressure is never counted as host time;
 - eager (CUDA only): CUDA events around the same chunks, per call: the GPU's timeline of eager calls, host
   gaps included;
 - device (CUDA only): CUDA events around the chunks issued while a spin kernel holds the GPU, so that every
-  launch is queued before the first one runs: device time per call without host gaps. A row is host-bound
-  when its host time reaches its device time.
+  launch is queued before the first one runs: device time per call without host gaps (median of up to 3
+  passes; a pass in which the GPU reached the calls early is repeated with a longer hold). A row is
+  host-bound when its host time reaches its device time.
 
 Writes <out>/ragdot-host-<gpu>-<commit>-<date>.csv and .json (default out: ./ragdot-results).
 """
@@ -66,6 +68,7 @@ DEFAULT_SECONDS = {"cuda": 1.0, "cpu": 0.5}
 DEFAULT_CHUNK = 16  # calls per chunk on CUDA: 16 fwd+bwd calls stay far below the ~1000 pending launches
 MIN_CALLS = 10  # the time budget never cuts a pass below this many calls
 PILOT_CALLS = 10
+DEVICE_REPEATS = 3  # at most this many device-time passes (device time varies less than host time)
 HOLD_CYCLES_PER_US = 2000  # spin-kernel cycles per microsecond (about the SM clock of current GPUs)
 
 
@@ -155,11 +158,17 @@ def time_host(
     chunk: int = 0,
     max_seconds: float = 0.0,
 ) -> HostTiming:
-    """Host time per call of `call` (and on CUDA its eager and device time per call), medians of `repeats`."""
+    """Host time per call of `call` and, on CUDA, its eager and device time per call (medians over passes).
+
+    Warm-up calls and a sync first, then a short pilot pass whose time per call sets the calls per pass so
+    that all passes fit `max_seconds` (0: no bound), then `repeats` passes (host and eager time) and on CUDA
+    up to DEVICE_REPEATS passes with the GPU held (device time).
+    """
     for _ in range(warmup):
         call()
     _sync(device)
-    passes = repeats * (2 if device.type == "cuda" else 1)
+    device_repeats = min(repeats, DEVICE_REPEATS) if device.type == "cuda" else 0
+    passes = repeats + device_repeats
     pilot_host, pilot_event, _ = _pass(call, min(calls, PILOT_CALLS), chunk, device)
     calls = _budgeted_calls(max(pilot_host, pilot_event or 0.0), calls, passes, max_seconds)
     samples = [_pass(call, calls, chunk, device) for _ in range(repeats)]
@@ -167,7 +176,7 @@ def time_host(
     if device.type != "cuda":
         return HostTiming(host_us, calls)
     eager_us = statistics.median(s[1] for s in samples)
-    device_samples = [_device_us(call, calls, chunk, device, host_us) for _ in range(repeats)]
+    device_samples = [_device_us(call, calls, chunk, device, host_us) for _ in range(device_repeats)]
     device_us = None if None in device_samples else statistics.median(device_samples)
     return HostTiming(host_us, calls, eager_us, device_us)
 
