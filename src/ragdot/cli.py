@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, str] = {
     "moe-bench": "ragdot.moe.bench",
     "bench-mxfp8": "ragdot.mxfp8.bench",
     "tune": "ragdot.tune.cli",
+    "host-bench": "ragdot.bench.host",
 }
 
 

@@ -1,0 +1,631 @@
+"""`ragdot host-bench`: host time per call of ragdot against the raw `torch._grouped_mm` call.
+
+    ragdot host-bench                       # CUDA: the 8 anchor shapes, bf16; CPU: one tiny fp32 problem
+    ragdot host-bench --shapes deepseek3-test --systems raw+cumsum ragdot-triton --phases fwd
+    ragdot host-bench --calls 1000 --repeats 7 --out benchmarks/results
+
+Systems, each timed forward only (`fwd`) and forward + backward (`fwdbwd`: `out.backward(dy)` with inputs that
+require grad; their `.grad` is reset to None before each call, as a train step's zero_grad does):
+- `raw`: `torch._grouped_mm(x, w, offs=offs)`, offs precomputed, no ragdot code in its path;
+- `raw+cumsum`: the same with `offs = torch.cumsum(group_sizes, 0, dtype=torch.int32)` in the call: the
+  baseline of every ratio and margin (ragdot receives group sizes, so it has that prefix sum to do too);
+- `ragdot-torch`, `ragdot-triton`, `ragdot-auto`: `ragdot.ragged_dot(x, w, group_sizes, backend=...)`;
+- reference points, forward only: `empty_like` (one `torch.empty_like(x)`) and `cumsum` (one prefix sum).
+
+Clocks (every figure names its own):
+- host: wall clock around back-to-back calls without a sync between them (after warm-up and a sync), per call;
+  the median of `--repeats` passes of `--calls` calls (fewer calls when `--max-seconds` would be exceeded, at
+  least MIN_CALLS; each row records its count). On CUDA a pass is issued in chunks of at most `--chunk`
+  calls, each starting on an idle GPU (the sync before a chunk is not timed): the launch queue then never
+  fills, so a slow kernel's back-pressure is never counted as host time;
+- eager (CUDA only): CUDA events around the same chunks, per call: the GPU's timeline of eager calls, host
+  gaps included;
+- device (CUDA only): CUDA events around the chunks issued while a spin kernel holds the GPU, so that every
+  launch is queued before the first one runs: device time per call without host gaps (median of up to 3
+  passes; a pass in which the GPU reached the calls early is repeated with a longer hold). A row is
+  host-bound when its host time reaches its device time.
+
+Writes <out>/ragdot-host-<gpu>-<commit>-<date>.csv and .json (default out: ./ragdot-results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HELP = "host time per call: ragdot.ragged_dot against the raw torch._grouped_mm call, fwd and fwd+bwd"
+
+RAGDOT_SYSTEMS: tuple[str, ...] = ("ragdot-torch", "ragdot-triton", "ragdot-auto")
+REFERENCE_POINTS: tuple[str, ...] = ("empty_like", "cumsum")
+SYSTEMS: tuple[str, ...] = ("raw", "raw+cumsum", *RAGDOT_SYSTEMS, *REFERENCE_POINTS)
+PHASES: tuple[str, ...] = ("fwd", "fwdbwd")
+BASELINE = "raw+cumsum"  # ratios and margins of both phases are taken against it
+
+# The first eight columns are the contract; the others add detail.
+COLUMNS: tuple[str, ...] = (
+    *("gpu", "commit", "date", "shape", "system", "phase", "host_us", "ratio"),
+    *("margin_us", "eager_us", "device_us", "host_bound", "calls", "dims", "dtype", "routing"),
+)
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEFAULT_CALLS = {"cuda": 300, "cpu": 100}
+DEFAULT_WARMUP = {"cuda": 20, "cpu": 5}
+DEFAULT_SECONDS = {"cuda": 1.0, "cpu": 0.5}
+DEFAULT_CHUNK = 16  # calls per chunk on CUDA: 16 fwd+bwd calls stay far below the ~1000 pending launches
+MIN_CALLS = 10  # the time budget never cuts a pass below this many calls
+PILOT_CALLS = 10
+DEVICE_REPEATS = 3  # at most this many device-time passes (device time varies less than host time)
+HOLD_CYCLES_PER_US = 2000  # spin-kernel cycles per microsecond (about the SM clock of current GPUs)
+
+
+# ------------------------------------------------------------------------------------------------ timing
+
+
+@dataclass(frozen=True)
+class HostTiming:
+    """Per-call times of one system in one phase, microseconds (eager and device: CUDA only)."""
+
+    host_us: float
+    calls: int
+    eager_us: float | None = None
+    device_us: float | None = None
+
+    @property
+    def host_bound(self) -> bool | None:
+        return None if self.device_us is None else self.host_us >= self.device_us
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _chunk_sizes(calls: int, chunk: int) -> Iterator[int]:
+    step = chunk if chunk > 0 else calls
+    for start in range(0, calls, step):
+        yield min(step, calls - start)
+
+
+def _pass(
+    call: Callable[[], Any], calls: int, chunk: int, device: torch.device, hold_cycles: int = 0
+) -> tuple[float, float | None, bool]:
+    """(host µs per call, event µs per call or None, whether a hold covered every chunk's launches)."""
+    cuda = device.type == "cuda"
+    events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+    host_s, event_ms, covered = 0.0, 0.0, True
+    for n in _chunk_sizes(calls, chunk):
+        _sync(device)
+        if events is not None:
+            if hold_cycles:
+                torch.cuda._sleep(hold_cycles)
+            events[0].record()
+        start = time.perf_counter()
+        for _ in range(n):
+            call()
+        host_s += time.perf_counter() - start
+        if events is not None:
+            if hold_cycles and events[0].query():  # the GPU got to the calls before all were queued
+                covered = False
+            events[1].record()
+            events[1].synchronize()
+            event_ms += events[0].elapsed_time(events[1])
+    return host_s * 1e6 / calls, (event_ms * 1e3 / calls if cuda else None), covered
+
+
+def _budgeted_calls(per_call_us: float, calls: int, passes: int, max_seconds: float) -> int:
+    """The call count per pass that keeps `passes` passes within `max_seconds` (0: no bound)."""
+    if max_seconds <= 0 or per_call_us <= 0:
+        return calls
+    fit = int(max_seconds * 1e6 / (passes * per_call_us))
+    return max(min(calls, fit), min(MIN_CALLS, calls))
+
+
+def _device_us(call: Callable[[], Any], calls: int, chunk: int, device: torch.device, host_us: float) -> float | None:
+    """Device time per call: chunks issued behind a spin kernel long enough to cover their launches."""
+    if not hasattr(torch.cuda, "_sleep"):
+        return None
+    chunk_calls = min(chunk if chunk > 0 else calls, calls)
+    hold_us = 1.5 * host_us * chunk_calls + 100.0
+    for _ in range(4):
+        _, event_us, covered = _pass(call, calls, chunk, device, int(hold_us * HOLD_CYCLES_PER_US))
+        if covered:
+            return event_us
+        hold_us *= 4
+    return None
+
+
+def time_host(
+    call: Callable[[], Any],
+    device: torch.device,
+    *,
+    calls: int,
+    repeats: int,
+    warmup: int,
+    chunk: int = 0,
+    max_seconds: float = 0.0,
+) -> HostTiming:
+    """Host time per call of `call` and, on CUDA, its eager and device time per call (medians over passes).
+
+    Warm-up calls and a sync first, then a short pilot pass whose time per call sets the calls per pass so
+    that all passes fit `max_seconds` (0: no bound), then `repeats` passes (host and eager time) and on CUDA
+    up to DEVICE_REPEATS passes with the GPU held (device time).
+    """
+    for _ in range(warmup):
+        call()
+    _sync(device)
+    device_repeats = min(repeats, DEVICE_REPEATS) if device.type == "cuda" else 0
+    passes = repeats + device_repeats
+    pilot_host, pilot_event, _ = _pass(call, min(calls, PILOT_CALLS), chunk, device)
+    calls = _budgeted_calls(max(pilot_host, pilot_event or 0.0), calls, passes, max_seconds)
+    samples = [_pass(call, calls, chunk, device) for _ in range(repeats)]
+    host_us = statistics.median(s[0] for s in samples)
+    if device.type != "cuda":
+        return HostTiming(host_us, calls)
+    eager_us = statistics.median(s[1] for s in samples)
+    device_samples = [_device_us(call, calls, chunk, device, host_us) for _ in range(device_repeats)]
+    device_us = None if None in device_samples else statistics.median(device_samples)
+    return HostTiming(host_us, calls, eager_us, device_us)
+
+
+# ------------------------------------------------------------------------------------------------ systems
+
+
+@dataclass
+class Operands:
+    """Inputs of one shape: forward operands, leaf copies that require grad, and the backward cotangent."""
+
+    x: torch.Tensor  # [M, K]
+    w: torch.Tensor  # [E, K, N]
+    group_sizes: torch.Tensor  # int32 [E], on the device
+    offs: torch.Tensor  # int32 [E], cumulative group ends (precomputed for `raw`)
+    x_leaf: torch.Tensor  # [M, K], requires grad, shares x's storage
+    w_leaf: torch.Tensor  # [E, K, N], requires grad, shares w's storage
+    dy: torch.Tensor  # [M, N], cotangent of the fwd+bwd calls
+
+
+def make_operands(shape: Any, dtype: torch.dtype, device: torch.device, routing: str, seed: int) -> Operands:
+    """Fresh random operands (never zeros) for `shape` (a ragdot.shapes.Shape) and group sizes by `routing`."""
+    from ragdot.routing import group_sizes
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    x = torch.randn(shape.M, shape.K, generator=gen, device=device, dtype=dtype)
+    w = torch.randn(shape.E, shape.K, shape.N, generator=gen, device=device, dtype=dtype).mul_(shape.K**-0.5)
+    dy = torch.randn(shape.M, shape.N, generator=gen, device=device, dtype=dtype)
+    sizes = group_sizes(routing, shape.M, shape.E, device=device)
+    offs = torch.cumsum(sizes, 0, dtype=torch.int32)
+    leaf = lambda t: t.detach().requires_grad_(True)
+    return Operands(x, w, sizes, offs, leaf(x), leaf(w), dy)
+
+
+def _forward(system: str, ops: Operands) -> Callable[[torch.Tensor, torch.Tensor], Any]:
+    """The call of `system` on (lhs, rhs); lean closures, so the Python around the op is the same for all."""
+    sizes, offs = ops.group_sizes, ops.offs
+    cumsum, int32 = torch.cumsum, torch.int32
+    if system == "raw":
+        mm = torch._grouped_mm
+        return lambda a, b: mm(a, b, offs=offs)
+    if system == "raw+cumsum":
+        mm = torch._grouped_mm
+        return lambda a, b: mm(a, b, offs=cumsum(sizes, 0, dtype=int32))
+    if system in RAGDOT_SYSTEMS:
+        import ragdot
+
+        rd, backend = ragdot.ragged_dot, system.removeprefix("ragdot-")
+        return lambda a, b: rd(a, b, sizes, backend=backend)
+    if system == "empty_like":
+        empty_like = torch.empty_like
+        return lambda a, b: empty_like(a)
+    if system == "cumsum":
+        return lambda a, b: cumsum(sizes, 0, dtype=int32)
+    raise ValueError(f"system={system!r} is unknown; expected one of {', '.join(SYSTEMS)}")
+
+
+def make_call(system: str, phase: str, ops: Operands) -> Callable[[], Any]:
+    """A zero-argument call of `system` in `phase` (`fwd` or `fwdbwd`) on `ops`."""
+    fwd = _forward(system, ops)
+    if phase == "fwd":
+        x, w = ops.x, ops.w
+        return lambda: fwd(x, w)
+    if phase != "fwdbwd" or system in REFERENCE_POINTS:
+        raise ValueError(f"phase={phase!r} is not timed for {system!r}; expected one of {', '.join(PHASES)}")
+    x, w, dy = ops.x_leaf, ops.w_leaf, ops.dy
+
+    def step() -> None:
+        x.grad = None
+        w.grad = None
+        fwd(x, w).backward(dy)
+
+    return step
+
+
+def phases_of(system: str, phases: Sequence[str]) -> list[str]:
+    return [p for p in phases if p == "fwd" or system not in REFERENCE_POINTS]
+
+
+def unusable_reason(system: str, device: torch.device, interpreted: bool) -> str | None:
+    """Why `system` cannot be timed here (None when it can)."""
+    if system in ("raw", "raw+cumsum") and not hasattr(torch, "_grouped_mm"):
+        return f"this torch ({torch.__version__}) has no torch._grouped_mm"
+    if system not in RAGDOT_SYSTEMS or system == "ragdot-auto":
+        return None
+    import ragdot
+
+    backend, usable = system.removeprefix("ragdot-"), ragdot.backends()
+    if backend not in usable:
+        return f"backend {backend!r} is not usable here (usable: {', '.join(usable)})"
+    if backend != "triton" or device.type == "cuda":
+        return None
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return "Triton kernels run on the CPU only in Triton's interpreter (TRITON_INTERPRET=1 and --interpreted)"
+    if not interpreted:
+        return "runs in Triton's interpreter here, whose launches are not a real launch's host time (--interpreted)"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ rows
+
+
+@dataclass(frozen=True)
+class Measured:
+    shape: Any  # ragdot.shapes.Shape
+    system: str
+    phase: str
+    timing: HostTiming
+
+
+def _num(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def result_rows(measured: Sequence[Measured], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per (shape, system, phase); ratio and margin against BASELINE of the same shape and phase."""
+    base = {(m.shape.name, m.phase): m.timing.host_us for m in measured if m.system == BASELINE}
+    rows = []
+    for m in measured:
+        ref = base.get((m.shape.name, m.phase))
+        t = m.timing
+        row = {key: meta[key] for key in ("gpu", "commit", "date")}
+        row.update(shape=m.shape.name, system=m.system, phase=m.phase, host_us=_num(t.host_us))
+        row["ratio"] = _num(t.host_us / ref, 4) if ref else None
+        row["margin_us"] = _num(t.host_us - ref) if ref is not None else None
+        row.update(eager_us=_num(t.eager_us), device_us=_num(t.device_us), host_bound=t.host_bound)
+        row.update(calls=t.calls, dims=m.shape.spec, dtype=meta["dtype"], routing=meta["routing"])
+        rows.append(row)
+    return rows
+
+
+def _commit() -> str:
+    if os.environ.get("RAGDOT_COMMIT"):
+        return os.environ["RAGDOT_COMMIT"]
+    try:
+        here = Path(__file__).resolve().parent
+        cmd = ["git", "rev-parse", "--short", "HEAD"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=here)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
+
+
+def _new_stem(out: Path, gpu: str, commit: str, stamp: str) -> Path:
+    safe = lambda s: re.sub(r"[^A-Za-z0-9.]+", "-", s).strip("-") or "unknown"
+    stem = out / f"ragdot-host-{safe(gpu)}-{safe(commit)}-{stamp}"
+    n = 1
+    while stem.with_suffix(".csv").exists() or stem.with_suffix(".json").exists():
+        n += 1
+        stem = out / f"ragdot-host-{safe(gpu)}-{safe(commit)}-{stamp}-{n}"
+    return stem
+
+
+def write_files(rows: Sequence[dict[str, Any]], meta: dict[str, Any], out: Path) -> list[Path]:
+    """<out>/ragdot-host-<gpu>-<commit>-<date>.csv and .json (a new file each run)."""
+    import csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    stem = _new_stem(out, meta["gpu"], meta["commit"], meta["stamp"])
+    csv_path, json_path = stem.with_suffix(".csv"), stem.with_suffix(".json")
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+    json_path.write_text(json.dumps({"meta": meta, "rows": list(rows)}, indent=1) + "\n")
+    return [csv_path, json_path]
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+
+def _cell(row: dict[str, Any]) -> str:
+    text = f"{row['host_us']:.1f}"
+    if row["system"] in RAGDOT_SYSTEMS and row["ratio"] is not None:
+        text += f" ({row['ratio']:.2f}x, {row['margin_us']:+.1f})"
+    return text + (" *" if row["host_bound"] else "")
+
+
+def _device_cell(row: dict[str, Any]) -> str:
+    if row["eager_us"] is None:
+        return "-"
+    device = "?" if row["device_us"] is None else f"{row['device_us']:.1f}"
+    return f"{device} / {row['eager_us']:.1f}"
+
+
+def _grid(rows: Sequence[dict[str, Any]], phase: str, cell: Callable[[dict[str, Any]], str]) -> list[list[str]]:
+    """Rows of [shape, one cell per system] for one phase, systems in SYSTEMS order."""
+    systems = [s for s in SYSTEMS if any(r["system"] == s and r["phase"] == phase for r in rows)]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows if r["phase"] == phase))
+    lookup = {(r["shape"], r["system"]): r for r in rows if r["phase"] == phase}
+    grid = [["shape", *systems]]
+    for shape in shapes:
+        grid.append([shape, *(cell(lookup[shape, s]) if (shape, s) in lookup else "-" for s in systems)])
+    return grid
+
+
+def summary_lines(rows: Sequence[dict[str, Any]], phase: str) -> list[str]:
+    """Per ragdot system: geometric-mean and worst ratio to the baseline, worst margin."""
+    lines = []
+    for system in RAGDOT_SYSTEMS:
+        picked = [r for r in rows if r["system"] == system and r["phase"] == phase and r["ratio"]]
+        if not picked:
+            continue
+        ratios = [r["ratio"] for r in picked]
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        worst = max(picked, key=lambda r: r["margin_us"])
+        lines.append(
+            f"{phase} {system}: host time {geo:.2f}x {BASELINE} (geomean of {len(picked)}), worst "
+            f"{max(ratios):.2f}x; worst margin {worst['margin_us']:+.1f} µs ({worst['shape']})"
+        )
+    return lines
+
+
+def _print_grid(grid: list[list[str]], title: str, console: Any) -> None:
+    if console is not None:
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left")
+        for i, name in enumerate(grid[0]):
+            table.add_column(name, justify="left" if i == 0 else "right")
+        for line in grid[1:]:
+            table.add_row(*line)
+        console.print(table)
+        return
+    widths = [max(len(line[i]) for line in grid) for i in range(len(grid[0]))]
+    print(title)
+    for line in grid:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+
+
+def print_report(rows: Sequence[dict[str, Any]], meta: dict[str, Any], console: Any = None) -> None:
+    """Tables per phase (rich when `console` is given, plain text otherwise) and the summary lines."""
+    head = f"{meta['gpu']}, {meta['dtype']}, {meta['routing']} routing, {meta['commit']}"
+    _say(console, f"host: wall clock around back-to-back calls / calls, median of {meta['repeats']} passes; "
+         f"ragdot cells: (ratio to {BASELINE}, margin in µs); * host-bound (host >= device time per call)")
+    if any(r["eager_us"] is not None for r in rows):
+        _say(console, "device / eager: CUDA events around the chunks of calls, per call; device: the GPU held "
+             "until every call of a chunk is queued, eager: as issued")
+    for phase in PHASES:
+        if not any(r["phase"] == phase for r in rows):
+            continue
+        _print_grid(_grid(rows, phase, _cell), f"host µs per call, {phase}: {head}", console)
+        if any(r["eager_us"] is not None for r in rows if r["phase"] == phase):
+            _print_grid(_grid(rows, phase, _device_cell), f"device / eager µs per call, {phase}: {head}", console)
+        for line in summary_lines(rows, phase):
+            _say(console, line)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--shapes", nargs="+", metavar="SHAPE",
+        help="shape names, 'M,K,N,E' or 'tag:anchor|seed|tiny' (default: tag:anchor on CUDA, 64,32,32,4 on CPU)")
+    add("--systems", nargs="+", metavar="NAME", help=f"systems to time (default all: {' '.join(SYSTEMS)})")
+    add("--phases", nargs="+", metavar="PHASE", help="fwd and/or fwdbwd (default both)")
+    add("--dtype", help="bf16, fp16 or fp32 (default bf16 on CUDA, fp32 on CPU)")
+    add("--routing", default="balanced", help="group sizes: balanced, skewed or empty (default balanced)")
+    add("--calls", type=int, help="back-to-back calls per pass (default 300 on CUDA, 100 on CPU)")
+    add("--repeats", type=int, default=5, help="passes per system and phase, the median is kept (default 5)")
+    add("--warmup", type=int, help="warm-up calls (default 20 on CUDA, 5 on CPU)")
+    add("--chunk", type=int,
+        help=f"CUDA: calls per chunk between untimed syncs (default {DEFAULT_CHUNK}; 0 = a whole pass at once)")
+    add("--max-seconds", type=float,
+        help=f"budget per system, phase and shape: slow calls get fewer calls per pass, at least {MIN_CALLS} "
+        "(default 1.0 on CUDA, 0.5 on CPU; 0 = unbounded)")
+    add("--interpreted", action="store_true",
+        help="CPU: time ragdot-triton through Triton's interpreter too (not a real launch's host time)")
+    add("--device", help="torch device (default: cuda if available, else cpu)")
+    add("--out", type=Path, default=Path("ragdot-results"), help="output folder (default ./ragdot-results)")
+    add("--commit", help="commit id for the records (default: git rev-parse --short HEAD)")
+    add("--seed", type=int, default=0, help="seed of the random operands")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ValueError as exc:  # a bad option value: one line naming it, no traceback
+        print(f"ragdot host-bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _device(spec: str | None) -> torch.device:
+    if spec is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise ValueError(f"--device: {spec!r} is not a torch device") from None
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"--device {spec}: only cuda and cpu are supported")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {spec}: CUDA is not available here")
+    return device
+
+
+def _pick(flag: str, given: Sequence[str] | None, known: Sequence[str]) -> list[str]:
+    for name in given or ():
+        if name not in known:
+            raise ValueError(f"{flag}: {name!r} is unknown; expected some of {', '.join(known)}")
+    return [k for k in known if k in given] if given else list(known)
+
+
+def _shapes(specs: Sequence[str] | None, cuda: bool) -> list[Any]:
+    from ragdot.shapes import Shape, parse_shapes, shapes_with_tag
+
+    if not specs:
+        return shapes_with_tag("anchor") if cuda else [Shape("64,32,32,4", 64, 32, 32, 4)]
+    try:
+        return parse_shapes(specs)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--shapes: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The checked options of one run."""
+
+    device: torch.device
+    dtype: torch.dtype
+    shapes: list[Any]
+    systems: list[str]
+    phases: list[str]
+    routing: str
+    calls: int
+    repeats: int
+    warmup: int
+    chunk: int
+    max_seconds: float
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """The run's options with their defaults filled in; ValueError naming the option for a bad one."""
+    from ragdot.routing import ROUTINGS
+
+    device = _device(args.device)
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    dtype_name = args.dtype or ("bf16" if kind == "cuda" else "fp32")
+    if dtype_name not in _DTYPES:
+        raise ValueError(f"--dtype: {dtype_name!r} is unknown; expected one of {', '.join(_DTYPES)}")
+    if args.routing not in ROUTINGS:
+        raise ValueError(f"--routing: {args.routing!r} is unknown; expected one of {', '.join(ROUTINGS)}")
+    calls = DEFAULT_CALLS[kind] if args.calls is None else args.calls
+    warmup = DEFAULT_WARMUP[kind] if args.warmup is None else args.warmup
+    chunk = (DEFAULT_CHUNK if kind == "cuda" else 0) if args.chunk is None else args.chunk
+    seconds = DEFAULT_SECONDS[kind] if args.max_seconds is None else args.max_seconds
+    bounds = (("--calls", calls, 1), ("--repeats", args.repeats, 1), ("--warmup", warmup, 0),
+              ("--chunk", chunk, 0), ("--max-seconds", seconds, 0))
+    for flag, value, low in bounds:
+        if not value >= low:  # also rejects a NaN budget
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
+    systems = _pick("--systems", args.systems, SYSTEMS)
+    phases = _pick("--phases", args.phases, PHASES)
+    shapes = _shapes(args.shapes, kind == "cuda")
+    return Plan(device, _DTYPES[dtype_name], shapes, systems, phases, args.routing, calls, args.repeats, warmup,
+                chunk, seconds)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+def measure_shape(
+    shape: Any, plan: Plan, systems: Sequence[str], seed: int, failed: dict[str, str]
+) -> list[Measured]:
+    """Every (system, phase) of one shape; one whose first call fails goes to `failed` and is not timed."""
+    ops = make_operands(shape, plan.dtype, plan.device, plan.routing, seed)
+    done = []
+    for system in systems:
+        for phase in phases_of(system, plan.phases):
+            call = make_call(system, phase, ops)
+            try:
+                call()
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:  # OOM is a RuntimeError
+                failed[f"{shape.name} {system} {phase}"] = _first_line(exc)
+                continue
+            timing = time_host(
+                call, plan.device, calls=plan.calls, repeats=plan.repeats, warmup=plan.warmup,
+                chunk=plan.chunk, max_seconds=plan.max_seconds,
+            )
+            done.append(Measured(shape, system, phase, timing))
+    del ops
+    if plan.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return done
+
+
+def _console() -> Any:
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _say(console: Any, text: str) -> None:
+    if console is None:
+        print(text)
+    else:
+        console.print(text, markup=False, highlight=False)
+
+
+def _meta(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
+    cuda = plan.device.type == "cuda"
+    now = datetime.datetime.now()
+    return {
+        "gpu": torch.cuda.get_device_name(plan.device) if cuda else "cpu",
+        "commit": args.commit or _commit(),
+        "date": now.isoformat(timespec="seconds"),
+        "stamp": now.strftime("%Y%m%d-%H%M%S"),
+        "dtype": str(plan.dtype).removeprefix("torch."),
+        "routing": plan.routing,
+        "device": str(plan.device),
+        "torch": torch.__version__,
+        "calls": plan.calls,
+        "repeats": plan.repeats,
+        "warmup": plan.warmup,
+        "chunk": plan.chunk,
+        "max_seconds": plan.max_seconds,
+        "baseline": BASELINE,
+        "clocks": "host_us: wall clock of back-to-back calls / calls; eager_us: CUDA events around them; "
+        "device_us: CUDA events, GPU held while the calls queue",
+        "argv": sys.argv[1:],
+    }
+
+
+def _run(args: argparse.Namespace) -> int:
+    plan = make_plan(args)
+    console = _console()
+    left_out = {s: r for s in plan.systems if (r := unusable_reason(s, plan.device, args.interpreted))}
+    systems = [s for s in plan.systems if s not in left_out]
+    for system, reason in left_out.items():
+        _say(console, f"{system} left out: {reason}")
+    meta = _meta(plan, args)
+    failed: dict[str, str] = {}
+    measured: list[Measured] = []
+    start = time.perf_counter()
+    for shape in plan.shapes:
+        t0 = time.perf_counter()
+        measured += measure_shape(shape, plan, systems, args.seed, failed)
+        _say(console, f"{shape.name}: {time.perf_counter() - t0:.1f} s")
+    meta.update(seconds=round(time.perf_counter() - start, 1), left_out=left_out, failed=failed)
+    rows = result_rows(measured, meta)
+    files = write_files(rows, meta, args.out)
+    print_report(rows, meta, console)
+    for what, reason in failed.items():
+        _say(console, f"not timed: {what}: {reason}")
+    _say(console, f"done in {meta['seconds']} s; wrote " + ", ".join(str(f) for f in files))
+    return 0
