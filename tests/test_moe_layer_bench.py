@@ -158,3 +158,18 @@ def test_layer_options_are_checked():
         main(["moe-bench", "--layer", "--quick", "--tokens", "0"])
     with pytest.raises(ValueError, match="--routing"):
         main(["moe-bench", "--layer", "--routing", "--quick"])
+
+
+def test_table_without_rich(monkeypatch, capsys):
+    """rich is optional: a plain table, also for a run cut short before its first row."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    monkeypatch.setitem(sys.modules, "rich.table", None)
+    lb.print_table([], torch.device("cpu"))
+    row = {"config": "c", "tokens": 8, "mode": "eager", "variant": "peer", "status": "ok", "ms": 1.5,
+           "host_ms": 1.5, "vs_peer": 1.0}  # fmt: skip
+    lb.print_table([row, {**row, "variant": "sparse-torch", "status": "OOM", "ms": None}], torch.device("cpu"))
+    out = capsys.readouterr().out
+    assert "wall clock" in out and "1.500" in out and "1.00x" in out and "OOM" in out

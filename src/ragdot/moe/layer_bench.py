@@ -262,7 +262,7 @@ def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        widths = [max(len(h), *(len(c[i]) for c in body)) for i, h in enumerate(head)]
+        widths = [max([len(h), *(len(c[i]) for c in body)]) for i, h in enumerate(head)]
         print(title)
         for line in (head, *body):
             print("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
