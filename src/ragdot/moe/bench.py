@@ -4,6 +4,7 @@
     ragdot moe-bench --configs qwen3-30b-a3b gemma4-26b --variants sparse-torch sparse-triton dense_drop
     ragdot moe-bench --quick                           # CPU smoke run of a tiny model, seconds
     ragdot moe-bench --routing --configs qwen3-30b-a3b # permute + unpermute alone, against argsort routing
+    ragdot moe-bench --layer                           # one MoE layer's fwd+bwd against the plain `peer` layer
 
 Per (config, variant): step time (median of steps 5-10, as the seed's Tables 8/9), tokens/s, model TFLOP/s,
 peak and temporary memory of a step (Tables 10/11: temporary = peak minus what was allocated before the step,
@@ -12,6 +13,8 @@ its kernel time into routing (permute + unpermute), grouped GEMMs (ragdot's ops)
 On CUDA the whole step (forward, backward, AdamW) is captured in a CUDA graph and the replays are timed, as a
 compiled step runs (``--eager`` times Python-driven steps instead; the ``mode`` column says which was used).
 Writes results.json, results.csv and PNG figures under --out, results.json after every config.
+``--layer`` times forward+backward of a single MoE layer instead (eager and torch.compile, against the
+plain-PyTorch ``peer`` layer); see ``ragdot.moe.layer_bench``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ from typing import Any
 
 import torch
 
+from ragdot.moe.layer_bench import LAYER_VARIANTS, add_layer_arguments
+
 HELP = "end-to-end MoE train-step benchmark: paths x backends over the seed's model configs"
+LAYER_STEPS = 20  # timed steps per row of --layer
 
 VARIANTS: dict[str, tuple[str, str | None]] = {  # name -> (path, backend)
     "sparse-padded": ("sparse", "padded"),
@@ -52,11 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variants",
         nargs="+",
-        choices=list(VARIANTS),
+        choices=[*VARIANTS, "peer"],
         metavar="VARIANT",
-        help=f"path-backend variants (default all: {' '.join(VARIANTS)})",
+        help=f"path-backend variants (default all: {' '.join(VARIANTS)}; with --layer: "
+        f"{' '.join(LAYER_VARIANTS)}, where peer is the plain torch._grouped_mm layer)",
     )
-    parser.add_argument("--steps", type=int, default=10, help="train steps per variant (default 10)")
+    parser.add_argument(
+        "--steps", type=int, help=f"train steps per variant (default 10; timed steps with --layer: {LAYER_STEPS})"
+    )
     parser.add_argument("--measure-from", type=int, default=5, help="first step of the median (default 5)")
     parser.add_argument(
         "--max-seconds",
@@ -88,6 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("out/moe-bench"), help="output folder (default out/moe-bench)"
     )
+    add_layer_arguments(parser)
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -560,6 +570,9 @@ def _meta(args, device, dtype) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ entry
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "layer", False):
+        return _run_layer(args)
+    _reject_layer_options(args)
     from rich.console import Console
     from rich.progress import Progress
 
@@ -568,6 +581,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=max(console.width, 150))
+    if args.steps is None:
+        args.steps = 10
     if args.quick:
         args.steps, args.measure_from = min(args.steps, 4), min(args.measure_from, 2)
     if args.steps < 1 or not 1 <= args.measure_from <= args.steps:
@@ -605,6 +620,28 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"wrote {p}")
     console.print(f"wrote {args.out / 'results.json'} and results.csv")
     return 0
+
+
+def _reject_layer_options(args: argparse.Namespace) -> None:
+    if args.variants and "peer" in args.variants:
+        raise ValueError("variant 'peer' is the layer-level baseline: use it with --layer")
+    for name in ("tokens", "modes"):
+        if getattr(args, name, None):
+            raise ValueError(f"--{name} applies to the layer mode only: add --layer")
+
+
+def _run_layer(args: argparse.Namespace) -> int:
+    from ragdot.moe.layer_bench import run_layer
+
+    if args.routing:
+        raise ValueError("--routing and --layer are two different modes; pick one")
+    if args.steps is None:
+        args.steps = LAYER_STEPS
+    if args.quick:
+        args.steps, args.warmup = min(args.steps, 3), min(args.warmup, 1)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.quick else "cpu"))
+    dtype = _DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    return run_layer(args, device, dtype)
 
 
 def _run_routing(configs, device, dtype, meta, out: Path, console) -> int:

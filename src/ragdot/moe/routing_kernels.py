@@ -226,7 +226,9 @@ def _sort_torch(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
     flat = experts.reshape(-1).long().clamp(0, num_experts - 1)
     onehot = (torch.arange(num_experts, device=flat.device)[:, None] == flat[None, :]).to(torch.int32)
     inclusive = onehot.cumsum(1, dtype=torch.int32)  # [E, A]: rank + 1 within the expert, stable in a
-    sizes = inclusive[:, -1] if flat.numel() else onehot.sum(1, dtype=torch.int32)
+    # the last column of inclusive is a strided view (stride A): copy it, since the custom op's fake kernel
+    # (and every caller) expects a contiguous [E]
+    sizes = inclusive[:, -1].contiguous() if flat.numel() else onehot.sum(1, dtype=torch.int32)
     rank = inclusive.gather(0, flat[None, :]).squeeze(0) - 1
     starts = sizes.cumsum(0, dtype=torch.int32) - sizes
     return sizes, (starts[flat] + rank).to(torch.int32)

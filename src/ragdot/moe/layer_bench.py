@@ -1,0 +1,383 @@
+"""`ragdot moe-bench --layer`: forward + backward of ONE MoE layer, ragdot's sparse path against `peer`.
+
+    ragdot moe-bench --layer                          # default configs, 8192 and 32768 tokens, eager and compile
+    ragdot moe-bench --layer --configs qwen3-30b-a3b --tokens 8192 --modes eager
+    ragdot moe-bench --layer --quick                  # CPU smoke run of a tiny layer, seconds
+
+A step is ``y = layer(x); y.backward(dy)`` on x [tokens, dim] (gradients of x, the router and the expert
+weights; all set to None before each step, outside the clock). The layer shapes are the expert shapes (dim,
+expert hidden width, experts, top-k) of ``ragdot.moe.model.MODEL_CONFIGS``, without shared experts.
+Variants: ``peer`` (``ragdot.moe.peer``: the plain layer on ``torch._grouped_mm``, on the very parameters of
+the ragdot layer) and ragdot's ``MoELayer(path="sparse")`` per backend (``sparse-torch``, ``sparse-triton``,
+``sparse-auto``); ragdot's layer also computes its router losses in the forward (not back-propagated here).
+Modes: ``eager`` (Python-driven calls) and ``compile`` (``torch.compile`` of the forward, so that AOTAutograd
+compiles forward and backward; ``fullgraph=True`` unless ``--allow-graph-breaks``, ``dynamic=False``, dynamo
+reset before each row; ``graphs`` counts the graphs dynamo made for the row).
+
+Clocks (the ``clock`` column): ``event`` on CUDA = CUDA events around each step, the device synchronised
+before it, so the host time of the Python-driven step is included; ``host_ms`` = wall time of the step's
+call without a sync (the Python and launch work; a host sync inside the step, such as peer's bincount, adds
+its wait; ``host_bound`` marks host_ms >= 0.9 ms). ``wall`` off CUDA = wall clock of each step. Reported:
+the median over ``--steps`` steps after ``--warmup`` warm-up steps (the first warm-up step of a compile row
+is its compile time, ``compile_s``). On the CPU, torch 2.13's fake kernel of ``_grouped_mm`` takes bf16
+only, so compile rows of ``peer`` need ``--dtype bf16`` there (the row's note says so otherwise).
+Rows go to a new timestamped ``layer-<date>.csv`` / ``.json`` under ``--out`` as they finish, so an
+interrupted run (Ctrl-C) keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["LAYER_VARIANTS", "DEFAULT_TOKENS", "MODES", "add_layer_arguments", "default_configs", "run_layer"]
+
+LAYER_VARIANTS: tuple[str, ...] = ("peer", "sparse-torch", "sparse-triton", "sparse-auto")
+DEFAULT_TOKENS: tuple[int, ...] = (8192, 32768)
+MODES: tuple[str, ...] = ("eager", "compile")
+PREFERRED_CONFIGS: tuple[str, ...] = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like")
+QUICK_TOKENS = 256
+COLUMNS: tuple[str, ...] = (
+    "config", "dim", "hidden", "experts", "top_k", "tokens", "variant", "mode", "status", "ms", "host_ms",
+    "clock", "vs_peer", "host_bound", "steps", "compile_s", "graphs", "dtype", "gpu", "commit", "date",
+    "torch", "note",
+)  # fmt: skip
+
+
+def add_layer_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("layer mode (--layer)")
+    group.add_argument(
+        "--layer", action="store_true", help="time forward+backward of one MoE layer against the peer layer"
+    )
+    group.add_argument(
+        "--tokens", type=int, nargs="+", metavar="T", help="tokens per step (default 8192 32768; 256 with --quick)"
+    )
+    group.add_argument(
+        "--modes", nargs="+", choices=MODES, help="eager and/or compile (default both; eager with --quick)"
+    )
+    group.add_argument("--warmup", type=int, default=3, help="warm-up steps before the timed ones (default 3)")
+    group.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    group.add_argument(
+        "--allow-graph-breaks",
+        action="store_true",
+        help="compile with fullgraph=False (default fullgraph=True: one graph per variant, or the row fails)",
+    )
+
+
+def default_configs() -> list[str]:
+    """qwen3-30b-a3b, deepseek2-16b and gpt-oss-like where present, else every config with 64+ experts."""
+    from ragdot.moe.model import MODEL_CONFIGS
+
+    if all(n in MODEL_CONFIGS for n in PREFERRED_CONFIGS):
+        return list(PREFERRED_CONFIGS)
+    named = [n for n in PREFERRED_CONFIGS if n in MODEL_CONFIGS]
+    return named + [n for n, c in MODEL_CONFIGS.items() if c.num_experts >= 64 and n not in named]
+
+
+# ------------------------------------------------------------------------------------------ timing
+def time_step(step, reset, device: torch.device, warmup: int, steps: int, max_seconds: float) -> dict[str, Any]:
+    """Median ms and host ms of step() after warm-up; reset() runs before every call, outside the clock."""
+    first = None
+    for i in range(warmup):
+        reset()
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        if i == 0:
+            first = time.perf_counter() - t0
+    ms, host = [], []
+    begin = time.perf_counter()
+    for _ in range(steps):
+        reset()
+        ms_i, host_i = _one_step(step, device)
+        ms.append(ms_i)
+        host.append(host_i)
+        if len(ms) >= 3 and time.perf_counter() - begin > max_seconds:
+            break
+    clock = "event" if device.type == "cuda" else "wall"
+    return {"ms": statistics.median(ms), "host_ms": statistics.median(host), "steps": len(ms), "clock": clock,
+            "first_s": first}  # fmt: skip
+
+
+def _one_step(step, device: torch.device) -> tuple[float, float]:
+    """(ms on the row's clock, host ms of the call without a sync)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        step()
+        ms = 1e3 * (time.perf_counter() - t0)
+        return ms, ms
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(device)
+    start.record()
+    t0 = time.perf_counter()
+    step()
+    host = 1e3 * (time.perf_counter() - t0)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end), host
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ------------------------------------------------------------------------------------------ one row
+def _forward(layer, variant: str):
+    """The x [T, dim] -> y [T, dim] callable of a variant (peer on the layer's own parameters)."""
+    from ragdot.moe.bench import VARIANTS
+    from ragdot.moe.peer import peer_moe
+
+    if variant == "peer":
+        return lambda x: peer_moe(x, layer.router.weight, layer.w_gate_up, layer.w_down, layer.top_k)
+    layer.path, layer.backend = VARIANTS[variant]
+    return layer
+
+
+def _unavailable(variant: str) -> str | None:
+    import ragdot
+    from ragdot.moe.bench import VARIANTS
+
+    if variant == "peer":
+        return None if hasattr(torch, "_grouped_mm") else "this torch has no torch._grouped_mm"
+    backend = VARIANTS[variant][1]
+    if backend not in (None, "auto") and backend not in ragdot.backends():
+        return f"ragdot backend {backend!r} is not usable here"
+    return None
+
+
+def measure_row(layer, x, dy, variant: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Time one (variant, mode) on x [T, dim] with cotangent dy [T, dim]; a failure becomes the row's status."""
+    from torch._dynamo.utils import counters
+
+    from ragdot.bench.runner import _classify
+
+    reason = _unavailable(variant)
+    if reason is not None:
+        return {"status": "unavailable", "note": reason}
+    fn = _forward(layer, variant)
+    graphs0 = counters["stats"]["unique_graphs"]
+    if mode == "compile":
+        torch._dynamo.reset()
+        fullgraph = not args.allow_graph_breaks
+        fn = torch.compile(fn, backend=args.compile_backend, fullgraph=fullgraph, dynamic=False)
+
+    def reset() -> None:
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+
+    def step() -> None:
+        fn(x).backward(dy)
+
+    try:
+        t = time_step(step, reset, x.device, args.warmup, args.steps, args.max_seconds)
+    except Exception as exc:  # OOM, a backend that cannot serve, a compile failure: report it, run on
+        status, note = _classify(exc)
+        return {"status": status, "note": _root_cause(exc) if status == "error" else note}
+    finally:
+        reset()
+    row = {"status": "ok", **{k: t[k] for k in ("ms", "host_ms", "steps", "clock")}}
+    if mode == "compile":
+        row["compile_s"] = t["first_s"]
+        row["graphs"] = counters["stats"]["unique_graphs"] - graphs0
+    if t["clock"] == "event":
+        row["host_bound"] = t["host_ms"] >= 0.9 * t["ms"]
+    return row
+
+
+def _root_cause(exc: BaseException) -> str:
+    """'Outer: innermost message' (torch.compile wraps the real error in two or three layers)."""
+    root, seen = exc, {id(exc)}
+    while (inner := root.__cause__ or root.__context__) is not None and id(inner) not in seen:
+        root = inner
+        seen.add(id(inner))
+    lines = str(root).strip().splitlines()
+    inner = f"{type(root).__name__}: {lines[0] if lines else ''}"
+    return (inner if root is exc else f"{type(exc).__name__} <- {inner}")[:300]
+
+
+# ------------------------------------------------------------------------------------------ output
+class RowWriter:
+    """CSV and JSON of one run in new files named by the start time (an earlier run is never overwritten)."""
+
+    def __init__(self, out: Path, meta: dict[str, Any]) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        stem = "layer-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        for n in range(1, 1000):
+            name = stem if n == 1 else f"{stem}_{n}"
+            self.csv, self.json = out / f"{name}.csv", out / f"{name}.json"
+            if self.json.exists():
+                continue
+            try:
+                with open(self.csv, "x") as f:  # exclusive: two runs started in one second get two names
+                    f.write(",".join(COLUMNS) + "\n")
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"no free name for {stem} under {out}")
+        self.meta, self.rows = meta, []
+        self._write_json()
+
+    def add(self, row: dict[str, Any]) -> None:
+        import csv
+
+        self.rows.append(row)
+        with open(self.csv, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore").writerow(row)
+        self._write_json()
+
+    def _write_json(self) -> None:
+        tmp = self.json.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"meta": self.meta, "rows": self.rows}, indent=1, default=str))
+        tmp.replace(self.json)  # whole or not at all, even when interrupted
+
+
+def speedups(rows: list[dict[str, Any]]) -> None:
+    """vs_peer = peer ms / variant ms of the same (config, tokens, mode), in place (None without both)."""
+    peer = {(r["config"], r["tokens"], r["mode"]): r.get("ms") for r in rows if r["variant"] == "peer"}
+    for r in rows:
+        base, own = peer.get((r["config"], r["tokens"], r["mode"])), r.get("ms")
+        r["vs_peer"] = base / own if r.get("status") == "ok" and base and own else None
+
+
+def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
+    clock = (
+        "CUDA events around each step, host time included; host = wall time of the call without a sync"
+        if device.type == "cuda"
+        else "wall clock per step"
+    )
+    title = f"MoE layer forward+backward, median ms ({clock})"
+    head = ("config", "tokens", "mode", "variant", "ms", "host ms", "vs peer", "compile s", "graphs", "status")
+    body = [_cells(r) for r in rows]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max([len(h), *(len(c[i]) for c in body)]) for i, h in enumerate(head)]
+        print(title)
+        for line in (head, *body):
+            print("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+        return
+    table = Table(title=title)
+    for i, h in enumerate(head):
+        table.add_column(h, justify="left" if i < 4 or h == "status" else "right")
+    for cells in body:
+        table.add_row(*cells)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 130))
+    console.print(table)
+
+
+def _cells(r: dict[str, Any]) -> tuple[str, ...]:
+    def num(key: str, fmt: str) -> str:
+        v = r.get(key)
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+    host = num("host_ms", "{:.3f}") + (" (host-bound)" if r.get("host_bound") else "")
+    status = r.get("status", "")
+    if r.get("note") and status != "ok":
+        status += f": {str(r['note'])[:60]}"
+    return (r["config"], str(r["tokens"]), r["mode"], r["variant"], num("ms", "{:.3f}"), host,
+            num("vs_peer", "{:.2f}x"), num("compile_s", "{:.1f}"), num("graphs", "{}"), status)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ entry
+def _settings(args: argparse.Namespace) -> tuple[list[int], list[str], list[str]]:
+    tokens = args.tokens or ([QUICK_TOKENS] if args.quick else list(DEFAULT_TOKENS))
+    modes = args.modes or (["eager"] if args.quick else list(MODES))
+    variants = args.variants or list(LAYER_VARIANTS)
+    if any(isinstance(t, bool) or t < 1 for t in tokens):
+        raise ValueError(f"--tokens must be positive, got {tokens}")
+    if args.warmup < 1 or args.steps < 1:
+        raise ValueError(f"need --warmup >= 1 and --steps >= 1, got {args.warmup} and {args.steps}")
+    variants = sorted(dict.fromkeys(variants), key=lambda v: v != "peer")  # peer first: speedups as rows finish
+    return tokens, list(dict.fromkeys(modes)), variants
+
+
+def _weights_gb(cfg, itemsize: int) -> float:
+    """Expert and router weights plus their gradients."""
+    return 2 * (cfg.num_experts * cfg.dim * (3 * cfg.moe_hidden + 1)) * itemsize / 1e9
+
+
+def _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit) -> None:
+    from ragdot.bench.runner import _free
+    from ragdot.moe.layer import MoELayer
+
+    info = {**base, "config": cfg.name, "dim": cfg.dim, "hidden": cfg.moe_hidden, "experts": cfg.num_experts,
+            "top_k": cfg.top_k}  # fmt: skip
+    if device.type == "cuda":
+        need, have = _weights_gb(cfg, dtype.itemsize), torch.cuda.get_device_properties(device).total_memory / 1e9
+        if need > 0.8 * have:
+            for t in tokens:
+                for m in modes:
+                    for v in variants:
+                        emit({**info, "tokens": t, "mode": m, "variant": v, "status": "skipped",
+                              "note": f"weights+grads need {need:.0f} GB of {have:.0f} GB"})  # fmt: skip
+            return
+    torch.manual_seed(0)
+    layer = MoELayer(cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k, path="sparse", dtype=dtype,
+                     device=device, routing_impl=args.routing_impl)  # fmt: skip
+    for t in tokens:
+        gen = torch.Generator(device=device).manual_seed(t)
+        x = torch.randn((t, cfg.dim), generator=gen, device=device, dtype=dtype).requires_grad_(True)
+        dy = torch.randn((t, cfg.dim), generator=gen, device=device, dtype=dtype)
+        for m in modes:
+            for v in variants:
+                emit({**info, "tokens": t, "mode": m, "variant": v, **measure_row(layer, x, dy, v, m, args)})
+                _free(device)
+        del x, dy
+    del layer
+    torch._dynamo.reset()
+    _free(device)
+
+
+def _meta(device: torch.device, dtype: torch.dtype, args: argparse.Namespace) -> dict[str, Any]:
+    from ragdot.bench.cli import _commit
+
+    return {
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "commit": _commit(),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+    } | {"warmup": args.warmup, "steps": args.steps, "compile_backend": args.compile_backend,
+         "fullgraph": not args.allow_graph_breaks, "routing_impl": args.routing_impl}  # fmt: skip
+
+
+def run_layer(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> int:
+    """The layer mode of ``ragdot moe-bench``; returns the exit status (130 when interrupted)."""
+    from ragdot.moe.model import QUICK_CONFIG, get_config
+
+    tokens, modes, variants = _settings(args)
+    names = args.configs or ([QUICK_CONFIG.name] if args.quick else default_configs())
+    configs = [get_config(n) for n in names]
+    meta = _meta(device, dtype, args)
+    base = {k: meta[k] for k in ("dtype", "gpu", "commit", "date", "torch")}
+    writer = RowWriter(args.out, meta)
+
+    def emit(row: dict[str, Any]) -> None:
+        speedups([*writer.rows, row])
+        writer.add(row)
+        result = f"{row['ms']:.3f} ms" if row.get("status") == "ok" else row.get("status", "")
+        print(f"{row['config']} T={row['tokens']} {row['mode']} {row['variant']}: {result}", flush=True)
+
+    status = 0
+    try:
+        for cfg in configs:
+            _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit)
+    except KeyboardInterrupt:
+        status = 130
+        print(f"interrupted: {len(writer.rows)} finished rows kept")
+    print_table(writer.rows, device)
+    print(f"wrote {writer.csv} and {writer.json}")
+    return status
