@@ -1,10 +1,15 @@
-"""`ragdot bench`: shape table, routing generators, counting, timing plan, correctness guard, CSV, CLI."""
+"""`ragdot bench`: shape table, routing generators, counting, timing plan and clocks, the vendor baseline,
+correctness guard, CSV, summaries and plots, CLI."""
 
 from __future__ import annotations
 
+import argparse
 import csv
+import dataclasses
 import json
 import math
+import sys
+import time
 
 import pytest
 import torch
@@ -13,12 +18,13 @@ from hypothesis import strategies as st
 
 import ragdot
 from ragdot import routing
+from ragdot.bench import runner, summary, timing
 from ragdot.bench.ceilings import Ceilings, speed_of_light_s
 from ragdot.bench.classes import CLASS_NAMES, CLASSES, flops, get_class, min_bytes
 from ragdot.bench.report import ANCHOR_TORCH, COLUMNS, print_tables, result_rows, write_csv
 from ragdot.bench.runner import BenchConfig, Result, make_operands, normalised_error, run_cell
-from ragdot.bench.systems import FunctionSystem, RagdotSystem
-from ragdot.bench.timing import MIN_ITERS, Timed, measure, plan_counts
+from ragdot.bench.systems import FunctionSystem, Operands, RagdotSystem, VendorSystem
+from ragdot.bench.timing import MIN_ITERS, Timed, Timing, measure, measure_clocks, plan_counts
 from ragdot.cli import main
 from ragdot.shapes import SHAPES, Shape, get_shape, parse_shapes, shapes_with_tag
 
@@ -341,17 +347,315 @@ def test_tables_flag_host_bound_cells_and_compare_with_the_anchors():
     for cls in CLASSES:
         tflops = anchor[CLASS_NAMES.index(cls.name) // 2] * 1.1  # 10% above the page in every pass
         ms = flops(shape) / (tflops * 1e12) * 1e3
-        r = Result(shape, cls.name, "balanced", "torch", "ok", flops(shape), 1, 1e-6, ms=ms, host_ms=ms)
-        r.extra["clock"] = "event"
-        results.append(r)
+        results.append(Result(shape, cls.name, "balanced", "torch", "ok", flops(shape), 1, 1e-6, ms=ms, host_ms=ms,
+                              clock="eager"))
     results.append(Result(shape, "fwd_wi", "balanced", "padded", "OOM", flops(shape), 1, 1e-6))
     console = Console(record=True, width=200)
     print_tables(results, console, "t", anchors=True)
     text = console.export_text()
-    assert "(1.10)" in text and "geometric mean ratio 1.10 over 3 passes" in text
-    summary = next(line for line in text.splitlines() if line.startswith("│ torch"))
-    assert summary.rstrip("│ ").endswith("6")  # all six cells host-bound
+    assert "(1.10)" in text and "torch: geometric mean ratio 1.10 over 3 passes" in text
+    line = next(line for line in text.splitlines() if line.startswith("│ torch"))
+    assert line.rstrip("│ ").endswith("6")  # all six cells host-bound
     assert "OOM:1" in text
+
+
+# -------------------------------------------------------------------------------------- vendor baseline
+
+SMALL = Shape("small", 40, 16, 24, 5)  # every stride a multiple of 16 bytes in fp32, bf16 and fp16
+
+
+def _profiled(call):
+    """(result, Python functions entered, C functions called) of one call."""
+    py, c = [], []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            py.append((frame.f_code.co_filename, frame.f_code.co_name))
+        elif event == "c_call":
+            c.append(getattr(arg, "__name__", str(arg)))
+
+    sys.setprofile(prof)
+    try:
+        out = call()
+    finally:
+        sys.setprofile(None)
+    return out, py, [name for name in c if name != "setprofile"]
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.name)
+def test_vendor_is_the_raw_grouped_mm_call_and_right(cls):
+    cfg = BenchConfig(CPU, torch.float32, Ceilings(1e11, 1e10))
+    ops = make_operands(cls, SMALL, "empty", cfg)
+    (call,) = VendorSystem().prepare(cls, [ops], torch.float32)
+    out, py, c = _profiled(call)
+    assert c == ["cumsum", "_grouped_mm"]  # the user's two calls, nothing else
+    assert len(py) == 1 and py[0][0].endswith("systems.py") and py[0][1] == "<lambda>"
+    assert tuple(out.shape) == cls.shapes(SMALL)[2]
+    assert normalised_error(out, _oracle(ops.lhs, ops.rhs, ops.group_sizes, cls)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_vendor_passes_the_check_in_half_precision(dtype):
+    cfg = BenchConfig(CPU, dtype, Ceilings(1e11, 1e10), warmup=1, iters=3, max_seconds=0.1)
+    for name in ("dgrad_wi", "wgrad_wo"):
+        (r,) = run_cell(SMALL, get_class(name), "skewed", [VendorSystem()], cfg)
+        assert r.status == "ok" and r.ms > 0 and r.clock == "wall", r.note
+
+
+def test_vendor_cells_are_na_where_grouped_mm_does_not_run(monkeypatch):
+    cfg = BenchConfig(CPU, torch.bfloat16, Ceilings(1e11, 1e10), warmup=1, iters=3)
+    odd = Shape("odd", 40, 12, 20, 5)  # bf16 rows of 24 bytes: torch._grouped_mm rejects the strides
+    (r,) = run_cell(odd, get_class("fwd_wi"), "balanced", [VendorSystem()], cfg)
+    assert r.status == "n/a" and r.ms is None and "_grouped_mm" in r.note
+    ops = Operands(torch.ones(8, 4, dtype=torch.float64), torch.ones(2, 4, 4, dtype=torch.float64),
+                   torch.tensor([4, 4], dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="float64"):
+        VendorSystem().prepare(get_class("fwd_wi"), [ops], torch.float64)
+    monkeypatch.delattr(torch, "_grouped_mm")
+    assert "no torch._grouped_mm" in ragdot.bench.systems.vendor_unavailable_reason(CPU, torch.float32)
+
+
+def test_vendor_check_compares_only_the_rows_inside_groups():
+    cls = get_class("fwd_wi")
+    cfg = BenchConfig(CPU, torch.float32, Ceilings(1e11, 1e10))
+    ops = make_operands(cls, SMALL, "balanced", cfg)
+    ops.group_sizes = torch.tensor([8, 0, 12, 10, 0], dtype=torch.int32)  # 30 of 40 rows in groups
+    ref = ragdot.ragged_dot_general(ops.lhs, ops.rhs, ops.group_sizes, cls.ragdot_dimension_numbers(),
+                                    backend="reference")
+    (call,) = VendorSystem().prepare(cls, [ops], torch.float32)
+    out = call()
+    out[30:] = math.nan  # what uninitialised rows may hold
+    mine, theirs = VendorSystem().compared(out, ref, cls, ops)
+    assert mine.shape == (30, SMALL.N) and normalised_error(mine, theirs) < 1e-5
+    assert math.isnan(normalised_error(out, ref))
+    status, err, _, _ = runner._check(VendorSystem(), lambda: out, ref, cfg, cls, [ops])
+    assert status == "ok" and err < 1e-5
+    wgrad = get_class("wgrad_wi")
+    assert VendorSystem().compared(out, ref, wgrad, ops) == (out, ref)  # no uninitialised part there
+
+
+# -------------------------------------------------------------------------------------------- clocks
+
+CUDA = torch.device("cuda")  # only a name here: the tests below never touch a GPU
+
+
+def test_clock_names_batches_and_lanes():
+    graphable, eager_only = Timed("a", []), Timed("b", [], graphable=False)
+    asynchronous = Timed("x", [], sync=lambda out: None)
+    assert timing.lane_clocks(graphable, CUDA, timing.CLOCKS) == ["eager", "graph"]
+    assert timing.lane_clocks(graphable, CUDA, ("graph",)) == ["graph"]
+    assert timing.lane_clocks(eager_only, CUDA, timing.CLOCKS) == ["eager"]
+    assert timing.lane_clocks(eager_only, CUDA, ("graph",)) == ["eager"]  # timed eagerly; its clock says so
+    assert timing.lane_clocks(asynchronous, CUDA, timing.CLOCKS) == ["batch"]
+    assert timing.lane_clocks(graphable, CPU, timing.CLOCKS) == ["wall"]
+    assert [timing.eager_batch(n) for n in (50, 30, 9, 4, 1)] == [10, 10, 3, 1, 1]
+    assert timing.parse_clocks(["graph", "eager", "graph"]) == ("eager", "graph")
+    with pytest.raises(ValueError, match="--clocks: device"):
+        timing.parse_clocks(["device"])
+    assert [timing.view_of(c) for c in ("eager", "event", "batch", "graph", "wall", "")] == [
+        "eager", "eager", "eager", "graph", "wall", "eager"]
+    assert [sum(timing._share(3, 5, r) for r in range(5)), timing._share(3, 5, 0)] == [3, 0]
+
+
+def test_host_bound_flag():
+    share = timing.HOST_BOUND_SHARE
+    assert timing.is_host_bound("eager", 1.0, share) and timing.is_host_bound("graph", 0.01, 0.02)
+    assert not timing.is_host_bound("eager", 1.0, 0.99 * share)
+    assert not timing.is_host_bound("wall", 1.0, 1.0) and not timing.is_host_bound("batch", 1.0, 1.0)
+    assert not timing.is_host_bound("eager", None, 1.0) and not timing.is_host_bound("eager", 1.0, None)
+    r = Result(TINY, "fwd_wi", "balanced", "x", "ok", 1, 1, 1e-6, ms=0.1, host_ms=0.2, clock="eager")
+    assert r.host_bound and not dataclasses.replace(r, clock="wall").host_bound
+
+
+class _HostEvent:
+    """A stand-in for torch.cuda.Event on the host clock (a device that runs each call as it is issued)."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _HostEvent) -> float:
+        return (end.t - self.t) * 1e3
+
+
+def _stand_in_cuda(monkeypatch, replays: list[str]) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(timing, "synchronize", lambda device: None)
+
+    def capture(system):
+        return None if system.name == "nocapture" else [lambda: replays.append(system.name)] * len(system.calls)
+
+    monkeypatch.setattr(timing, "_capture", capture)
+
+
+def test_cuda_clocks_interleave_batches_and_replays(monkeypatch):
+    replays: list[str] = []
+    _stand_in_cuda(monkeypatch, replays)
+    calls: list[str] = []
+
+    def call(name):
+        def run():
+            calls.append(name)
+            time.sleep(2e-4)  # the host's cost of the call: the stand-in device is idle otherwise
+
+        return run
+
+    systems = [Timed("a", [call("a")] * 2), Timed("b", [call("b")], graphable=False),
+               Timed("nocapture", [call("n")])]
+    got = measure_clocks(systems, CUDA, clocks=timing.CLOCKS, warmup=2, iters=30, rounds=5)
+    assert set(got) == {("a", "eager"), ("a", "graph"), ("b", "eager"), ("nocapture", "eager")}
+    eager, graph = got[("a", "eager")], got[("a", "graph")]
+    assert (eager.clock, eager.batch, eager.iters, len(eager.samples_ms), len(eager.host_ms)) == ("eager", 10, 30, 3, 3)
+    assert (graph.clock, graph.batch, graph.iters, len(graph.samples_ms)) == ("graph", 1, 30, 30)
+    assert calls.count("a") == 1 + 1 + 30 and replays.count("a") == 30  # estimate, warm-up, eager iterations
+    assert eager.host_bound and eager.median >= eager.host > 0  # events on the host clock: host-bound by design
+    # the tuner's single-clock view: a graph where it can be captured, eager calls where not
+    one = measure(systems, CUDA, warmup=1, iters=6, graphs=True)
+    assert {n: t.clock for n, t in one.items()} == {"a": "graph", "b": "eager", "nocapture": "eager"}
+
+
+def test_cpu_has_one_clock_whatever_is_asked():
+    got = measure_clocks([Timed("a", [lambda: None])], CPU, clocks=timing.CLOCKS, warmup=1, iters=4, rounds=2)
+    assert list(got) == [("a", "wall")]
+    assert got[("a", "wall")].host_ms == got[("a", "wall")].samples_ms and not got[("a", "wall")].host_bound
+
+
+# Simulated CUDA timings (ms, host ms per call) for the row logic: two clocks per system.
+_TIMES = {
+    ("vendor", "eager"): (2.0, 0.5), ("vendor", "graph"): (1.0, 0.01),
+    ("fast", "eager"): (1.0, 0.95), ("fast", "graph"): (0.5, 0.01),
+    ("nograph", "eager"): (4.0, 0.1),
+    ("lost", "eager"): (2.0, 0.1),  # its graph could not be captured
+}
+
+
+def _simulated_cell(monkeypatch):
+    def lanes(system, device, clocks):
+        return timing.lane_clocks(system, CUDA, clocks)
+
+    def fake_measure(timed, device, *, clocks, **kwargs):
+        out = {}
+        for t in timed:
+            for clock in lanes(t, device, clocks):
+                if (t.name, clock) in _TIMES:
+                    ms, host = _TIMES[(t.name, clock)]
+                    out[(t.name, clock)] = Timing([ms] * 3, 1, 30, clock, [host] * 3, 10 if clock == "eager" else 1)
+        return out
+
+    monkeypatch.setattr(runner, "lane_clocks", lanes)
+    monkeypatch.setattr(runner, "measure_clocks", fake_measure)
+    nograph = FunctionSystem("nograph", _right)
+    nograph.graphable = False
+    systems = [VendorSystem(), FunctionSystem("fast", _right), nograph, FunctionSystem("lost", _right),
+               FunctionSystem("wrong", _off_by_a_percent)]
+    return run_cell(SMALL, get_class("dgrad_wo"), "balanced", systems, _cfg())
+
+
+def test_rows_per_clock_ratios_to_vendor_and_host_bound(monkeypatch, tmp_path):
+    results = _simulated_cell(monkeypatch)
+    assert [r.clock for r in results] == ["eager"] * 5 + ["graph"] * 4  # eager rows first, nograph has one
+    by = {(r.backend, r.clock): r for r in results}
+    assert by[("vendor", "eager")].speedup_vs_vendor == 1.0 and by[("fast", "eager")].speedup_vs_vendor == 2.0
+    assert by[("fast", "graph")].speedup_vs_vendor == 2.0  # 1.0 / 0.5: never across clocks
+    assert by[("nograph", "eager")].speedup_vs_vendor == 0.5 and ("nograph", "graph") not in by
+    assert by[("lost", "graph")].status == "n/a" and "graph" in by[("lost", "graph")].note
+    assert by[("wrong", "eager")].status == by[("wrong", "graph")].status == "wrong"
+    assert by[("fast", "eager")].host_bound and not by[("vendor", "eager")].host_bound
+    assert by[("fast", "eager")].batch == 10 and by[("fast", "graph")].batch == 1
+    meta = {"gpu": "sim", "commit": "c", "date": "d", "dtype": "float32", "torch": "t", "peak_tflops": 1.0,
+            "bandwidth_gbs": 1.0}
+    path = write_csv(result_rows(results, meta), tmp_path / "sim.csv")
+    with open(path) as f:
+        rows = {(r["backend"], r["clock"]): r for r in csv.DictReader(f)}
+    fast = rows[("fast", "eager")]
+    assert (fast["host_ms"], fast["host_bound"], fast["speedup_vs_vendor"], fast["batch"]) == ("0.95", "1", "2.0", "10")
+    assert rows[("vendor", "graph")]["host_bound"] == "0" and rows[("wrong", "eager")]["host_bound"] == ""
+
+
+# --------------------------------------------------------------------------------------------- summary
+
+
+def _summary_rows(monkeypatch) -> list[summary.Row]:
+    from ragdot.bench.report import summary_rows
+
+    return summary_rows(_simulated_cell(monkeypatch))
+
+
+def test_summary_shows_both_clocks_side_by_side(monkeypatch):
+    rows = _summary_rows(monkeypatch)
+    ratio_of = summary.ratios(rows)
+    fast = summary.stats([r for r in rows if r.system == "fast" and r.view == "eager"], ratio_of)
+    assert (fast.timed, fast.ratio, fast.min_ratio, fast.host_bound) == (1, 2.0, 2.0, 1)
+    lost = summary.stats([r for r in rows if r.system == "lost" and r.view == "graph"], ratio_of)
+    assert (lost.timed, lost.not_timed) == (0, {"n/a": 1})
+    text = summary.markdown(rows, "sim")
+    tables = [line for line in text.splitlines() if line.startswith("### ")]
+    assert tables and all("clock: eager | graph" in line for line in tables)  # every title states its clocks
+    assert "| system | eager timed | eager not timed |" in text and "| graph timed |" in text
+    assert "| eager x vendor |" in text and "| graph min x vendor (cell) | graph host-bound |" in text
+    assert "| nograph | 1 | 0 |" in text  # eager: one timed cell ...
+    assert "| fast | dgrad | " in text and "2.000x" in text and "0.500x" in text
+    assert "| small (40,16,24,5) |" in text and "vendor eager | vendor graph" in text
+    assert "host-bound" in text and "`graph` = graph clock (CUDA-graph replays: device time)" in text
+
+
+def test_terminal_tables_show_every_clock(monkeypatch):
+    from rich.console import Console
+
+    results = _simulated_cell(monkeypatch)
+    console = Console(record=True, width=250)
+    print_tables(results, console, "sim")
+    text = console.export_text()
+    assert "TFLOP/s, eager clock" in text and "TFLOP/s, graph clock" in text
+    fast = [line for line in text.splitlines() if line.startswith("│ fast")]
+    assert len(fast) == 2 and "eager" in fast[0] and "graph" in fast[1]
+    assert fast[0].rstrip("│ ").endswith("1") and fast[1].rstrip("│ ").endswith("0")  # host-bound cells
+
+
+def test_legacy_rows_and_summarize_script(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("summarize", "benchmarks/summarize.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    base = {"shape": "s", "M": 4, "K": 4, "N": 4, "E": 2, "routing": "balanced", "status": "ok",
+            "sol_tflops": 1.0, "pct_sol": 50, "host_ms": 0.01}
+    old = [dict(base, cls=c, backend=b, clock="event" if i else "graph", ms=ms, tflops=1 / ms)
+           for c in ("fwd_wi", "fwd_wo") for i in (0, 1) for b, ms in (("torch", 2.0), ("triton", 1.0))]
+    assert {r.clock for r in summary.parse_rows(old)} == {"graph", "eager"}
+    path = tmp_path / "old.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(old[0]))
+        writer.writeheader()
+        writer.writerows(old)
+    prefix = tmp_path / "summary-old"
+    assert script.main([str(path), "--out", str(prefix), "--baseline", "torch"]) == 0
+    text = (tmp_path / "summary-old.md").read_text()
+    assert "triton/torch geomean 2.000x over 2 cells" in text and "- eager: " in text and "- graph: " in text
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == [f"summary-old-{m}-balanced-{v}.png" for m in ("sol", "speedup") for v in ("eager", "graph")]
+    for png in tmp_path.glob("*.png"):
+        png.unlink()
+    assert script.main([str(path), "--out", str(prefix)]) == 0  # no vendor rows: no ratios, no speedup plots
+    assert sorted(p.name.split("-")[2] for p in tmp_path.glob("*.png")) == ["sol", "sol"]
+
+
+def test_no_plot_without_data(tmp_path):
+    rows = [summary.Row("s", "4,4,4,2", "fwd_wi", "balanced", b, "graph", "OOM", None, None, None, 1.0, None)
+            for b in ("vendor", "triton")]
+    assert summary.plot(rows, tmp_path / "x", "t") == [] and not list(tmp_path.iterdir())
+    timed = [dataclasses.replace(rows[0], status="ok", ms=1.0, tflops=1.0, pct_sol=10.0),
+             dataclasses.replace(rows[1], status="ok", ms=0.5, tflops=2.0, pct_sol=20.0)]
+    files = summary.plot(timed, tmp_path / "x", "t")
+    assert sorted(p.name for p in files) == ["x-sol-balanced-graph.png", "x-speedup-balanced-graph.png"]
+    assert len({p.read_bytes() for p in files}) == 2
+    only_vendor = summary.plot(timed[:1], tmp_path / "y", "t")  # nothing to compare: no speedup figure
+    assert [p.name for p in only_vendor] == ["y-sol-balanced-graph.png"]
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -384,15 +688,20 @@ def test_quick_run_end_to_end(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert code == 0, out
-    csvs, jsons = list(tmp_path.glob("*.csv")), list(tmp_path.glob("*.json"))
-    assert len(csvs) == 1 and len(jsons) == 1 and len(list(tmp_path.glob("*.png"))) >= 2
+    csvs, jsons, mds = (list(tmp_path.glob(f"*.{ext}")) for ext in ("csv", "json", "md"))
+    assert len(csvs) == 1 and len(jsons) == 1 and len(mds) == 1 and len(list(tmp_path.glob("*.png"))) >= 2
     assert "-cpu-" in csvs[0].name
     data = json.loads(jsons[0].read_text())
     backends = {r["backend"] for r in data["rows"]}
-    assert {"auto", "padded", "reference"} <= backends
-    assert len(data["rows"]) == 2 * 2 * 2 * len(backends)  # shapes x classes x routings x backends
+    assert {"vendor", "auto", "padded", "reference"} <= backends  # vendor joins every run
+    assert len(data["rows"]) == 2 * 2 * 2 * len(backends)  # shapes x classes x routings x backends, one clock
     assert all(r["status"] in ("ok", "n/a") for r in data["rows"])
-    assert "auto" in out and "TFLOP/s" in out
+    assert {r["clock"] for r in data["rows"]} == {"wall"} and data["meta"]["clocks"] == ["wall"]
+    assert all(r["host_ms"] and r["host_bound"] == "" for r in data["rows"] if r["status"] == "ok")
+    vendor = [r for r in data["rows"] if r["backend"] == "vendor"]
+    assert all(r["status"] == "ok" and r["speedup_vs_vendor"] == 1.0 for r in vendor)
+    assert "auto" in out and "TFLOP/s" in out and "x vendor" in out
+    assert "wall clock" in mds[0].read_text()
 
 
 def test_cli_dry_run_and_bad_options(capsys):
@@ -403,29 +712,68 @@ def test_cli_dry_run_and_bad_options(capsys):
     assert "--shapes" in capsys.readouterr().err
     assert main(["bench", "--backends", "cublas", "--dry-run"]) == 2
     assert "--backends" in capsys.readouterr().err
+    assert main(["bench", "--cuda-graphs", "--clocks", "eager", "--dry-run"]) == 2
+    assert "--cuda-graphs" in capsys.readouterr().err
+    assert main(["bench", "--clocks", "graph", "--dry-run", "--no-xla"]) == 0
+    assert "systems: vendor, " in capsys.readouterr().out
+    assert main(["bench", "--no-vendor", "--dry-run", "--no-xla"]) == 0
+    assert "vendor" not in capsys.readouterr().out
+
+
+def test_clock_options():
+    from ragdot.bench.cli import _clocks
+
+    ns = lambda clocks=None, graphs=False: argparse.Namespace(clocks=clocks, cuda_graphs=graphs)
+    assert _clocks(ns(), cuda=True) == ("eager", "graph")
+    assert _clocks(ns(graphs=True), cuda=True) == ("graph",) == _clocks(ns(["graph"], True), cuda=True)
+    assert _clocks(ns(["graph", "eager"]), cuda=True) == ("eager", "graph")
+    assert _clocks(ns(["eager"]), cuda=False) == ("wall",)
+    with pytest.raises(ValueError, match="--cuda-graphs"):
+        _clocks(ns(["eager"], True), cuda=True)
 
 
 # ------------------------------------------------------------------------------------------------- GPU
 
 
 @pytest.mark.gpu
-def test_cuda_cell_events_graphs_memory_and_xla():
+def test_cuda_cell_both_clocks_vendor_memory_and_xla():
     from ragdot.bench.xla import XlaSystem, xla_unavailable_reason
 
     dev = torch.device("cuda")
-    cfg = BenchConfig(
-        dev, torch.bfloat16, Ceilings(700e12, 4e12), warmup=2, iters=10, max_seconds=0.5, graphs=True
-    )
+    cfg = BenchConfig(dev, torch.bfloat16, Ceilings(700e12, 4e12), warmup=2, iters=20, max_seconds=0.5)
     shape = Shape("g", 4096, 1024, 512, 16)
-    systems = [RagdotSystem(n) for n in ("padded", "torch", "auto", "reference")]
+    systems = [VendorSystem(), *(RagdotSystem(n) for n in ("padded", "torch", "auto", "reference"))]
     if xla_unavailable_reason(dev) is None:
         systems.append(XlaSystem(dev))
-    res = {r.backend: r for r in run_cell(shape, get_class("fwd_wi"), "skewed", systems, cfg)}
-    assert all(r.status == "ok" and r.ms > 0 for r in res.values()), {k: r.note for k, r in res.items()}
-    assert res["torch"].extra["clock"] == "graph" and res["reference"].extra["clock"] == "event"
+    rows = run_cell(shape, get_class("fwd_wi"), "skewed", systems, cfg)
+    res = {(r.backend, r.clock): r for r in rows}
+    assert all(r.status == "ok" and r.ms > 0 and r.host_ms > 0 for r in rows), {k: r.note for k, r in res.items()}
+    for name in ("vendor", "padded", "torch", "auto"):
+        assert {(name, "eager"), (name, "graph")} <= set(res)
+        assert res[(name, "eager")].batch == timing.EAGER_BATCH and res[(name, "graph")].batch == 1
+    assert ("reference", "eager") in res and ("reference", "graph") not in res  # it cannot be captured
+    assert res[("vendor", "graph")].speedup_vs_vendor == 1.0
+    assert res[("torch", "graph")].speedup_vs_vendor == pytest.approx(
+        res[("vendor", "graph")].ms / res[("torch", "graph")].ms
+    )
     out_mb = shape.M * shape.N * 2 / 2**20
-    assert res["torch"].peak_mem_mb >= 0.99 * out_mb
-    assert res["padded"].peak_mem_mb > 0.9 * shape.E * out_mb  # the E-fold temporaries of the baseline
-    assert res["torch"].speedup_vs_padded > 1
-    if "xla" in res:
-        assert res["xla"].extra["clock"] == "batch" and res["xla"].peak_mem_mb >= 0.99 * out_mb
+    assert res[("torch", "eager")].peak_mem_mb >= 0.99 * out_mb
+    assert res[("padded", "eager")].peak_mem_mb > 0.9 * shape.E * out_mb  # the E-fold temporaries of the baseline
+    assert res[("torch", "graph")].speedup_vs_padded > 1
+    if ("xla", "batch") in res:
+        assert res[("xla", "batch")].peak_mem_mb >= 0.99 * out_mb
+        assert res[("xla", "batch")].speedup_vs_vendor is not None  # compared in the eager view
+    graph_only = dataclasses.replace(cfg, clocks=("graph",))
+    rows = run_cell(shape, get_class("wgrad_wi"), "empty", systems[:1] + systems[-2:], graph_only)
+    assert {(r.backend, r.clock) for r in rows} >= {("vendor", "graph"), ("reference", "eager")}
+
+
+@pytest.mark.gpu
+def test_cuda_vendor_is_not_ragdot_and_matches_every_class():
+    dev = torch.device("cuda")
+    cfg = BenchConfig(dev, torch.bfloat16, Ceilings(700e12, 4e12), warmup=1, iters=3, max_seconds=0.2)
+    for cls in CLASSES:
+        for routing_name in routing.ROUTINGS:
+            (r,) = [r for r in run_cell(Shape("g", 1024, 256, 128, 8), cls, routing_name, [VendorSystem()], cfg)
+                    if r.clock == "graph"]
+            assert r.status == "ok", (cls.name, routing_name, r.note)

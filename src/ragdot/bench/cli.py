@@ -3,12 +3,16 @@
     ragdot bench                          # CPU: the quick set; CUDA: all 11 seed shapes, bf16
     ragdot bench --anchors --routing balanced skewed --out benchmarks/results
     ragdot bench --shapes mixtral-8x7b 4096,1024,512,8 --classes fwd_wi wgrad_wi --backends torch auto
-    ragdot bench --anchors --cuda-graphs   # device time only (ragdot's Python dispatch left out)
+    ragdot bench --anchors --clocks graph # device time only (--cuda-graphs says the same)
     ragdot bench --dry-run                # the plan and its time estimate, nothing run
 
-Every backend's output is compared with the `reference` backend on the very inputs of the cell before it
+Every system's output is compared with the `reference` backend on the very inputs of the cell before it
 is timed: a wrong one is reported as "wrong" and not timed; out-of-memory is "OOM", an unsupported case
-"n/a". Writes <out>/ragdot-bench-<gpu>-<commit>-<date>.csv (+ .json, + PNG plots).
+"n/a". The system `vendor` (raw torch._grouped_mm, the baseline of every speed ratio) is in every run where
+torch has it (--no-vendor leaves it out). On CUDA every system is timed on two clocks, interleaved:
+`eager` (CUDA events around batches of back-to-back eager calls, host time included) and `graph`
+(CUDA-graph replays, device time); a CPU has one, `wall`. Writes
+<out>/ragdot-bench-<gpu>-<commit>-<date>.csv (+ .json, + .md summary, + PNG plots).
 """
 
 from __future__ import annotations
@@ -32,12 +36,12 @@ _DTYPES = {
     "fp32": "float32",
     "float32": "float32",
 }
-_ORDER = ("padded", "torch", "triton", "auto", "xla", "reference")
+_ORDER = ("vendor", "padded", "torch", "triton", "auto", "xla", "reference")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ragdot.bench.classes import CLASS_NAMES
-    from ragdot.bench.timing import DEFAULT_ROUNDS
+    from ragdot.bench.timing import CLOCKS, DEFAULT_ROUNDS, EAGER_BATCH
     from ragdot.routing import ROUTINGS
 
     parser.add_argument(
@@ -58,9 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backends",
         nargs="+",
         metavar="NAME",
-        help="ragdot backends, 'auto' and 'xla' (default: all usable here)",
+        help="ragdot backends, 'auto', 'xla' and 'vendor' (default: all usable here; vendor is always added)",
     )
     parser.add_argument("--no-xla", action="store_true", help="leave out jax.lax.ragged_dot_general")
+    parser.add_argument(
+        "--no-vendor", action="store_true", help="leave out the baseline `vendor` (raw torch._grouped_mm)"
+    )
     parser.add_argument(
         "--routing",
         nargs="+",
@@ -76,15 +83,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-seconds",
         type=float,
-        help="time budget per system and cell; slow systems get fewer iterations, at least 3 "
+        help="time budget per system, clock and cell; slow systems get fewer iterations, at least 3 "
         "(default 1.0 on CUDA, 0.25 on CPU; 0 = unbounded)",
     )
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                         help=f"interleaved rounds per cell, at most one per iteration (default {DEFAULT_ROUNDS})")
     parser.add_argument(
+        "--clocks",
+        nargs="+",
+        choices=CLOCKS,
+        metavar="CLOCK",
+        help=f"CUDA clocks, both by default: eager (CUDA events around batches of {EAGER_BATCH} back-to-back "
+        "eager calls, host time included) and graph (CUDA-graph replays: device time); a CPU has one, wall",
+    )
+    parser.add_argument(
         "--cuda-graphs",
         action="store_true",
-        help="time replays of CUDA graphs: device time without Python/launch overhead",
+        help="the same as --clocks graph: device time only, without Python/launch overhead",
     )
     parser.add_argument("--quick", action="store_true", help="tiny shapes, few iterations (CI, CPU)")
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
@@ -120,17 +135,20 @@ def _commit() -> str:
 
 
 def _systems(args: argparse.Namespace, device: Any, console: Any) -> list[Any]:
+    import torch
+
     import ragdot
     from ragdot.backends import BACKEND_NAMES
-    from ragdot.bench.systems import AUTO, RagdotSystem
+    from ragdot.bench.systems import AUTO, VENDOR, RagdotSystem, VendorSystem
 
     usable = ragdot.backends()
-    known = (*BACKEND_NAMES, AUTO, "xla")
+    known = (*BACKEND_NAMES, AUTO, "xla", VENDOR)
     wanted = args.backends or [*usable, AUTO, *([] if args.no_xla else ["xla"])]
     for name in wanted:
         if name not in known:
             raise ValueError(f"--backends: {name!r} is unknown; expected some of {', '.join(known)}")
-    names = [n for n in _ORDER if n in wanted] + [n for n in wanted if n not in _ORDER]
+    wanted = [n for n in wanted if n != VENDOR] if args.no_vendor else [VENDOR, *wanted]
+    names = [n for n in _ORDER if n in wanted] + list(dict.fromkeys(n for n in wanted if n not in _ORDER))
     systems = []
     for name in names:
         if name == "xla":
@@ -143,11 +161,26 @@ def _systems(args: argparse.Namespace, device: Any, console: Any) -> list[Any]:
                 console.print(f"[yellow]xla left out: {reason}[/]")
                 continue
             systems.append(XlaSystem(device))
+        elif name == VENDOR:
+            if not hasattr(torch, "_grouped_mm"):
+                console.print("[yellow]vendor left out: this torch has no torch._grouped_mm[/]")
+                continue
+            systems.append(VendorSystem())
         elif name != AUTO and name not in usable:
             console.print(f"[yellow]{name} left out: not usable here (usable: {', '.join(usable)})[/]")
         else:
             systems.append(RagdotSystem(name))
     return systems
+
+
+def _clocks(args: argparse.Namespace, cuda: bool) -> tuple[str, ...]:
+    """The clocks asked for: --clocks, --cuda-graphs (graph only), else both; ("wall",) on a CPU."""
+    from ragdot.bench.timing import CLOCKS, GRAPH, WALL, parse_clocks
+
+    if args.cuda_graphs and args.clocks and tuple(args.clocks) != (GRAPH,):
+        raise ValueError("--cuda-graphs means --clocks graph; give one of them")
+    clocks = parse_clocks(args.clocks) if args.clocks else (GRAPH,) if args.cuda_graphs else CLOCKS
+    return clocks if cuda else (WALL,)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,6 +200,7 @@ def _run(args: argparse.Namespace) -> int:
     from ragdot.bench.ceilings import Ceilings, measure_ceilings
     from ragdot.bench.classes import CLASSES, parse_classes
     from ragdot.bench.runner import BenchConfig, run_cell
+    from ragdot.bench.timing import EAGER_BATCH
     from ragdot.shapes import parse_shapes, shapes_with_tag
 
     console = Console(width=None if sys.stdout.isatty() else 180)
@@ -193,6 +227,7 @@ def _run(args: argparse.Namespace) -> int:
     if dtype == torch.float32:  # full float32, as the tolerance assumes
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+    clocks = _clocks(args, cuda)
     systems = _systems(args, device, console)
     names = [s.name for s in systems]
 
@@ -209,17 +244,19 @@ def _run(args: argparse.Namespace) -> int:
     def estimate(some: list[Any]) -> float:
         n_routings = len(args.routing)
         return plan.run_seconds(
-            names, some, classes, n_routings, ceilings, dtype.itemsize, warmup, iters, max_s, cuda, memory
+            names, some, classes, n_routings, ceilings, dtype.itemsize, warmup, iters, max_s, cuda, memory,
+            clocks=len(clocks),
         )
 
     est = estimate(shapes)
     dtype_name = str(dtype).removeprefix("torch.")
     console.print(
         f"ragdot bench on {gpu} ({device}), {dtype_name}: {len(shapes)} shapes x {len(classes)} classes x "
-        f"{len(args.routing)} routings = {n_cells} cells; systems: {', '.join(names)}\n"
+        f"{len(args.routing)} routings = {n_cells} cells; systems: {', '.join(names)}; "
+        f"clocks: {', '.join(clocks)}\n"
         f"ceilings ({ceilings.source}): {ceilings.peak_tflops:.1f} TFLOP/s, "
         f"{ceilings.bandwidth_gbs:.0f} GB/s; warm-up {warmup}, iters {iters}, "
-        f"budget {max_s or 'unbounded'} s per system and cell; estimated time {est / 60:.1f} min"
+        f"budget {max_s or 'unbounded'} s per system, clock and cell; estimated time {est / 60:.1f} min"
     )
     if args.dry_run:
         return 0
@@ -233,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
         max_s or None,
         args.rounds,
         args.seed,
-        graphs=args.cuda_graphs and cuda,
+        clocks=clocks,
     )
     now = datetime.datetime.now()
     commit = args.commit or _commit()
@@ -247,7 +284,9 @@ def _run(args: argparse.Namespace) -> int:
         "peak_tflops": ceilings.peak_tflops,
         "bandwidth_gbs": ceilings.bandwidth_gbs,
         "ceilings": ceilings.source,
-        "cuda_graphs": cfg.graphs,
+        "clocks": list(clocks),
+        "cuda_graphs": clocks == ("graph",),
+        "eager_batch": EAGER_BATCH if "eager" in clocks else None,
         "warmup": warmup,
         "iters": iters,
         "max_seconds": max_s,
@@ -293,6 +332,7 @@ def _run(args: argparse.Namespace) -> int:
         report.write_json(rows, meta, args.out / f"{stem}.json"),
     ]
     title = f"ragdot bench, {gpu}, {meta['dtype']}, {commit}"
+    files.append(report.write_markdown(rows, title, args.out / f"{stem}.md"))
     report.print_tables(results, console, title, anchors="H200" in gpu and dtype == torch.bfloat16)
     if not args.no_plots:
         files += plots.plot_results(results, args.out, stem, title)

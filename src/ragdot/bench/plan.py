@@ -3,8 +3,8 @@
 Per call: the padded rewrites (`padded`, `xla`) do E times the useful FLOPs, and are counted as a quick OOM
 when their E-fold temporaries exceed the memory they may use; the reference does the useful FLOPs in
 float32 with a launch per group; every other backend is modelled at 60% of the speed of light.
-Per system and cell: a check call, an estimate call, then warm-up and iterations as `plan_counts` bounds
-them. First calls that compile (XLA, Triton autotuning) get a flat cost per shape and class. It is a plan,
+Per system and cell: a check call, an estimate call, warm-up, then the iterations `plan_counts` allows
+on each clock. First calls that compile (XLA, Triton autotuning) get a flat cost per shape and class. It is a plan,
 not a measurement: the run prints the real times.
 """
 
@@ -62,12 +62,13 @@ def cell_seconds(
     max_seconds: float | None,
     cuda: bool = True,
     memory_bytes: int | None = None,
+    clocks: int = 1,
 ) -> float:
     total = CELL_OVERHEAD_S + call_seconds("reference", shape, cls, ceilings, itemsize, cuda)
     for name in systems:
         t = call_seconds(name, shape, cls, ceilings, itemsize, cuda, memory_bytes)
         n_warm, n_iter = plan_counts(t, warmup, iters, max_seconds)
-        total += (2 + max(n_warm - 1, 0) + n_iter) * t
+        total += (2 + max(n_warm - 1, 0) + clocks * n_iter) * t
     return total
 
 
@@ -83,13 +84,15 @@ def run_seconds(
     max_seconds: float | None,
     cuda: bool = True,
     memory_bytes: int | None = None,
+    clocks: int = 1,
 ) -> float:
-    """Modelled seconds of the whole run (`memory_bytes`: the device's, to foresee padded OOMs)."""
+    """Modelled seconds of the whole run (`memory_bytes`: the device's, to foresee padded OOMs; `clocks`:
+    how many clocks each system is timed on)."""
     total = 0.0
     for shape in shapes:
         for cls in classes:
             total += n_routings * cell_seconds(
-                systems, shape, cls, ceilings, itemsize, warmup, iters, max_seconds, cuda, memory_bytes
+                systems, shape, cls, ceilings, itemsize, warmup, iters, max_seconds, cuda, memory_bytes, clocks
             )
             total += sum(COMPILE_S.get(name, 0.0) for name in systems)
     return total

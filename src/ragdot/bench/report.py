@@ -1,4 +1,11 @@
-"""Benchmark output: CSV and JSON records, and the terminal tables (rich)."""
+"""Benchmark output: CSV and JSON records, the markdown summary, and the terminal tables (rich).
+
+Columns worth knowing: `clock` (eager | graph | wall | batch, see `ragdot.bench.timing`), `host_ms` (host
+time per call: wall time of a sample's calls without waiting for the device, over their number),
+`host_bound` (1 when host_ms >= timing.HOST_BOUND_SHARE x ms; empty where the clock cannot say: wall,
+batch), `batch` (calls per sample), `speedup_vs_vendor` (the baseline: vendor's ms over this row's, same
+cell and clock view; also `speedup_vs_padded` and `speedup_vs_torch`).
+"""
 
 from __future__ import annotations
 
@@ -13,9 +20,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ragdot.bench import summary
 from ragdot.bench.runner import Result
+from ragdot.bench.timing import EAGER, GRAPH, HOST_BOUND_SHARE, view_of
 
-__all__ = ["COLUMNS", "result_rows", "write_csv", "write_json", "file_stem", "print_tables", "ANCHOR_TORCH"]
+__all__ = ["COLUMNS", "result_rows", "write_csv", "write_json", "write_markdown", "summary_rows", "file_stem",
+           "print_tables", "ANCHOR_TORCH"]
 
 # The first 13 columns are a fixed contract (scripts read them by position); more may follow.
 COLUMNS: tuple[str, ...] = (
@@ -36,14 +46,17 @@ COLUMNS: tuple[str, ...] = (
     "p20",
     "p80",
     "pct_sol",
+    "speedup_vs_vendor",
     "speedup_vs_padded",
     "speedup_vs_torch",
     "peak_mem_mb",
     "err",
     "warmup",
     "iters",
+    "batch",
     "clock",
     "host_ms",
+    "host_bound",
     "flops",
     "bytes",
     "sol_tflops",
@@ -120,14 +133,17 @@ def result_rows(results: Sequence[Result], meta: dict[str, Any]) -> list[dict[st
             "p20": _num(r.p20, 5),
             "p80": _num(r.p80, 5),
             "pct_sol": _num(r.pct_sol, 3),
+            "speedup_vs_vendor": _num(r.speedup_vs_vendor, 4),
             "speedup_vs_padded": _num(r.speedup_vs_padded, 4),
             "speedup_vs_torch": _num(r.speedup_vs_torch, 4),
             "peak_mem_mb": _num(r.peak_mem_mb, 5),
             "err": "" if r.err is None else f"{r.err:.3e}",
             "warmup": r.warmup,
             "iters": r.iters,
-            "clock": r.extra.get("clock", ""),
+            "batch": r.batch or "",
+            "clock": r.clock,
             "host_ms": _num(r.host_ms, 4),
+            "host_bound": int(r.host_bound) if r.ms and r.clock in (EAGER, GRAPH) else "",
             "flops": r.flops,
             "bytes": r.bytes,
             "sol_tflops": _num(r.flops / r.sol_s / 1e12, 4),
@@ -160,39 +176,43 @@ def write_json(rows: Sequence[dict[str, Any]], meta: dict[str, Any], path: Path)
     return path
 
 
-def _geomean(values: Sequence[float]) -> float | None:
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+def write_markdown(rows: Sequence[dict[str, Any]], title: str, path: Path) -> Path:
+    """The summary of `summary.markdown` (eager and graph views side by side) for these records."""
+    path.write_text(summary.markdown(summary.parse_rows(rows), title))
+    return path
+
+
+def summary_rows(results: Sequence[Result]) -> list[summary.Row]:
+    return [
+        summary.Row(r.shape.name, f"{r.shape.M},{r.shape.K},{r.shape.N},{r.shape.E}", r.cls, r.routing, r.backend,
+                    r.clock or "eager", r.status, r.ms, r.tflops, r.pct_sol, r.flops / r.sol_s / 1e12, r.host_ms)
+        for r in results
+    ]
+
+
+def _geomean(values: Sequence[float | None]) -> float | None:
+    return summary.geomean(values)
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _host_bound(r: Result) -> bool:
-    """The device waited for the host: issuing a call took about as long as running it (CUDA events).
-
-    Such cells measure Python dispatch and launch overhead, not the kernels: see `--cuda-graphs`.
-    """
-    return r.extra.get("clock") == "event" and bool(r.ms and r.host_ms and r.host_ms >= 0.8 * r.ms)
-
-
 def _cell_text(r: Result) -> str:
     if r.ms:
         text = f"{r.tflops:.3g}" if r.tflops < 100 else f"{r.tflops:.0f}"
-        return text + ("?" if r.status == "unchecked" else "")
+        return text + ("?" if r.status == "unchecked" else "") + ("*" if r.host_bound else "")
     return {"wrong": "[red]wrong[/]", "error": "[red]error[/]", "OOM": "[yellow]OOM[/]"}.get(
         r.status, r.status
     )
 
 
-def print_tables(results: Sequence[Result], console: Console, title: str, anchors: bool = False) -> None:
-    """Per-cell TFLOP/s by backend, then a per-backend summary, then the comparison with the anchors."""
+def _cell_table(results: Sequence[Result], title: str) -> Table:
     backends = list(dict.fromkeys(r.backend for r in results))
     cells: dict[tuple[str, str, str], dict[str, Result]] = {}
     for r in results:
         cells.setdefault((r.shape.name, r.cls, r.routing), {})[r.backend] = r
-    table = Table(title=f"{title}: TFLOP/s ('?' = not checked against the reference)")
+    table = Table(title=title)
     for col in ("shape", "class", "routing", "SOL"):
         table.add_column(col, justify="left" if col != "SOL" else "right")
     for b in backends:
@@ -203,57 +223,77 @@ def print_tables(results: Sequence[Result], console: Console, title: str, anchor
         table.add_row(
             shape, cls, routing, f"{sol:.3g}", *[_cell_text(by[b]) if b in by else "" for b in backends]
         )
-    console.print(table)
+    return table
 
-    summary = Table(
-        title="per backend: geometric means over the timed cells "
-        "(host-bound: cells whose host time per call is >= 80% of the measured time)"
-    )
-    cols = ("backend", "timed", "not timed", "TFLOP/s", "% SOL", "x padded", "x torch", "peak MB (max)")
-    for col in (*cols, "host-bound"):
-        summary.add_column(col, justify="left" if col == "backend" else "right")
-    for b in backends:
-        mine = [r for r in results if r.backend == b]
-        timed = [r for r in mine if r.ms]
-        others = sorted({r.status for r in mine if not r.ms})
-        mem = [r.peak_mem_mb for r in mine if r.peak_mem_mb is not None]
-        summary.add_row(
-            b,
-            str(len(timed)),
-            ", ".join(f"{s}:{sum(r.status == s for r in mine)}" for s in others) or "0",
-            _fmt(_geomean([r.tflops for r in timed]), ".3g"),
-            _fmt(_geomean([r.pct_sol for r in timed]), ".3g"),
-            _fmt(_geomean([r.speedup_vs_padded for r in timed]), ".3g"),
-            _fmt(_geomean([r.speedup_vs_torch for r in timed]), ".3g"),
-            _fmt(max(mem, default=None), ".0f"),
-            str(sum(_host_bound(r) for r in timed)),
-        )
-    console.print(summary)
+
+def print_tables(results: Sequence[Result], console: Console, title: str, anchors: bool = False) -> None:
+    """Per clock view: TFLOP/s per cell and system; then the per-system summary of every view side by side
+    (geometric means, ratio to vendor, host-bound cells); then, on the H200, the check against the anchors."""
+    rows = summary_rows(results)
+    shown = summary.views(rows) or list(dict.fromkeys(r.view for r in rows))
+    for view in shown:
+        mine = [r for r in results if view_of(r.clock or "eager") == view]
+        console.print(_cell_table(mine, f"{title}: TFLOP/s, {summary.view_title(view)} "
+                                        "('?' = not checked against the reference, '*' = host-bound)"))
+    console.print(_summary_table(results, rows, shown))
     if anchors:
-        _print_anchor_check(results, console)
+        for view in shown:
+            _print_anchor_check([r for r in results if view_of(r.clock or "eager") == view], console, view)
 
 
-def _print_anchor_check(results: Sequence[Result], console: Console) -> None:
-    """Our `torch` TFLOP/s per pass against the anchor page (the shapes and routings it has)."""
-    mine: dict[tuple[str, str], dict[str, float]] = {}
+def _summary_table(results: Sequence[Result], rows: list[summary.Row], shown: Sequence[str]) -> Table:
+    table = Table(
+        title=f"per system and clock ({', '.join(shown)}): geometric means over the timed cells; x B = B's time "
+        f"over the system's, same cell and clock; host-bound: host time per call >= {HOST_BOUND_SHARE:g} x the "
+        "measured time"
+    )
+    cols = ("system", "clock", "timed", "not timed", "TFLOP/s", "% SOL", f"x {summary.BASELINE}",
+            f"min x {summary.BASELINE}", "x torch", "x padded", "peak MB (max)", "host-bound")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("system", "clock") else "right")
+    by_base = {base: summary.ratios(rows, base) for base in (summary.BASELINE, "torch", "padded")}
+    for system in dict.fromkeys(r.system for r in rows):
+        mem = [r.peak_mem_mb for r in results if r.backend == system and r.peak_mem_mb is not None]
+        for view in shown:
+            mine = [r for r in rows if r.system == system and r.view == view]
+            if not mine:
+                continue
+            s = summary.stats(mine, by_base[summary.BASELINE])
+            low = "-" if s.min_ratio is None else f"{s.min_ratio:.3g} ({s.min_cell})"
+            table.add_row(
+                system, view, str(s.timed), ", ".join(f"{k}:{n}" for k, n in s.not_timed.items()) or "0",
+                _fmt(s.tflops, ".3g"), _fmt(s.pct_sol, ".3g"), _fmt(s.ratio, ".3g"), low,
+                _fmt(summary.stats(mine, by_base["torch"]).ratio, ".3g"),
+                _fmt(summary.stats(mine, by_base["padded"]).ratio, ".3g"),
+                _fmt(max(mem, default=None), ".0f"), str(s.host_bound),
+            )
+    return table
+
+
+def _print_anchor_check(results: Sequence[Result], console: Console, view: str) -> None:
+    """`vendor` and `torch` TFLOP/s per pass against the anchor page (the shapes and routings it has)."""
+    mine: dict[tuple[str, str, str], dict[str, float]] = {}
     for r in results:
-        if r.backend == "torch" and r.tflops and r.shape.name in ANCHOR_TORCH.get(r.routing, {}):
-            mine.setdefault((r.shape.name, r.routing), {})[r.cls] = r.tflops
-    table = Table(title="torch vs the H200 anchor page: TFLOP/s per pass, ours/anchor (ratio)")
-    for col in ("shape", "routing", "fwd", "dgrad", "wgrad"):
-        table.add_column(col, justify="left" if col in ("shape", "routing") else "right")
-    ratios = []
-    for (shape, routing), by in mine.items():
+        if r.backend in ("vendor", "torch") and r.tflops and r.shape.name in ANCHOR_TORCH.get(r.routing, {}):
+            mine.setdefault((r.shape.name, r.routing, r.backend), {})[r.cls] = r.tflops
+    table = Table(title=f"vendor and torch vs the H200 anchor page, {summary.view_title(view)}: TFLOP/s per pass, "
+                        "ours/anchor (ratio)")
+    for col in ("shape", "routing", "system", "fwd", "dgrad", "wgrad"):
+        table.add_column(col, justify="left" if col in ("shape", "routing", "system") else "right")
+    ratios: dict[str, list[float]] = {}
+    for (shape, routing, system), by in mine.items():
         row = []
         for i, classes in enumerate(PASSES.values()):
             if not all(c in by for c in classes):
                 row.append("-")
                 continue
             ours, anchor = _geomean([by[c] for c in classes]), ANCHOR_TORCH[routing][shape][i]
-            ratios.append(ours / anchor)
+            ratios.setdefault(system, []).append(ours / anchor)
             row.append(f"{ours:.0f}/{anchor:.0f} ({ours / anchor:.2f})")
         if any(cell != "-" for cell in row):
-            table.add_row(shape, routing, *row)
+            table.add_row(shape, routing, system, *row)
     if ratios:
-        table.caption = f"geometric mean ratio {_geomean(ratios):.2f} over {len(ratios)} passes"
+        table.caption = "; ".join(
+            f"{system}: geometric mean ratio {_geomean(v):.2f} over {len(v)} passes" for system, v in ratios.items()
+        )
         console.print(table)

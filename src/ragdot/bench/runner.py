@@ -1,6 +1,9 @@
 """One benchmark cell (shape x class x routing): fresh inputs, correctness check, interleaved timing.
 
-For each system the cell records one Result. A system is timed only after its output on the very inputs
+For each system the cell records one Result per clock it is timed on (`timing.lane_clocks`: on CUDA
+`eager` and `graph` by default, `wall` on a CPU, `batch` for XLA); speed ratios (`speedup_vs_vendor`, the
+baseline, and `speedup_vs_padded`, `speedup_vs_torch`) are taken between results of one view
+(`timing.view_of`). A system is timed only after its output on the very inputs
 of the cell matched the `reference` backend (normalised error ||out - ref|| / ||ref|| within the dtype's
 tolerance); a wrong system is reported as "wrong" and never timed. A system that runs out of memory is
 "OOM", one that does not serve the case (NotImplementedError) "n/a"; the run goes on after both.
@@ -8,6 +11,7 @@ tolerance); a wrong system is reported as "wrong" and never timed. A system that
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import zlib
@@ -19,8 +23,18 @@ import torch
 
 from ragdot.bench.ceilings import Ceilings, speed_of_light_s
 from ragdot.bench.classes import RaggedClass, flops, min_bytes
-from ragdot.bench.systems import Operands, RagdotSystem, System
-from ragdot.bench.timing import DEFAULT_ROUNDS, Timed, measure, synchronize
+from ragdot.bench.systems import VENDOR, Operands, RagdotSystem, System
+from ragdot.bench.timing import (
+    CLOCKS,
+    DEFAULT_ROUNDS,
+    Timed,
+    Timing,
+    is_host_bound,
+    lane_clocks,
+    measure_clocks,
+    synchronize,
+    view_of,
+)
 from ragdot.routing import group_sizes
 from ragdot.shapes import Shape
 
@@ -41,7 +55,7 @@ class BenchConfig:
     max_seconds: float | None = None  # time budget per system and cell (None: no bound)
     rounds: int = DEFAULT_ROUNDS
     seed: int = 0
-    graphs: bool = False  # time replays of CUDA graphs (device time without launch overhead)
+    clocks: tuple[str, ...] = CLOCKS  # CUDA: eager calls and/or CUDA-graph replays (a CPU has one clock)
 
 
 @dataclass
@@ -57,7 +71,7 @@ class Result:
     ms: float | None = None
     p20: float | None = None
     p80: float | None = None
-    host_ms: float | None = None  # host time to issue one call (CUDA events clock); >= ms: launch-bound
+    host_ms: float | None = None  # host time to issue one call, without waiting for the device
     err: float | None = None
     peak_mem_mb: float | None = None
     warmup: int = 0
@@ -65,7 +79,15 @@ class Result:
     note: str = ""
     speedup_vs_padded: float | None = None
     speedup_vs_torch: float | None = None
+    clock: str = ""  # eager | graph | wall | batch (see ragdot.bench.timing)
+    speedup_vs_vendor: float | None = None  # vendor's time / this one's, same cell and view
+    batch: int = 0  # calls per timing sample
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def host_bound(self) -> bool:
+        """The device waited for the host: host time per call reached the measured time (CUDA clocks)."""
+        return is_host_bound(self.clock, self.ms, self.host_ms)
 
     @property
     def tflops(self) -> float | None:
@@ -162,13 +184,75 @@ def _check(
         peak_mb = None if peak is None else peak / 2**20
         if ref is None:
             return "unchecked", None, peak_mb, ""
-        err = normalised_error(out, ref)
+        err = normalised_error(*system.compared(out, ref, cls, sets[0]))
         del out
         ok = err <= TOLERANCE.get(cfg.dtype, 1e-4)  # False for NaN
         return ("ok" if ok else "wrong"), err, peak_mb, ""
     except Exception as exc:
         status, note = _classify(exc)
         return status, None, None, note
+
+
+def _cell_inputs(
+    shape: Shape, cls: RaggedClass, routing: str, cfg: BenchConfig, reference: System
+) -> tuple[list[Operands], torch.Tensor | None, str]:
+    """(input sets, the reference output on set 0 or None, a note when the reference failed)."""
+    sets = [make_operands(cls, shape, routing, cfg, i) for i in range(_n_sets(cls, shape, cfg))]
+    try:
+        return sets, reference.to_torch(reference.prepare(cls, sets[:1], cfg.dtype)[0]()), ""
+    except Exception as exc:  # its systems are then timed as "unchecked"
+        _free(cfg.device)
+        return sets, None, "reference: " + " ".join(_classify(exc)).strip()
+
+
+def _time(timed: list[Timed], cfg: BenchConfig, failed: dict[str, tuple[str, str]]) -> dict[tuple[str, str], Timing]:
+    """Timings per (system, clock); a system failing while timed goes to `failed` (status, note)."""
+    args = dict(warmup=cfg.warmup, iters=cfg.iters, max_seconds=cfg.max_seconds, rounds=cfg.rounds, clocks=cfg.clocks)
+    try:
+        return measure_clocks(timed, cfg.device, **args)
+    except Exception:  # one system failed while timing: time them one by one to find which
+        _free(cfg.device)
+    timings: dict[tuple[str, str], Timing] = {}
+    for t in timed:
+        try:
+            timings.update(measure_clocks([t], cfg.device, **args))
+        except Exception as exc:
+            failed[t.name] = _classify(exc)
+            _free(cfg.device)
+    return timings
+
+
+def _rows(
+    base: Result, clocks: list[str], timings: dict[tuple[str, str], Timing], failed: tuple[str, str] | None
+) -> list[Result]:
+    """One Result per clock of a system, from its checked `base` result (a clock it was timed on in
+    place of an asked one, e.g. eager for a graph that could not be captured, takes that one's place)."""
+    spare = [c for (name, c) in timings if name == base.backend and c not in clocks]
+    clocks = [spare.pop(0) if (base.backend, c) not in timings and spare else c for c in clocks]
+    rows = []
+    for clock in clocks:
+        r = dataclasses.replace(base, clock=clock, extra=dict(base.extra, clock=clock))
+        timing = timings.get((base.backend, clock))
+        if timing is not None:
+            r.ms, r.p20, r.p80, r.host_ms = timing.median, timing.p20, timing.p80, timing.host
+            r.warmup, r.iters, r.batch = timing.warmup, timing.iters, timing.batch
+        elif failed is not None:
+            r.status, r.note = failed
+        elif r.status in ("ok", "unchecked"):  # checked, but this clock could not time it
+            r.status, r.note = "n/a", f"not timed on the {clock} clock (the call could not be captured)"
+        rows.append(r)
+    return rows
+
+
+def _ratios(results: list[Result]) -> None:
+    """speedup_vs_vendor / _padded / _torch: the baseline's time over each result's, within one view."""
+    by_view: dict[tuple[str, str], Result] = {(r.backend, view_of(r.clock)): r for r in results if r.ms}
+    for r in results:
+        for base, attr in ((VENDOR, "speedup_vs_vendor"), ("padded", "speedup_vs_padded"),
+                           ("torch", "speedup_vs_torch")):
+            other = by_view.get((base, view_of(r.clock)))
+            if r.ms and other is not None:
+                setattr(r, attr, other.ms / r.ms)
 
 
 def run_cell(
@@ -179,33 +263,26 @@ def run_cell(
     cfg: BenchConfig,
     reference: System | None = None,
 ) -> list[Result]:
-    """Check and time every system on one cell; always returns one Result per system."""
+    """Check and time every system on one cell; one Result per system and clock (cfg.clocks as
+    `timing.lane_clocks` maps them), in clock order, then system order."""
     itemsize = cfg.dtype.itemsize
     n_flops, n_bytes = flops(shape), min_bytes(cls, shape, itemsize)
     sol = speed_of_light_s(n_flops, n_bytes, cfg.ceilings)
-    results = {
+    checked = {
         s.name: Result(shape, cls.name, routing, s.name, "error", n_flops, n_bytes, sol) for s in systems
     }
-    sets: list[Operands] = []
+    lanes = {s.name: lane_clocks(Timed(s.name, [], s.sync, s.graphable), cfg.device, cfg.clocks) for s in systems}
     calls: dict[str, list[Callable[[], Any]]] = {}
-    ref: torch.Tensor | None = None
     try:
-        sets = [make_operands(cls, shape, routing, cfg, i) for i in range(_n_sets(cls, shape, cfg))]
+        sets, ref, ref_note = _cell_inputs(shape, cls, routing, cfg, reference or RagdotSystem("reference"))
     except Exception as exc:  # the inputs themselves do not fit
         status, note = _classify(exc)
-        for r in results.values():
+        for r in checked.values():
             r.status, r.note = status, f"inputs: {note or status}"
         _free(cfg.device)
-        return list(results.values())
-    reference = reference or RagdotSystem("reference")
-    ref_note = ""
-    try:
-        ref = reference.to_torch(reference.prepare(cls, sets[:1], cfg.dtype)[0]())
-    except Exception as exc:  # its systems are then timed as "unchecked"
-        ref_note = "reference: " + " ".join(_classify(exc)).strip()
-        _free(cfg.device)
+        return _ordered([row for s in systems for row in _rows(checked[s.name], lanes[s.name], {}, None)])
     for system in systems:
-        r = results[system.name]
+        r = checked[system.name]
         try:
             calls[system.name] = system.prepare(cls, sets, cfg.dtype)
         except Exception as exc:
@@ -221,32 +298,20 @@ def run_cell(
             _free(cfg.device)
     del ref
     timed = [Timed(s.name, calls[s.name], s.sync, s.graphable) for s in systems if s.name in calls]
-    timing_args = dict(
-        warmup=cfg.warmup, iters=cfg.iters, max_seconds=cfg.max_seconds, rounds=cfg.rounds, graphs=cfg.graphs
+    failed: dict[str, tuple[str, str]] = {}
+    timings = _time(timed, cfg, failed)
+    results = _ordered(
+        [row for s in systems for row in _rows(checked[s.name], lanes[s.name], timings, failed.get(s.name))]
     )
-    try:
-        timings = measure(timed, cfg.device, **timing_args)
-    except Exception:  # one system failed while timing: time them one by one to find which
-        _free(cfg.device)
-        timings = {}
-        for t in timed:
-            try:
-                timings.update(measure([t], cfg.device, **timing_args))
-            except Exception as exc:
-                results[t.name].status, results[t.name].note = _classify(exc)
-                _free(cfg.device)
-    for name, timing in timings.items():
-        r = results[name]
-        r.ms, r.p20, r.p80, r.host_ms = timing.median, timing.p20, timing.p80, timing.host
-        r.warmup, r.iters = timing.warmup, timing.iters
-        r.extra["clock"] = timing.clock
-    for r in results.values():
-        for base, attr in (("padded", "speedup_vs_padded"), ("torch", "speedup_vs_torch")):
-            other = results.get(base)
-            if r.ms and other is not None and other.ms:
-                setattr(r, attr, other.ms / r.ms)
+    _ratios(results)
     for system in systems:
         system.release()
-    del sets, calls, timed
+    del sets, calls, timed, timings
     _free(cfg.device)
-    return list(results.values())
+    return results
+
+
+def _ordered(results: list[Result]) -> list[Result]:
+    """Clock order (eager-like first, then graph), keeping system order within a clock."""
+    rank = {"eager": 0, "batch": 0, "wall": 0, "graph": 1}
+    return sorted(results, key=lambda r: rank.get(view_of(r.clock), 2))

@@ -1,19 +1,30 @@
 """Timing of several systems on one problem: warm-up, interleaved rounds, median and spread.
 
-Clocks, picked per system:
-- CUDA events around every call (torch on a CUDA device): one sample per call, device time only;
-- CUDA events around replays of CUDA graphs of the calls (opt-in): device time without launch gaps;
-- wall clock around every call (torch on the CPU, where calls are synchronous);
-- wall clock around a batch of calls ending in the system's own `sync` (JAX, whose calls are
-  asynchronous on a stream we cannot put events on): one sample per round, the batch mean.
+Clocks (the `clock` of every timing; each one also records the host time per call, see below):
+- ``eager`` (CUDA): CUDA events around a batch of back-to-back eager calls (EAGER_BATCH, fewer when the
+  time budget leaves fewer calls), one sample per batch: the batch's span divided by its size. The device
+  waits for the host whenever issuing a call takes longer than running it, so host-bound calls show their
+  host cost. This is what an eager training loop sees.
+- ``graph`` (CUDA): CUDA events around every replay of a CUDA graph of the call: device time, without
+  Python dispatch and launch gaps. A system that cannot be captured (a host synchronisation inside) is
+  timed on ``eager`` instead.
+- ``wall`` (CPU): wall clock around every call (CPU calls are synchronous); the one clock on a CPU.
+- ``batch`` (asynchronous systems such as JAX, whose calls run on a stream we cannot put events on): wall
+  clock around a batch of calls ending in the system's own `sync`, one sample per round, the batch mean.
+  Like ``eager`` it includes the host's cost; the summaries show it in the eager view.
 
-The systems are interleaved: each round runs a share of every system's iterations, in a rotated order, so
-clock and thermal drift hit them all alike. Rounds are short (DEFAULT_ROUNDS, 25: one or two calls of each system
-per round at 50 iterations), because the clocks move with power and heat within tens of milliseconds: with
-5 rounds, two copies of one kernel in one run were once measured 5% apart (H200, 6 ms calls).
+Host time per call (`Timing.host_ms`, one value per sample): the wall time the host spends issuing the
+sample's calls, without waiting for the device, divided by their number. A timing is host-bound when that
+reaches the measured time per call (`is_host_bound`).
+
+The systems are interleaved: each round runs a share of every system's samples on every clock, in a
+rotated order, so clock and thermal drift hit them all alike. Rounds are short (DEFAULT_ROUNDS, 25: one or
+two calls of each system per round at 50 iterations), because the clocks move with power and heat within
+tens of milliseconds: with 5 rounds, two copies of one kernel in one run were once measured 5% apart (H200,
+6 ms calls). A system with fewer samples than rounds has them spread evenly over the rounds.
 Input sets are rotated call by call (``calls[k % len]``) so inputs that fit in L2 are not served from it.
-The iteration count adapts to a time budget per system: slow systems get fewer iterations (never fewer than
-MIN_ITERS), fast ones the full count.
+The iteration count adapts to a time budget per system and clock: slow systems get fewer iterations (never
+fewer than MIN_ITERS), fast ones the full count.
 """
 
 from __future__ import annotations
@@ -26,10 +37,62 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Timed", "Timing", "plan_counts", "measure", "synchronize", "DEFAULT_ROUNDS"]
+__all__ = [
+    "Timed",
+    "Timing",
+    "plan_counts",
+    "eager_batch",
+    "lane_clocks",
+    "measure",
+    "measure_clocks",
+    "synchronize",
+    "is_host_bound",
+    "view_of",
+    "parse_clocks",
+    "DEFAULT_ROUNDS",
+    "EAGER",
+    "GRAPH",
+    "WALL",
+    "BATCH",
+    "CLOCKS",
+    "EAGER_BATCH",
+    "HOST_BOUND_SHARE",
+]
 
 MIN_ITERS = 3
 DEFAULT_ROUNDS = 25  # interleaved rounds per cell (see the module docstring)
+EAGER, GRAPH, WALL, BATCH = "eager", "graph", "wall", "batch"
+CLOCKS: tuple[str, ...] = (EAGER, GRAPH)  # the clocks one can ask for (CUDA); a CPU has WALL only
+EAGER_BATCH = 10  # back-to-back eager calls per sample on the eager clock
+# A fully host-bound batch of B eager calls spans B host issue times plus the device time of its last call
+# (nothing overlaps that one), so its host share is just under 1 (B / (B + 1) when both are equal): a
+# timing counts as host-bound once the host time per call reaches this share of the measured time.
+HOST_BOUND_SHARE = 0.9
+_VIEWS = {EAGER: EAGER, "event": EAGER, BATCH: EAGER, GRAPH: GRAPH, WALL: WALL}
+
+
+def view_of(clock: str) -> str:
+    """The view a clock belongs to: ``eager`` (eager, batch, and the older spelling ``event``), ``graph``,
+    ``wall``. Ratios are only taken between timings of one view."""
+    return _VIEWS.get(clock, clock or EAGER)
+
+
+def is_host_bound(clock: str, ms: float | None, host_ms: float | None) -> bool:
+    """Whether the device waited for the host: host time per call >= HOST_BOUND_SHARE x the measured time.
+
+    Only CUDA clocks can say (on the wall clock of a CPU, host and measured time are the same thing)."""
+    if view_of(clock) not in (EAGER, GRAPH) or clock == BATCH or not ms or host_ms is None:
+        return False
+    return host_ms >= HOST_BOUND_SHARE * ms
+
+
+def parse_clocks(names: Sequence[str]) -> tuple[str, ...]:
+    """The asked-for clocks in CLOCKS order, deduplicated; ValueError naming `--clocks` otherwise."""
+    bad = [n for n in names if n not in CLOCKS]
+    if bad or not names:
+        what = ", ".join(bad) or "nothing"
+        raise ValueError(f"--clocks: {what} is not a clock; expected some of {', '.join(CLOCKS)}")
+    return tuple(c for c in CLOCKS if c in names)
 
 
 @dataclass
@@ -44,11 +107,12 @@ class Timed:
 
 @dataclass
 class Timing:
-    samples_ms: list[float] = field(default_factory=list)
+    samples_ms: list[float] = field(default_factory=list)  # time per call, one value per sample
     warmup: int = 0
-    iters: int = 0
-    clock: str = "event"  # event | graph | wall | batch
-    host_ms: list[float] = field(default_factory=list)  # per round: host time per call
+    iters: int = 0  # timed calls
+    clock: str = EAGER  # eager | graph | wall | batch
+    host_ms: list[float] = field(default_factory=list)  # host time per call, one value per sample
+    batch: int = 1  # calls per sample (eager clock; 1 elsewhere, the round's calls on the batch clock)
 
     @property
     def host(self) -> float | None:
@@ -65,6 +129,10 @@ class Timing:
     @property
     def p80(self) -> float:
         return float(np.percentile(self.samples_ms, 80))
+
+    @property
+    def host_bound(self) -> bool:
+        return bool(self.samples_ms) and is_host_bound(self.clock, self.median, self.host)
 
 
 def synchronize(device: torch.device) -> None:
@@ -87,6 +155,27 @@ def plan_counts(t_call: float, warmup: int, iters: int, max_seconds: float | Non
     return n_warm, max(min(iters, n_iter), min(MIN_ITERS, iters))
 
 
+def eager_batch(n_iter: int) -> int:
+    """Calls per eager sample for `n_iter` timed calls: EAGER_BATCH, fewer to keep MIN_ITERS samples."""
+    return max(1, min(EAGER_BATCH, n_iter // MIN_ITERS))
+
+
+def lane_clocks(system: Timed, device: torch.device, clocks: Sequence[str]) -> list[str]:
+    """The clocks `system` is timed on when `clocks` are asked for: WALL on a CPU, BATCH for an
+    asynchronous system, else each asked clock, EAGER in place of GRAPH for calls that cannot be captured
+    (no clock twice)."""
+    if device.type != "cuda":
+        return [WALL]
+    if system.sync is not None:
+        return [BATCH]
+    out: list[str] = []
+    for clock in clocks:
+        got = GRAPH if clock == GRAPH and system.graphable else EAGER
+        if got not in out:
+            out.append(got)
+    return out
+
+
 def _call_once(system: Timed, index: int, device: torch.device) -> float:
     """Seconds of one synchronous call (wall clock)."""
     synchronize(device)
@@ -99,7 +188,8 @@ def _call_once(system: Timed, index: int, device: torch.device) -> float:
 
 
 def _capture(system: Timed) -> list[Callable[[], Any]] | None:
-    """One CUDA graph per input set, as replay calls; None when a call cannot be captured."""
+    """One CUDA graph per input set, as replay calls (each replayed once, untimed); None when a call
+    cannot be captured."""
     graphs = []
     try:
         for call in system.calls:
@@ -110,6 +200,9 @@ def _capture(system: Timed) -> list[Callable[[], Any]] | None:
     except Exception:  # e.g. a host synchronisation inside the call
         torch.cuda.synchronize()
         return None
+    for graph in graphs:
+        graph.replay()
+    torch.cuda.synchronize()
     return [g.replay for g in graphs]
 
 
@@ -119,9 +212,11 @@ def _round(
     start: int,
     count: int,
     device: torch.device,
-) -> tuple[list[float], float]:
-    """Run `count` calls from call index `start`: (samples in ms, host ms per call)."""
-    if sync is not None:  # asynchronous system: one batch, one sample
+    batch: int = 1,
+) -> tuple[list[float], list[float]]:
+    """Run `count` samples of `batch` calls each from call index `start`: (ms per call, host ms per call),
+    one value per sample. An asynchronous system (`sync`) gives one sample of all `count` calls."""
+    if sync is not None:
         synchronize(device)
         t0 = time.perf_counter()
         out = None
@@ -129,23 +224,112 @@ def _round(
             out = calls[k % len(calls)]()
         sync(out)
         mean = (time.perf_counter() - t0) * 1e3 / count
-        return [mean], mean
+        return [mean], [mean]
+    n = len(calls)
     if device.type == "cuda":
         events = [torch.cuda.Event(enable_timing=True) for _ in range(count + 1)]
+        hosts = []
         events[0].record()
-        t0 = time.perf_counter()
-        for i, k in enumerate(range(start, start + count)):
-            calls[k % len(calls)]()
+        for i in range(count):
+            first = start + i * batch
+            t0 = time.perf_counter()
+            for k in range(first, first + batch):
+                calls[k % n]()
+            hosts.append((time.perf_counter() - t0) * 1e3 / batch)  # issue time only: no wait for the GPU
             events[i + 1].record()
-        host = (time.perf_counter() - t0) * 1e3 / count  # time to enqueue: launch-bound when >= ms
         events[-1].synchronize()
-        return [events[i].elapsed_time(events[i + 1]) for i in range(count)], host
+        return [events[i].elapsed_time(events[i + 1]) / batch for i in range(count)], hosts
     samples = []
-    for k in range(start, start + count):
+    for i in range(count):
+        first = start + i * batch
         t0 = time.perf_counter()
-        calls[k % len(calls)]()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return samples, sum(samples) / len(samples)
+        for k in range(first, first + batch):
+            calls[k % n]()
+        samples.append((time.perf_counter() - t0) * 1e3 / batch)
+    return samples, list(samples)
+
+
+@dataclass
+class _Lane:
+    """One system on one clock: what to call, how many samples of how many calls."""
+
+    system: Timed
+    clock: str
+    runs: Sequence[Callable[[], Any]]
+    samples: int
+    batch: int
+    cursor: int
+    timing: Timing
+
+
+def _warm(system: Timed, device: torch.device, warmup: int, iters: int, max_seconds: float | None) -> tuple[int, int]:
+    """The estimate call and the warm-up calls of `system`; returns (warm-up calls made, iterations)."""
+    t_call = _call_once(system, 0, device)
+    n_warm, n_iter = plan_counts(t_call, warmup, iters, max_seconds)
+    out = None
+    for k in range(1, n_warm):
+        out = system.calls[k % len(system.calls)]()
+    if system.sync is not None and out is not None:
+        system.sync(out)
+    del out
+    synchronize(device)
+    return max(n_warm, 1), n_iter
+
+
+def _lanes(system: Timed, device: torch.device, clocks: Sequence[str], warm: int, n_iter: int) -> list[_Lane]:
+    lanes: list[_Lane] = []
+    for clock in lane_clocks(system, device, clocks):
+        runs = _capture(system) if clock == GRAPH else system.calls
+        if runs is None:  # the capture failed: eager calls, unless they are timed already
+            if EAGER in clocks:
+                continue
+            clock, runs = EAGER, system.calls
+        batch = eager_batch(n_iter) if clock == EAGER else 1
+        samples = max(1, n_iter // batch)
+        timing = Timing(warmup=warm, iters=samples * batch, clock=clock, batch=batch)
+        lanes.append(_Lane(system, clock, runs, samples, batch, warm, timing))
+    return lanes
+
+
+def _share(total: int, n_rounds: int, r: int) -> int:
+    """Samples of round r when `total` are spread evenly over `n_rounds`."""
+    return total * (r + 1) // n_rounds - total * r // n_rounds
+
+
+def measure_clocks(
+    systems: Sequence[Timed],
+    device: torch.device,
+    *,
+    clocks: Sequence[str] = CLOCKS,
+    warmup: int,
+    iters: int,
+    max_seconds: float | None = None,
+    rounds: int = DEFAULT_ROUNDS,
+) -> dict[tuple[str, str], Timing]:
+    """Time every system on every asked clock (`lane_clocks`) on `device`, all interleaved.
+
+    Returns a Timing per (system name, clock). Each system is called once untimed first (its estimate,
+    counted as warm-up), so compile time stays out of the samples as long as the caller has already run
+    it once (the correctness check does). On a CPU the one clock is WALL, whatever is asked.
+    """
+    lanes: list[_Lane] = []
+    for system in systems:
+        warm, n_iter = _warm(system, device, warmup, iters, max_seconds)
+        lanes += _lanes(system, device, clocks, warm, n_iter)
+    n_rounds = max(1, min(rounds, max((lane.samples for lane in lanes), default=1)))
+    for r in range(n_rounds):
+        shift = r % len(lanes) if lanes else 0
+        for lane in lanes[shift:] + lanes[:shift]:
+            count = _share(lane.samples, n_rounds, r)
+            if count == 0:
+                continue
+            sync = lane.system.sync if lane.clock == BATCH else None
+            calls = count * lane.batch
+            samples, hosts = _round(lane.runs, sync, lane.cursor, calls if sync else count, device, lane.batch)
+            lane.timing.samples_ms += samples
+            lane.timing.host_ms += hosts
+            lane.cursor += calls
+    return {(lane.system.name, lane.clock): lane.timing for lane in lanes}
 
 
 def measure(
@@ -158,48 +342,10 @@ def measure(
     rounds: int = DEFAULT_ROUNDS,
     graphs: bool = False,
 ) -> dict[str, Timing]:
-    """Time every system on `device`, interleaved; returns a Timing per system name.
-
-    Each system is called once untimed first (its estimate, counted as warm-up), so compile time stays out
-    of the samples as long as the caller has already run it once (the correctness check does). With
-    `graphs` (CUDA only), each system's calls are captured as CUDA graphs and replayed: device time without
-    host launch overhead; a system that cannot be captured is timed eagerly (its clock says which).
-    """
-    plans: dict[str, tuple[int, int]] = {}
-    cursor: dict[str, int] = {}
-    runs: dict[str, Sequence[Callable[[], Any]]] = {}
-    results: dict[str, Timing] = {}
-    for system in systems:
-        t_call = _call_once(system, 0, device)
-        plans[system.name] = plan_counts(t_call, warmup, iters, max_seconds)
-        n_warm = plans[system.name][0]
-        out = None
-        for k in range(1, n_warm):
-            out = system.calls[k % len(system.calls)]()
-        if system.sync is not None and out is not None:
-            system.sync(out)
-        del out
-        synchronize(device)
-        cursor[system.name] = max(n_warm, 1)
-        clock = "batch" if system.sync else ("event" if device.type == "cuda" else "wall")
-        replays = None
-        if graphs and clock == "event" and system.graphable:
-            replays = _capture(system)
-        runs[system.name] = replays or system.calls
-        results[system.name] = Timing(
-            warmup=max(n_warm, 1), iters=plans[system.name][1], clock="graph" if replays else clock
-        )
-    n_rounds = max(1, min(rounds, min((plans[s.name][1] for s in systems), default=1)))
-    for r in range(n_rounds):
-        order = list(systems[r % len(systems) :]) + list(systems[: r % len(systems)]) if systems else []
-        for system in order:
-            total = plans[system.name][1]
-            count = total // n_rounds + (1 if r < total % n_rounds else 0)
-            if count == 0:
-                continue
-            sync = None if results[system.name].clock == "graph" else system.sync
-            samples, host = _round(runs[system.name], sync, cursor[system.name], count, device)
-            results[system.name].samples_ms += samples
-            results[system.name].host_ms.append(host)
-            cursor[system.name] += count
-    return results
+    """One clock per system, a Timing per system name: GRAPH with `graphs` (CUDA; EAGER for calls that
+    cannot be captured), else EAGER (WALL on a CPU, BATCH for asynchronous systems)."""
+    timings = measure_clocks(
+        systems, device, clocks=(GRAPH,) if graphs else (EAGER,), warmup=warmup, iters=iters,
+        max_seconds=max_seconds, rounds=rounds,
+    )
+    return {name: timing for (name, _), timing in timings.items()}
