@@ -325,6 +325,17 @@ def make_output(
     return out
 
 
+def host_descriptor(base: torch.Tensor, shape: list[int], strides: list[int], block: list[int]) -> Any:
+    """A Triton host TensorDescriptor of `base` without its constructor's checks: for callers that checked
+    the static layout once (last dim contiguous, other strides 16-byte multiples) and the base's 16-byte
+    alignment on this call."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block, padding="zero")
+    return desc
+
+
 def next_pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
 

@@ -28,14 +28,15 @@ from ragdot.kernels.configs import (
     check_group_ends,
     check_operands,
     dot_precision,
+    host_descriptor,
     launch_options,
     make_output,
     next_pow2,
     num_sms,
     resolve_config,
-    run_kernel,
     tma_capable,
 )
+from ragdot.kernels.launch import BoundLaunch
 
 
 @triton.jit
@@ -217,21 +218,81 @@ def ragged_k_persistent_kernel(
             kk = pid * 0
 
 
+_SCHEDULES: dict[tuple, BoundLaunch] = {}
+
+
 def schedule(group_ends: torch.Tensor) -> torch.Tensor:
     """int32 [3, G]: per slot (groups by size, largest first, ties by index) the group, its first and end row.
 
     One launch of one program on the device; no host sync.
     """
     g = group_ends.shape[0]
+    key = (g, group_ends.device)
+    launch = _SCHEDULES.get(key)
+    if launch is None:
+        consts = {"BLOCK_G": min(next_pow2(g), 128), "BLOCK_H": 32}
+        launch = _SCHEDULES[key] = BoundLaunch(_schedule_kernel, (1,), consts, {"num_warps": 4}, group_ends.device)
     sched = torch.empty((3, g), dtype=torch.int32, device=group_ends.device)
-    run_kernel(_schedule_kernel, (1,), group_ends, sched, g, BLOCK_G=min(next_pow2(g), 128), BLOCK_H=32,
-               num_warps=4)
+    launch(group_ends, sched, g)
     return sched
 
 
 def longest_first(group_ends: torch.Tensor) -> torch.Tensor:
     """int32 [G] permutation of the groups by size, largest first (ties by index); no host sync."""
     return schedule(group_ends)[0]
+
+
+class Prepared:
+    """`ragged_k` for one static signature (shapes, strides, dtypes, device, config): checks, config, grid and
+    kernel choice resolved once; a call allocates the output, ranks the groups and launches."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype, config: TileConfig | None):
+        bt, r, m = a.shape
+        n = b.shape[2]
+        self.shape = (g, bt, m, n)
+        self.out_dtype = out_dtype
+        self.device = a.device
+        cfg = self.cfg = resolve_config(config, "ragged_k", m, r, n, g, a)
+        self.empty = g * bt * m * n == 0
+        self.zero = r == 0
+        if self.empty or self.zero:
+            return
+        if g > 65535 or bt > 65535:
+            raise ValueError(f"group_ends/a: {g} groups x batch {bt} exceed the grid's 65535 per axis")
+        elem = torch.empty((), dtype=out_dtype).element_size()
+        self.tma = bool(cfg.tma and tma_capable(a.device) and (n * elem) % 16 == 0)
+        self.c_desc = ([g * bt, m, n], [m * n, n, 1], [1, cfg.block_m, cfg.block_n])
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        consts = dict(
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            EVEN_M=m % cfg.block_m == 0, EVEN_N=n % cfg.block_n == 0, PRECISION=dot_precision(a.dtype),
+        )
+        opts = launch_options(cfg, a.device)
+        self.scalars = (m, n, g, bt, *a.stride(), *b.stride())
+        if cfg.persistent:
+            kernel, grid, consts = ragged_k_persistent_kernel, (min(g * bt * tiles, num_sms(a.device) *
+                                                                      cfg.programs_per_sm),), {**consts, "BLOCK_I": 128}
+        else:
+            kernel, grid = ragged_k_kernel, (tiles, g, bt)
+        self.launches = {
+            tma: BoundLaunch(kernel, grid, {**consts, "TMA_STORE": tma}, opts, a.device) for tma in {False, self.tma}
+        }
+
+    def __call__(
+        self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None,
+        sched: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, object]:
+        """a [Bt, R, M], b [Bt, R, N], ends int32/int64 [G] -> (c [G, Bt, M, N], kernel handle or None)."""
+        c = torch.empty(self.shape, dtype=self.out_dtype, device=self.device) if out is None else out
+        if self.empty:
+            return c, None
+        if self.zero:
+            return c.zero_(), None
+        if sched is None:
+            sched = schedule(ends)
+        tma = self.tma and c.data_ptr() % 16 == 0
+        c_desc = host_descriptor(c, *self.c_desc) if tma else None
+        return c, self.launches[tma](a, b, c, c_desc, sched, *self.scalars)
 
 
 def launch(
@@ -255,35 +316,7 @@ def launch(
     ends = check_group_ends(group_ends, g, a.device)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     c = make_output("out", out, (g, bt, m, n), out_dtype, a.device)
-    cfg = resolve_config(config, "ragged_k", m, r, n, g, a)
-    if c.numel() == 0:
-        return c, None
-    if r == 0:
-        return c.zero_(), None
-    if g > 65535 or bt > 65535:
-        raise ValueError(f"group_ends/a: {g} groups x batch {bt} exceed the grid's 65535 per axis")
-    if sched is None:
-        sched = schedule(ends)
-    c_desc = None
-    if cfg.tma and tma_capable(a.device) and (n * c.element_size()) % 16 == 0 and c.data_ptr() % 16 == 0:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        c_desc = TensorDescriptor(c, [g * bt, m, n], [m * n, n, 1], [1, cfg.block_m, cfg.block_n])
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    common = dict(
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        EVEN_M=m % cfg.block_m == 0, EVEN_N=n % cfg.block_n == 0, TMA_STORE=c_desc is not None,
-        PRECISION=dot_precision(a.dtype), **launch_options(cfg, a.device),
-    )
-    args = (a, b, c, c_desc, sched, m, n, g, bt, a.stride(0), a.stride(1), a.stride(2),
-            b.stride(0), b.stride(1), b.stride(2))
-    items = g * bt * tiles
-    programs = min(items, num_sms(a.device) * cfg.programs_per_sm)
-    if cfg.persistent:
-        handle = run_kernel(ragged_k_persistent_kernel, (programs,), *args, BLOCK_I=128, **common)
-    else:
-        handle = run_kernel(ragged_k_kernel, (tiles, g, bt), *args, **common)
-    return c, handle
+    return Prepared(a, b, g, out_dtype, config)(a, b, ends, c, sched)
 
 
 def ragged_k(

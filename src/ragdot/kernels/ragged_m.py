@@ -30,14 +30,15 @@ from ragdot.kernels.configs import (
     check_group_ends,
     check_operands,
     dot_precision,
+    host_descriptor,
     launch_options,
     make_output,
     next_pow2,
     num_sms,
     resolve_config,
-    run_kernel,
     tma_capable,
 )
+from ragdot.kernels.launch import BoundLaunch
 
 
 @triton.jit
@@ -281,40 +282,73 @@ def ragged_m_tma_flat_kernel(
             kk = pid * 0
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
-    """A tensor a TMA descriptor can describe: last dim contiguous, other strides and base 16-byte aligned."""
+def _tma_strides_ok(t: torch.Tensor) -> bool:
+    """Strides a TMA descriptor can describe: last dim contiguous, the others 16-byte multiples."""
     size = t.element_size()
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * size) % 16 == 0 for s in t.stride()[:-1])
+    return t.stride(-1) == 1 and all((s * size) % 16 == 0 for s in t.stride()[:-1])
 
 
-def _launch_tma(
-    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, ends: torch.Tensor, cfg: TileConfig, max_tiles: int,
-    programs: int, block_g: int,
-) -> object:
-    from triton.tools.tensor_descriptor import TensorDescriptor
+class Prepared:
+    """`ragged_m` for one static signature (shapes, strides, dtypes, device, config): the checks, the config,
+    the grid and the kernel choice are resolved once; a call allocates the output and launches.
 
-    bt, m, k = a.shape
-    g, n = b.shape[1], b.shape[3]
-    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [1, cfg.block_m, cfg.block_k])
-    kmajor = b.stride(3) != 1
-    bv = b.transpose(2, 3) if kmajor else b
-    block = [1, 1, cfg.block_n, cfg.block_k] if kmajor else [1, 1, cfg.block_k, cfg.block_n]
-    b_desc = TensorDescriptor(bv, list(bv.shape), list(bv.stride()), block)
-    if cfg.flat:  # TileConfig guarantees persistent and tma
-        return run_kernel(
-            ragged_m_tma_flat_kernel, (programs, bt),
-            a_desc, b_desc, c, ends, m, n, k, g,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=block_g,
-            GROUP_M=cfg.group_m, B_KMAJOR=kmajor, PRECISION=dot_precision(a.dtype),
-            **launch_options(cfg, a.device),
+    Calls take operands with exactly the shapes, strides and dtypes it was prepared for."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, config: TileConfig | None):
+        bt, m, k = a.shape
+        g, n = b.shape[1], b.shape[3]
+        self.shape = (bt, m, n)
+        self.out_dtype = out_dtype
+        self.device = a.device
+        cfg = self.cfg = resolve_config(config, "ragged_m", m, k, n, g, a)
+        self.empty = bt * m * n == 0
+        self.zero = g == 0 or k == 0
+        if self.empty or self.zero:
+            return
+        if bt > 65535:
+            raise ValueError(f"a: batch size {bt} exceeds the 65535 the grid allows")
+        num_n = triton.cdiv(n, cfg.block_n)
+        max_tiles = (triton.cdiv(m, cfg.block_m) + g) * num_n
+        programs = min(max_tiles, num_sms(a.device) * cfg.programs_per_sm) if cfg.persistent else max_tiles
+        grid = (programs, bt)
+        opts = launch_options(cfg, a.device)
+        consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=next_pow2(g + 1),
+                      GROUP_M=cfg.group_m, PRECISION=dot_precision(a.dtype))
+        self.sizes = (m, n, k, g) if cfg.flat else (m, n, k, g, max_tiles)
+        self.kmajor = b.stride(3) != 1
+        bv = b.transpose(2, 3) if self.kmajor else b
+        self.tma = (cfg.tma and tma_capable(a.device) and _tma_strides_ok(a) and _tma_strides_ok(bv))
+        if self.tma:
+            self.a_desc = (list(a.shape), list(a.stride()), [1, cfg.block_m, cfg.block_k])
+            bblock = [1, 1, cfg.block_n, cfg.block_k] if self.kmajor else [1, 1, cfg.block_k, cfg.block_n]
+            self.b_desc = (list(bv.shape), list(bv.stride()), bblock)
+            kernel = ragged_m_tma_flat_kernel if cfg.flat else ragged_m_tma_kernel
+            extra = {} if cfg.flat else {"PERSISTENT": cfg.persistent}
+            self.tma_launch = BoundLaunch(kernel, grid, {**consts, "B_KMAJOR": self.kmajor, **extra}, opts, a.device)
+        self.strides = (*a.stride(), *b.stride())
+        self.ptr_launch = BoundLaunch(
+            ragged_m_kernel, grid,
+            {**consts, "EVEN_K": k % cfg.block_k == 0, "EVEN_N": n % cfg.block_n == 0, "PERSISTENT": cfg.persistent},
+            opts, a.device,
         )
-    return run_kernel(
-        ragged_m_tma_kernel, (programs, bt),
-        a_desc, b_desc, c, ends, m, n, k, g, max_tiles,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=block_g,
-        GROUP_M=cfg.group_m, B_KMAJOR=kmajor, PERSISTENT=cfg.persistent, PRECISION=dot_precision(a.dtype),
-        **launch_options(cfg, a.device),
-    )
+        self.max_tiles = max_tiles
+
+    def __call__(
+        self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, object]:
+        """a [Bt, M, K], b [Bt, G, K, N], ends int32/int64 [G] -> (c [Bt, M, N], kernel handle or None)."""
+        c = torch.empty(self.shape, dtype=self.out_dtype, device=self.device) if out is None else out
+        if self.empty:
+            return c, None
+        if self.zero:
+            return c.zero_(), None
+        if self.tma and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0:
+            bv = b.transpose(2, 3) if self.kmajor else b
+            a_desc = host_descriptor(a, *self.a_desc)
+            b_desc = host_descriptor(bv, *self.b_desc)
+            return c, self.tma_launch(a_desc, b_desc, c, ends, *self.sizes)
+        m, n, k, g = self.shape[1], self.shape[2], a.shape[2], b.shape[1]
+        return c, self.ptr_launch(a, b, c, ends, m, n, k, g, *self.strides, self.max_tiles)
 
 
 def launch(
@@ -335,30 +369,7 @@ def launch(
     ends = check_group_ends(group_ends, g, a.device)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     c = make_output("out", out, (bt, m, n), out_dtype, a.device)
-    cfg = resolve_config(config, "ragged_m", m, k, n, g, a)
-    if c.numel() == 0:
-        return c, None
-    if g == 0 or k == 0:
-        return c.zero_(), None
-    if bt > 65535:
-        raise ValueError(f"a: batch size {bt} exceeds the 65535 the grid allows")
-    num_n = triton.cdiv(n, cfg.block_n)
-    max_tiles = (triton.cdiv(m, cfg.block_m) + g) * num_n
-    programs = min(max_tiles, num_sms(a.device) * cfg.programs_per_sm) if cfg.persistent else max_tiles
-    if cfg.tma and tma_capable(a.device) and _tma_ok(a) and (_tma_ok(b) or _tma_ok(b.transpose(2, 3))):
-        return c, _launch_tma(a, b, c, ends, cfg, max_tiles, programs, next_pow2(g + 1))
-    handle = run_kernel(
-        ragged_m_kernel, (programs, bt),
-        a, b, c, ends, m, n, k, g,
-        a.stride(0), a.stride(1), a.stride(2),
-        b.stride(0), b.stride(1), b.stride(2), b.stride(3),
-        max_tiles,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=next_pow2(g + 1),
-        GROUP_M=cfg.group_m, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
-        PERSISTENT=cfg.persistent, PRECISION=dot_precision(a.dtype),
-        **launch_options(cfg, a.device),
-    )
-    return c, handle
+    return Prepared(a, b, out_dtype, config)(a, b, ends, c)
 
 
 def ragged_m(

@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ragdot.kernels.configs import num_sms, run_kernel
+from ragdot.kernels.configs import num_sms
+from ragdot.kernels.launch import BoundLaunch
 
 
 @triton.jit
@@ -38,6 +39,10 @@ def _zero_tail_kernel(
         tl.store(base + idx, zeros, mask=(idx >= first) & (idx < MN))
 
 
+_BLOCK = 4096
+_LAUNCHES: dict[tuple, BoundLaunch] = {}
+
+
 def zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
     """Write zeros into rows >= group_ends[-1] of c [Bt, M, N] (contiguous), in place; returns c.
 
@@ -59,9 +64,14 @@ def zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
         return c.zero_()
     if bt > 65535:
         raise ValueError(f"c: batch size {bt} exceeds the 65535 the grid allows")
-    block = 4096
-    programs = max(1, min(triton.cdiv(m * n, block), 2 * num_sms(c.device)))
-    run_kernel(
-        _zero_tail_kernel, (programs, bt), c, group_ends, group_ends.shape[0], m * n, n, BLOCK=block, num_warps=4
-    )
+    g = group_ends.shape[0]
+    key = (bt, m, n, g, c.dtype, group_ends.dtype, c.device)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        if len(_LAUNCHES) >= 4096:  # many distinct shapes (e.g. serving): start over rather than grow
+            _LAUNCHES.clear()
+        programs = max(1, min(triton.cdiv(m * n, _BLOCK), 2 * num_sms(c.device)))
+        launch = _LAUNCHES[key] = BoundLaunch(_zero_tail_kernel, (programs, bt), {"BLOCK": _BLOCK}, {"num_warps": 4},
+                                              c.device)
+    launch(c, group_ends, g, m * n, n)
     return c
