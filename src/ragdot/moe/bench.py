@@ -33,18 +33,11 @@ from typing import Any
 import torch
 
 from ragdot.moe.layer_bench import LAYER_VARIANTS, add_layer_arguments
+from ragdot.moe.variants import VARIANTS
 
 HELP = "end-to-end MoE train-step benchmark: paths x backends over the seed's model configs"
 LAYER_STEPS = 20  # timed steps per row of --layer
 
-VARIANTS: dict[str, tuple[str, str | None]] = {  # name -> (path, backend)
-    "sparse-padded": ("sparse", "padded"),
-    "sparse-torch": ("sparse", "torch"),
-    "sparse-triton": ("sparse", "triton"),
-    "sparse-auto": ("sparse", "auto"),
-    "dense_dropless": ("dense_dropless", None),
-    "dense_drop": ("dense_drop", None),
-}
 ROUTING_OPS = frozenset({"ragdot::moe_permute", "ragdot::moe_combine", "ragdot::moe_combine_backward"})
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -133,8 +133,8 @@ def _sync(device: torch.device) -> None:
 # ------------------------------------------------------------------------------------------ one row
 def _forward(layer, variant: str):
     """The x [T, dim] -> y [T, dim] callable of a variant (peer on the layer's own parameters)."""
-    from ragdot.moe.bench import VARIANTS
     from ragdot.moe.peer import peer_moe
+    from ragdot.moe.variants import VARIANTS
 
     if variant == "peer":
         return lambda x: peer_moe(x, layer.router.weight, layer.w_gate_up, layer.w_down, layer.top_k)
@@ -144,7 +144,7 @@ def _forward(layer, variant: str):
 
 def _unavailable(variant: str) -> str | None:
     import ragdot
-    from ragdot.moe.bench import VARIANTS
+    from ragdot.moe.variants import VARIANTS
 
     if variant == "peer":
         return None if hasattr(torch, "_grouped_mm") else "this torch has no torch._grouped_mm"
