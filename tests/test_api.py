@@ -135,9 +135,9 @@ def test_custom_ops_pass_opcheck():
 
     a, b = torch.randn(1, 12, 8), torch.randn(1, 3, 8, 5)
     ends = torch.tensor([4, 4, 10], dtype=torch.int32)
-    torch.library.opcheck(ops.ragged_m, (a, b, ends, torch.float32, "reference"))
-    torch.library.opcheck(ops.ragged_k, (a, torch.randn(1, 12, 6), ends, torch.float32, "reference"))
-    torch.library.opcheck(ops.batch, (a, torch.randn(1, 8, 4), torch.float32, "reference"))
+    torch.library.opcheck(ops.ragged_m_op, (a, b, ends, torch.float32, "reference"))
+    torch.library.opcheck(ops.ragged_k_op, (a, torch.randn(1, 12, 6), ends, torch.float32, "reference"))
+    torch.library.opcheck(ops.batch_op, (a, torch.randn(1, 8, 4), torch.float32, "reference"))
 
 
 def test_torch_compile_fullgraph_traces_a_model():

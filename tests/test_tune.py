@@ -115,7 +115,26 @@ def test_entry_keeps_best_triton_config_even_when_torch_wins():
     }
     entry = entry_from_times(times, cands)
     assert entry["backend"] == "torch"
-    assert select.config_from_dict(entry["triton_config"]) == cfg_b
+    assert set(entry["configs"]) == {"triton"}  # the vendor kernel has no configs of its own
+    assert select.entry_config(entry, "triton") == cfg_b
+    assert select.entry_config(entry, "torch") is None
+
+
+def test_entry_config_reads_the_earlier_spelling():
+    from ragdot.kernels.configs import TileConfig
+
+    legacy = {"backend": "triton", "triton_config": {"block_m": 64, "block_n": 64}}
+    assert select.entry_config(legacy, "triton") == TileConfig(64, 64)
+
+
+def test_eager_choice_weighs_host_time():
+    # device times: triton 0.05 ms, torch 0.06 ms; host time per call: triton 0.09 ms, torch 0.04 ms.
+    entry = {"backend": "triton", "ms": {"torch": {"balanced": 0.06}, "triton:x": {"balanced": 0.05},
+                                         "triton:y": {"balanced": 0.07}}}
+    host = {"torch": {"ragged_m": 0.04}, "triton": {"ragged_m": 0.09}}
+    costs = select.eager_cost(entry, host, "ragged_m")
+    assert costs == {"torch": 0.06, "triton": 0.09}
+    assert select.eager_cost(entry, {}, "ragged_m") == {"torch": 0.06, "triton": 0.05}
 
 
 def test_tuned_entry_follows_the_cache_and_is_deterministic():
@@ -163,8 +182,8 @@ def test_shipped_h200_results_cover_every_anchor_cell(monkeypatch):
             entry = select.tuned_entry(key)
             assert entry is not None, (shape.name, cls.name)
             assert entry["backend"] in ("torch", "triton")
-            if entry["triton_config"] is not None:
-                select.config_from_dict(entry["triton_config"])  # a valid TileConfig
+            assert entry["configs"]["triton"] is not None
+            select.entry_config(entry, "triton")  # a valid TileConfig
 
 
 @pytest.mark.parametrize("problem,layout", [("ragged_m", "arbc"), ("ragged_k", "arbr")])

@@ -8,8 +8,8 @@ batch modes); every call is differentiable in both operands and can run on sever
 (`ragdot.backends()`).
 """
 
+from ragdot._version import __version__
 from ragdot.api import backends, explain, ragged_dot, ragged_dot_general
 from ragdot.dimension_numbers import RaggedDotDimensionNumbers
 
 __all__ = ["RaggedDotDimensionNumbers", "backends", "explain", "ragged_dot", "ragged_dot_general", "__version__"]
-__version__ = "0.1.0"

@@ -1,4 +1,13 @@
-"""Public entry points: argument checking, canonicalization, group offsets, dispatch."""
+"""Public entry points: argument checking, canonicalization, group offsets, dispatch.
+
+The eager hot path: everything that depends only on a call's static signature (operand shapes, strides,
+dtypes and devices, the group sizes' shape/dtype/device, dimension numbers, output dtype, backend, validate)
+is checked and resolved once into a `_Call` (the canonical views, the output layout, the prepared runner of
+the forward problem), kept in a dictionary; a repeated call is that lookup, the views, one launch for the
+group ends and the backend's launch. Checks run only when a signature is first seen, so every mistake still
+raises at once and a cached call cannot change a result. Under `torch.compile` the same checks run while
+tracing and the problems are custom ops (`ragdot.ops`).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +17,10 @@ import torch
 
 from ragdot import ops
 from ragdot.backends import BACKEND_NAMES, available_backends
-from ragdot.dimension_numbers import RAGGED_DOT_DN, Canonical, RaggedDotDimensionNumbers, canonicalize
+from ragdot.dimension_numbers import RAGGED_DOT_DN, Canonical, RaggedDotDimensionNumbers, canonicalize, plan_views
+from ragdot.groups import group_ends_from_sizes, validate_sizes
 
-__all__ = ["ragged_dot", "ragged_dot_general", "backends", "group_ends_from_sizes"]
+__all__ = ["ragged_dot", "ragged_dot_general", "backends", "explain", "group_ends_from_sizes"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -77,38 +87,6 @@ def _check_operands(lhs, rhs, group_sizes, preferred_element_type) -> torch.dtyp
     return preferred_element_type
 
 
-def _validate_sizes(group_sizes: torch.Tensor, extent: int) -> None:
-    """Host-side check used with validate=True: names the first offending group."""
-    total = 0
-    for i, size in enumerate(group_sizes.tolist()):
-        if size < 0:
-            raise ValueError(f"group_sizes[{i}] = {size} is negative; group sizes must be >= 0")
-        total += size
-        if total > extent:
-            raise ValueError(
-                f"group_sizes sum to {total} by group {i}, beyond the ragged dimension's size {extent}"
-            )
-
-
-def group_ends_from_sizes(group_sizes: torch.Tensor, extent: int, scale: int = 1) -> torch.Tensor:
-    """Inclusive prefix sums of the sizes (negatives count as 0), times `scale`, clamped to `extent`; int32.
-
-    Stays on the device of `group_sizes`: no host synchronisation. Each size is first clamped to the unscaled
-    extent (which leaves every clamped end unchanged), so the running sum stays below G * extent and fits
-    int32 whenever that product does: then three small kernels, no widening and narrowing copies.
-    """
-    rows = extent // scale
-    narrow = group_sizes.shape[0] * max(extent, 1) < 2**31
-    acc = torch.int32 if narrow else torch.int64
-    if group_sizes.dtype not in (torch.int32, torch.int64):  # narrow ints cannot hold the clamp bound
-        group_sizes = group_sizes.to(torch.int64)
-    ends = torch.cumsum(group_sizes.clamp(0, rows), 0, dtype=acc)
-    if scale != 1:
-        ends = ends * scale
-    ends = ends.clamp_(max=extent)
-    return ends if narrow else ends.to(torch.int32)
-
-
 def _prepare(
     lhs: torch.Tensor,
     rhs: torch.Tensor,
@@ -124,6 +102,74 @@ def _prepare(
     name = _check_backend(backend)
     can: Canonical = canonicalize(lhs, rhs, group_sizes.shape[0], dn)
     return can, group_sizes, out_dtype, name
+
+
+def _validate_on() -> bool:
+    return os.environ.get("RAGDOT_VALIDATE", "") not in ("", "0")
+
+
+class _Call:
+    """One static call signature, checked and resolved: canonical views, output layout, forward runner."""
+
+    __slots__ = ("plan", "mode", "out_dtype", "backend", "validate", "device", "groups", "runner", "state")
+
+    def __init__(self, lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, dimension_numbers: object,
+                 preferred_element_type: torch.dtype | None, backend: str | None, validate: bool):
+        if not isinstance(validate, bool):
+            raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
+        dn = RaggedDotDimensionNumbers.coerce(dimension_numbers)
+        self.out_dtype = _check_operands(lhs, rhs, group_sizes, preferred_element_type)
+        self.backend = _check_backend(backend)
+        self.groups = group_sizes.shape[0]
+        self.plan = plan_views(lhs.shape, rhs.shape, self.groups, dn)
+        self.mode = self.plan.mode
+        self.validate = validate
+        self.device = lhs.device
+        self.runner: ops.Runner | None = None
+        self.state: tuple | None = None
+
+    def _runner(self, a: torch.Tensor, b: torch.Tensor) -> ops.Runner:
+        state = ops._state(a)
+        if state != self.state:
+            groups = self.groups if self.mode != "batch" else 0
+            self.runner = ops.runner(self.mode, self.backend, a, b, groups, self.out_dtype)
+            self.state = state
+        return self.runner
+
+    def __call__(self, lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+        plan = self.plan
+        a, b = plan.views(lhs, rhs)
+        ends = None
+        if self.mode != "batch":
+            if self.validate or _validate_on():
+                validate_sizes(group_sizes, plan.extent // plan.group_scale)
+            if group_sizes.device != self.device:
+                group_sizes = group_sizes.to(self.device)
+            ends = group_ends_from_sizes(group_sizes, plan.extent, plan.group_scale)
+        if ops.needs_autograd(a, b):
+            c = ops.run(self.mode, a, b, ends, self.out_dtype, self.backend)
+        else:
+            c = self._runner(a, b)(a, b, ends)
+        return plan.finish(c)
+
+
+_CALLS: dict[tuple, _Call] = {}
+_MAX_CALLS = 4096
+
+
+def _traced(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> torch.Tensor:
+    """The call under torch.compile: the same checks while tracing, then the problems' custom ops."""
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
+    can, group_sizes, out_dtype, name = _prepare(
+        lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend
+    )
+    ends = None
+    if can.mode != "batch":
+        if validate or _validate_on():
+            validate_sizes(group_sizes, can.extent // can.group_scale)
+        ends = group_ends_from_sizes(group_sizes.to(lhs.device), can.extent, can.group_scale)
+    return can.finish(ops.apply_op(can.mode, can.a, can.b, ends, out_dtype, name))
 
 
 def ragged_dot_general(
@@ -143,19 +189,25 @@ def ragged_dot_general(
     slice), batch (a plain batched dot; group_sizes is not read). Indices at or past sum(group_sizes) belong
     to no group: their output rows are zero and they contribute to no group, whatever they hold.
     """
-    if not isinstance(validate, bool):
-        raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
-    can, group_sizes, out_dtype, name = _prepare(
-        lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend
-    )
-    if can.mode == "batch":
-        return can.finish(ops.batch(can.a, can.b, out_dtype, name))
-    if validate or os.environ.get("RAGDOT_VALIDATE", "") not in ("", "0"):
-        _validate_sizes(group_sizes, can.extent // can.group_scale)
-    ends = group_ends_from_sizes(group_sizes.to(lhs.device), can.extent, can.group_scale)
-    if can.mode == "ragged_m":
-        return can.finish(ops.ragged_m(can.a, can.b, ends, out_dtype, name))
-    return can.finish(ops.ragged_k(can.a, can.b, ends, out_dtype, name))
+    if torch.compiler.is_compiling():
+        return _traced(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
+                       validate)
+    try:
+        key = (lhs.shape, lhs.stride(), lhs.dtype, lhs.device, rhs.shape, rhs.stride(), rhs.dtype, rhs.device,
+               group_sizes.shape, group_sizes.dtype, group_sizes.device, ragged_dot_dimension_numbers,
+               preferred_element_type, backend, validate)
+        call = _CALLS.get(key)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable arguments: checked below
+        key = call = None
+    if call is None:
+        cacheable = key is not None and isinstance(group_sizes, torch.Tensor)
+        group_sizes = _as_sizes(group_sizes, lhs)
+        call = _Call(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend, validate)
+        if cacheable:
+            if len(_CALLS) >= _MAX_CALLS:  # many distinct shapes (e.g. serving): start over rather than grow
+                _CALLS.clear()
+            _CALLS[key] = call
+    return call(lhs, rhs, group_sizes)
 
 
 def explain(

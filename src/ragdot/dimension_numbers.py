@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["RaggedDotDimensionNumbers", "Canonical", "canonicalize", "Mode"]
+__all__ = ["RaggedDotDimensionNumbers", "Canonical", "canonicalize", "plan_views", "Mode"]
 
 Mode = Literal["ragged_m", "ragged_k", "batch"]
 
@@ -68,6 +68,11 @@ class RaggedDotDimensionNumbers:
         object.__setattr__(self, "dot_dimension_numbers", ddn)
         object.__setattr__(self, "lhs_ragged_dimensions", _int_tuple(lhs_ragged_dimensions, "lhs_ragged_dimensions"))
         object.__setattr__(self, "rhs_group_dimensions", _int_tuple(rhs_group_dimensions, "rhs_group_dimensions"))
+        # hashed once: the dimension numbers are part of every call's dispatch key
+        object.__setattr__(self, "_hash", hash((ddn, self.lhs_ragged_dimensions, self.rhs_group_dimensions)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def coerce(cls, value: Any) -> RaggedDotDimensionNumbers:
@@ -129,6 +134,20 @@ class _Plan:
     view_shape: tuple[int, ...]
     perm: tuple[int, ...] | None
 
+    def views(self, lhs: torch.Tensor, rhs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The canonical operands (a, b) as views of lhs and rhs (a copy only where no view exists)."""
+        a = _view(lhs, self.lperm, self.lshape)
+        b = _view(rhs, self.rperm, self.rshape)
+        if self.broadcast > 1:
+            bt_b = b.shape[0]
+            b = b.unsqueeze(1).expand(bt_b, self.broadcast, *b.shape[1:]).reshape(bt_b * self.broadcast, *b.shape[1:])
+        return a, b
+
+    def finish(self, c: torch.Tensor) -> torch.Tensor:
+        """The canonical result in jax.lax.ragged_dot_general's output layout."""
+        c = c.reshape(self.view_shape)
+        return c.permute(self.perm) if self.perm is not None else c
+
 
 class _Shape:
     """Just enough of a tensor for planning: its shape and rank."""
@@ -144,17 +163,19 @@ def _view(t: torch.Tensor, perm: tuple[int, ...], shape: tuple[int, ...]) -> tor
     return t if tuple(t.shape) == shape else t.reshape(shape)
 
 
+def plan_views(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], num_groups: int,
+               dn: RaggedDotDimensionNumbers) -> _Plan:
+    """Validate dimension numbers against the operand shapes; the canonical problem and how to view it."""
+    planner = _plan.__wrapped__ if torch.compiler.is_compiling() else _plan  # dynamo traces the plain function
+    return planner(tuple(lhs_shape), tuple(rhs_shape), num_groups, dn)
+
+
 def canonicalize(
     lhs: torch.Tensor, rhs: torch.Tensor, num_groups: int, dn: RaggedDotDimensionNumbers
 ) -> Canonical:
     """Validate dimension numbers against the operand shapes and build the canonical views."""
-    planner = _plan.__wrapped__ if torch.compiler.is_compiling() else _plan  # dynamo traces the plain function
-    p = planner(tuple(lhs.shape), tuple(rhs.shape), num_groups, dn)
-    a = _view(lhs, p.lperm, p.lshape)
-    b = _view(rhs, p.rperm, p.rshape)
-    if p.broadcast > 1:
-        bt_b = b.shape[0]
-        b = b.unsqueeze(1).expand(bt_b, p.broadcast, *b.shape[1:]).reshape(bt_b * p.broadcast, *b.shape[1:])
+    p = plan_views(lhs.shape, rhs.shape, num_groups, dn)
+    a, b = p.views(lhs, rhs)
     return Canonical(p.mode, a, b, p.extent, p.group_scale, p.view_shape, p.perm)
 
 

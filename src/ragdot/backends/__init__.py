@@ -20,7 +20,12 @@ any `ragged_dot_general` call to. All tensors arrive as (possibly non-contiguous
     batch(a, b, out_dtype) -> c
         a [Bt, M, K], b [Bt, K, N] -> c [Bt, M, N] contiguous
 
-Rules every backend keeps: float32 accumulation for 16-bit inputs; data stored in rows outside every group
+`prepare(problem, a, b, num_groups, out_dtype, config)` resolves once what depends only on the static
+signature of the operands (shapes, strides, dtypes, device) and returns the call `(a, b, group_ends) -> c`
+(`group_ends` None for batch): the eager hot path calls that directly.
+
+Rules every backend keeps: accumulation in the widest of float32, the input dtype and the output dtype (a
+backend with no float64 kernel raises NotImplementedError for float64); data stored in rows outside every group
 (NaN/Inf included) never reaches a result (mask by select, never by multiplying with 0); no value of
 group_ends causes an out-of-bounds access; no host synchronisation on the hot path (the `reference` and
 `padded` backends are exempt); results bitwise reproducible. Zero-size problems (M, K, N, R, G or Bt == 0)
@@ -36,17 +41,41 @@ import functools
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+
+from ragdot.backends.base import Prepared
 
 __all__ = ["Backend", "BACKEND_NAMES", "get_backend", "available_backends", "candidates"]
 
 
 class Backend(Protocol):
+    """What the dispatcher, the tuner and `auto` need of a backend (`ragdot.backends.base.BackendBase` has
+    the defaults). Configs are the backend's own: the tuner stores `config_to_dict` and asks
+    `config_from_dict`, never knowing what a config holds."""
+
     name: str
+    config_type: type | None
 
     def is_available(self) -> bool: ...
+
+    def default_config(self, problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype) -> Any: ...
+
+    def tuning_configs(
+        self, problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, limit: int
+    ) -> list[Any]: ...
+
+    def config_to_dict(self, config: Any) -> dict[str, Any] | None: ...
+
+    def config_from_dict(self, data: dict[str, Any] | None) -> Any: ...
+
+    def config_label(self, config: Any) -> str: ...
+
+    def prepare(
+        self, problem: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype,
+        config: Any = None,
+    ) -> Prepared: ...
 
     def ragged_m(
         self, a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype

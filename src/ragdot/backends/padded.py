@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ragdot.backends.base import BackendBase
+
 __all__ = ["BACKEND"]
 
 
@@ -33,11 +35,8 @@ def _compute_dtype(in_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.dtype
     return torch.float64 if torch.float64 in (in_dtype, out_dtype) else torch.float32
 
 
-class PaddedBackend:
+class PaddedBackend(BackendBase):
     name = "padded"
-
-    def is_available(self) -> bool:
-        return True
 
     def ragged_m(self, a, b, group_ends, out_dtype):
         dt = _compute_dtype(a.dtype, out_dtype)

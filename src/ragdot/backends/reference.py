@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ragdot.backends.base import BackendBase
+
 __all__ = ["BACKEND"]
 
 
@@ -22,11 +24,8 @@ def _bounds(group_ends: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip(starts, ends))
 
 
-class ReferenceBackend:
+class ReferenceBackend(BackendBase):
     name = "reference"
-
-    def is_available(self) -> bool:
-        return True
 
     def ragged_m(self, a, b, group_ends, out_dtype):
         acc = _acc_dtype(a.dtype, out_dtype)

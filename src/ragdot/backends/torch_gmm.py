@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from ragdot.backends.base import BackendBase
+
 __all__ = ["BACKEND"]
 
 _ALIGN_BYTES = 16
@@ -38,7 +40,12 @@ def _aligned_stride(t: torch.Tensor, dim: int) -> bool:
 def _layout_ok(t: torch.Tensor, major: str) -> bool:
     """Whether _grouped_mm takes `t` as is: 16-byte aligned base, batch and leading strides, and the
     requested major order ("row": last dim contiguous, "col": second-to-last contiguous, "any": either)."""
-    if t.data_ptr() % _ALIGN_BYTES or (t.ndim == 3 and t.shape[0] > 1 and not _aligned_stride(t, 0)):
+    return t.data_ptr() % _ALIGN_BYTES == 0 and _strides_ok(t, major)
+
+
+def _strides_ok(t: torch.Tensor, major: str) -> bool:
+    """The stride part of `_layout_ok` (what a static signature fixes)."""
+    if t.ndim == 3 and t.shape[0] > 1 and not _aligned_stride(t, 0):
         return False
     rows, cols = t.shape[-2], t.shape[-1]
     row_major = t.stride(-1) == 1 and t.stride(-2) >= max(1, cols) and _aligned_stride(t, -2)
@@ -75,8 +82,57 @@ def _zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> None:
     c.masked_fill_((rows >= group_ends[-1])[None, :, None], 0)
 
 
-class TorchGroupedMMBackend:
+class _PreparedGMM:
+    """One `_grouped_mm` problem of a static signature with Bt == 1: the run dtype and which operands must be
+    copied into an accepted layout are decided once; a call checks only the operands' base alignment."""
+
+    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors")
+
+    def __init__(self, problem: str, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype):
+        self.problem = problem
+        self.run = _run_dtype(a.dtype, out_dtype)
+        self.out_dtype = out_dtype
+        cast = self.run != a.dtype  # a cast makes contiguous copies: their layout is checked per call
+        if problem == "ragged_m":
+            self.majors = ("row", "any")
+            mat_a, mat_b = a[0], b[0]
+        else:
+            self.majors = ("col", "row")
+            mat_a, mat_b = a[0].transpose(0, 1), b[0]
+        self.a_ok = not cast and _strides_ok(mat_a, self.majors[0])
+        self.b_ok = not cast and _strides_ok(mat_b, self.majors[1])
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        ragged_m = self.problem == "ragged_m"
+        mat_a = a[0] if ragged_m else a[0].transpose(0, 1)
+        mat_b = b[0]
+        if not (self.a_ok and mat_a.data_ptr() % _ALIGN_BYTES == 0):
+            mat_a = _prepared(mat_a.to(self.run), self.majors[0])
+        if not (self.b_ok and mat_b.data_ptr() % _ALIGN_BYTES == 0):
+            mat_b = _prepared(mat_b.to(self.run), self.majors[1])
+        try:
+            out = torch._grouped_mm(mat_a, mat_b, offs=ends)
+        except RuntimeError as exc:
+            raise NotImplementedError(str(exc)) from exc
+        if out.dtype != self.out_dtype:
+            out = out.to(self.out_dtype)
+        if not ragged_m:
+            return out.unsqueeze(1)
+        if not out.is_contiguous():  # CUDA pads the row stride to 16 bytes when N is not a multiple
+            out = out.contiguous()
+        out = out.unsqueeze(0)
+        _zero_tail_rows_(out, ends)
+        return out
+
+
+class TorchGroupedMMBackend(BackendBase):
     name = "torch"
+
+    def prepare(self, problem, a, b, num_groups, out_dtype, config=None):
+        if problem != "batch" and a.shape[0] == 1:
+            return _PreparedGMM(problem, a, b, out_dtype)
+        _run_dtype(a.dtype, out_dtype)  # NotImplementedError now for dtypes it has no kernel for
+        return super().prepare(problem, a, b, num_groups, out_dtype, config)
 
     def is_available(self) -> bool:
         return hasattr(torch, "_grouped_mm")

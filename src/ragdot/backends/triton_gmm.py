@@ -4,16 +4,22 @@ No host synchronisation on the hot path: group_ends stays on the device, the ker
 from it, and the weight gradient's longest-first group order is computed by a one-program kernel.
 Raises NotImplementedError (so `auto` moves on) for inputs the kernels do not take: other dtypes, mixed
 dtypes, or tensors on a device Triton cannot run on.
+
+The backend owns its configs (`ragdot.kernels.configs.TileConfig`): their heuristic default, the tuning
+candidates and their serialisation; the tuner and the cache see only dictionaries.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
+from typing import Any
 
 import torch
 
+from ragdot.backends.base import BackendBase
 from ragdot.kernels.configs import TileConfig
 
 _SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
@@ -23,8 +29,13 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-class TritonBackend:
+def _kernels(problem: str):
+    return importlib.import_module(f"ragdot.kernels.{problem}")
+
+
+class TritonBackend(BackendBase):
     name = "triton"
+    config_type = TileConfig
 
     def is_available(self) -> bool:
         if importlib.util.find_spec("triton") is None:
@@ -42,10 +53,42 @@ class TritonBackend:
         if out_dtype not in _SUPPORTED:
             raise NotImplementedError(f"triton backend: out_dtype {out_dtype}")
 
+    # ---- configs ------------------------------------------------------------------------------------------
+    def default_config(self, problem, dims, dtype) -> TileConfig:
+        from ragdot.kernels.configs import pick_config
+
+        return pick_config(problem, *dims, dtype)
+
+    def tuning_configs(self, problem, dims, dtype, limit) -> list[Any]:
+        if problem == "batch":
+            return []
+        from ragdot.kernels.configs import tuning_configs
+
+        return list(tuning_configs(problem, *dims, dtype, limit=limit))
+
+    def config_to_dict(self, config: TileConfig | None) -> dict[str, Any] | None:
+        return None if config is None else dataclasses.asdict(config)
+
+    def config_from_dict(self, data: dict[str, Any] | None) -> TileConfig | None:
+        return None if data is None else TileConfig(**data)
+
+    def config_label(self, config: TileConfig | None) -> str:
+        return self.name if config is None else f"{self.name}:{config.short()}"
+
+    # ---- running ------------------------------------------------------------------------------------------
+    def prepare(self, problem, a, b, num_groups, out_dtype, config=None):
+        self._check(a, b, out_dtype=out_dtype)
+        if problem == "ragged_m":
+            prepared = _kernels("ragged_m").Prepared(a, b, out_dtype, config)
+        elif problem == "ragged_k":
+            prepared = _kernels("ragged_k").Prepared(a, b, num_groups, out_dtype, config)
+        else:
+            return super().prepare(problem, a, b, num_groups, out_dtype, config)
+        return lambda a, b, ends: prepared(a, b, ends)[0]
+
     def _launch(self, problem: str, a: torch.Tensor, b: torch.Tensor, *rest, config: TileConfig | None):
         self._check(a, b, out_dtype=rest[-1])
-        kernel = getattr(importlib.import_module(f"ragdot.kernels.{problem}"), problem)
-        return kernel(a, b, *rest, config=config)
+        return getattr(_kernels(problem), problem)(a, b, *rest, config=config)
 
     def ragged_m(self, a, b, group_ends, out_dtype, config: TileConfig | None = None) -> torch.Tensor:
         return self._launch("ragged_m", a, b, group_ends, out_dtype, config=config)

@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Cache", "cache_dir", "user_cache_path", "shipped_path", "load_entries", "write_entries"]
+__all__ = ["Cache", "host_key", "cache_dir", "user_cache_path", "shipped_path", "load_entries", "write_entries"]
 
 FORMAT = 1
 
@@ -34,6 +34,11 @@ def cache_dir() -> Path:
 
 def user_cache_path() -> Path:
     return cache_dir() / "tune.json"
+
+
+def host_key(device: str) -> str:
+    """The cache key of a device's host-time table (what one eager call of each backend costs the host)."""
+    return f"{device}|host"
 
 
 def slug(device: str) -> str:
@@ -106,10 +111,12 @@ class Cache:
     def __init__(self) -> None:
         self._user: dict[str, dict[str, Any]] | None = None
         self._shipped: dict[str, dict[str, dict[str, Any]]] = {}
+        self.generation = 0  # bumped whenever what `get` answers may change (prepared calls key on it)
 
     def clear(self) -> None:
         self._user = None
         self._shipped.clear()
+        self.generation += 1
 
     def has_shipped(self, device: str) -> bool:
         return shipped_path(device).exists()
@@ -125,8 +132,12 @@ class Cache:
 
     def put(self, entries: dict[str, dict[str, Any]], path: Path | None = None) -> None:
         write_entries(path or user_cache_path(), entries)
-        self._user = None
-        self._shipped.clear()
+        self.clear()
+
+    def host_ms(self, device: str) -> dict[str, dict[str, float]]:
+        """Measured host time per eager call, {backend: {problem: ms}}, for `device` ({} when unmeasured)."""
+        entry = self.get(host_key(device), device)
+        return entry.get("host_ms", {}) if entry else {}
 
 
 CACHE = Cache()

@@ -74,7 +74,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def key_for(problem: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype) -> TuneKey:
-    from ragdot import __version__
+    from ragdot._version import __version__
 
     if problem == "ragged_m":
         sizes, extent = (a.shape[0], a.shape[2], b.shape[3], num_groups), a.shape[1]

@@ -1,9 +1,14 @@
 """Measured backend and config selection for `backend=None` / `"auto"`.
 
-For each call: the cached best (backend, Triton config) for its key; the heuristic order when there is no
-entry (with one warning per GPU that has no shipped results); tuning at call time only with
-`RAGDOT_AUTOTUNE=1`. The choice is a pure function of the key and the cache, hence deterministic, and it
-never synchronises with the device.
+For each call: the cached measurements for its key; the heuristic order when there is no entry (with one
+warning per GPU that has no shipped results); tuning at call time only with `RAGDOT_AUTOTUNE=1`. The choice
+is a pure function of the key, the cache and the clock the call runs on, hence deterministic, and it never
+synchronises with the device.
+
+Eager calls pay host time as well as device time: a candidate's eager cost is max(device time, host time
+per call) (the host and the device overlap when calls come back to back), so where an entry's device times
+are close, the backend that is cheaper for the host wins in eager, while a CUDA-graph capture picks by
+device time alone.
 """
 
 from __future__ import annotations
@@ -14,21 +19,26 @@ from typing import Any
 
 import torch
 
-from ragdot.backends import candidates
+from ragdot.backends import candidates, get_backend
 from ragdot.tune.cache import CACHE
 from ragdot.tune.key import TuneKey, key_for
 
-__all__ = ["plan", "tuned_entry", "config_from_dict"]
+__all__ = ["plan", "tuned_entry", "entry_config", "config_from_dict", "eager_cost"]
 
 _warned: set[str] = set()
 
 
-def config_from_dict(data: dict[str, Any] | None):
-    if data is None:
-        return None
-    from ragdot.kernels.configs import TileConfig
+def config_from_dict(data: dict[str, Any] | None, backend: str = "triton") -> Any:
+    """A backend's config object from its stored dictionary (None stays None)."""
+    return None if data is None else get_backend(backend).config_from_dict(data)
 
-    return TileConfig(**data)
+
+def entry_config(entry: dict[str, Any] | None, backend: str) -> Any:
+    """The best measured config of `backend` in a cache entry (None: none stored, or no configs)."""
+    if not entry:
+        return None
+    data = entry.get("configs", {}).get(backend, entry.get(f"{backend}_config"))
+    return config_from_dict(data, backend)
 
 
 def tuned_entry(key: TuneKey) -> dict[str, Any] | None:
@@ -47,20 +57,42 @@ def tuned_entry(key: TuneKey) -> dict[str, Any] | None:
     return entry
 
 
+def eager_cost(entry: dict[str, Any], host: dict[str, dict[str, float]], problem: str) -> dict[str, float]:
+    """Per backend, the eager cost of its best measured candidate: summed over routings of
+    max(device ms, host ms per call); backends without a host measurement count device time only."""
+    costs: dict[str, float] = {}
+    for label, times in entry.get("ms", {}).items():
+        name = label.split(":", 1)[0]
+        floor = host.get(name, {}).get(problem, 0.0)
+        cost = sum(max(ms, floor) for ms in times.values())
+        costs[name] = min(cost, costs.get(name, float("inf")))
+    return costs
+
+
+def _winner(entry: dict[str, Any], problem: str, device: str, names: list[str], eager: bool) -> str:
+    if eager:
+        costs = {n: c for n, c in eager_cost(entry, CACHE.host_ms(device), problem).items() if n in names}
+        if costs:
+            return min(sorted(costs), key=costs.__getitem__)
+    return entry["backend"]
+
+
 def plan(
-    problem: str, requested: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype
+    problem: str, requested: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype,
+    *, eager: bool = True,
 ) -> list[tuple[str, Any]]:
-    """The (backend, config) pairs to try in order. Configs only ever go to the Triton backend."""
+    """The (backend, config) pairs to try in order; `eager` says the call runs outside a graph capture."""
     if a.device.type != "cuda":
         names = candidates(a.device) if requested == "auto" else [requested]
         return [(name, None) for name in names]
-    if requested not in ("auto", "triton"):
+    if requested != "auto" and get_backend(requested).config_type is None:
         return [(requested, None)]
-    entry = tuned_entry(key_for(problem, a, b, num_groups, out_dtype))
-    triton_cfg = config_from_dict(entry.get("triton_config")) if entry else None
-    if requested == "triton":
-        return [("triton", triton_cfg)]
+    key = key_for(problem, a, b, num_groups, out_dtype)
+    entry = tuned_entry(key)
+    if requested != "auto":
+        return [(requested, entry_config(entry, requested))]
     names = candidates(a.device)
     if entry is not None and entry["backend"] in names:
-        names = [entry["backend"], *[n for n in names if n != entry["backend"]]]
-    return [(name, triton_cfg if name == "triton" else None) for name in names]
+        first = _winner(entry, problem, key.device, names, eager)
+        names = [first, *[n for n in names if n != first]]
+    return [(name, entry_config(entry, name)) for name in names]

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import torch
 
-from ragdot.api import group_ends_from_sizes
 from ragdot.backends import available_backends, get_backend
+from ragdot.groups import group_ends_from_sizes
 from ragdot.tune.key import TuneKey, key_for
 
 __all__ = ["Candidate", "candidates_for", "pick_winner", "measure_problem", "tune_key", "ROUTINGS"]
@@ -25,28 +24,25 @@ __all__ = ["Candidate", "candidates_for", "pick_winner", "measure_problem", "tun
 ROUTINGS: tuple[str, ...] = ("balanced", "skewed")
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 
-Candidate = tuple[str, Any]  # (backend name, TileConfig or None)
+Candidate = tuple[str, Any]  # (backend name, that backend's config or None)
 
 
 def label(candidate: Candidate) -> str:
     name, cfg = candidate
-    return name if cfg is None else f"{name}:{cfg.short()}"
+    return get_backend(name).config_label(cfg)
 
 
 def candidates_for(
     problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, max_configs: int
 ) -> list[Candidate]:
-    """The vendor kernel, the heuristic's Triton config, and up to `max_configs` - 1 more that measured well
-    in the regime (`ragdot.kernels.configs.tuning_configs`). dims = (M, K, N, G) as `pick_config` reads them."""
+    """Every usable fast backend with up to `max_configs` of its own tuning configs (the vendor kernel has
+    one, itself; Triton its heuristic's pick and configs that measured well in the regime). dims = (M, K, N,
+    G) for ragged_m, (M, R, N, G) for ragged_k."""
     out: list[Candidate] = []
-    names = available_backends()
-    if "torch" in names:
-        out.append(("torch", None))
-    if "triton" not in names or problem == "batch":
-        return out
-    from ragdot.kernels.configs import tuning_configs
-
-    return out + [("triton", cfg) for cfg in tuning_configs(problem, *dims, dtype, limit=max_configs)]
+    for name in ("torch", "triton"):
+        if name in available_backends():
+            out += [(name, cfg) for cfg in get_backend(name).tuning_configs(problem, dims, dtype, max_configs)]
+    return out
 
 
 def pick_winner(times: dict[str, dict[str, float]]) -> str | None:
@@ -60,12 +56,13 @@ def pick_winner(times: dict[str, dict[str, float]]) -> str | None:
     return min(sorted(complete), key=lambda name: sum(complete[name].values()))
 
 
-def _run(candidate: Candidate, problem: str) -> Callable[..., torch.Tensor]:
+def _run(
+    candidate: Candidate, problem: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype
+) -> Callable[[torch.Tensor | None], torch.Tensor]:
+    """The candidate prepared for these operands, as the dispatcher runs it: ends -> output."""
     name, cfg = candidate
-    fn = getattr(get_backend(name), problem)
-    if cfg is None:
-        return fn
-    return lambda *args: fn(*args, config=cfg)
+    prepared = get_backend(name).prepare(problem, a, b, num_groups, out_dtype, cfg)
+    return lambda ends: prepared(a, b, ends)
 
 
 def measure_problem(
@@ -89,19 +86,20 @@ def measure_problem(
     times: dict[str, dict[str, float]] = {}
     for routing in routings:
         ends = group_ends_from_sizes(group_sizes(routing, extent, num_groups, device=a.device), extent)
-        args = (a, b, ends, out_dtype) if problem != "batch" else (a, b, out_dtype)
-        ref = getattr(reference, problem)(*args).float()
+        ref_args = (a, b, ends, out_dtype) if problem != "batch" else (a, b, out_dtype)
+        ref = getattr(reference, problem)(*ref_args).float()
+        ends_arg = ends if problem != "batch" else None
         systems = []
         for cand in cands:
-            fn = _run(cand, problem)
             try:
-                out = fn(*args)
+                fn = _run(cand, problem, a, b, num_groups, out_dtype)
+                out = fn(ends_arg)
             except (NotImplementedError, RuntimeError):
                 continue  # cannot run this case (e.g. shared memory): not a candidate here
             err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
             if not err <= TOLERANCE.get(a.dtype, 2e-2):
                 continue
-            systems.append(Timed(label(cand), [lambda fn=fn, args=args: fn(*args)]))
+            systems.append(Timed(label(cand), [lambda fn=fn, ends=ends_arg: fn(ends)]))
         # Device time (CUDA-graph replays): host dispatch overhead must not decide between kernels.
         graphs = a.device.type == "cuda"
         for name, timing in measure(systems, a.device, warmup=warmup, iters=iters, graphs=graphs).items():
@@ -110,16 +108,19 @@ def measure_problem(
 
 
 def entry_from_times(times: dict[str, dict[str, float]], cands: Sequence[Candidate]) -> dict[str, Any] | None:
-    """The cache entry: the overall winner, and the best Triton config (used when Triton is forced)."""
+    """The cache entry: the overall winner, each configurable backend's best config (used when that backend
+    is forced, and by `auto` when it picks that backend), and every candidate's times."""
     by_label = {label(c): c for c in cands}
     winner = pick_winner(times)
     if winner is None:
         return None
-    triton_times = {k: v for k, v in times.items() if k.startswith("triton:")}
-    best_triton = pick_winner(triton_times)
+    configs = {}
+    for name in sorted({n for n, cfg in cands if cfg is not None}):
+        best = pick_winner({k: v for k, v in times.items() if by_label.get(k, ("", None))[0] == name})
+        configs[name] = get_backend(name).config_to_dict(by_label[best][1]) if best else None
     return {
         "backend": by_label[winner][0],
-        "triton_config": asdict(by_label[best_triton][1]) if best_triton else None,
+        "configs": configs,
         "ms": {k: {r: round(v, 5) for r, v in t.items()} for k, t in sorted(times.items())},
         "winner": winner,
         "date": _dt.date.today().isoformat(),

@@ -1,0 +1,219 @@
+"""The eager call path: prepared calls, forward-mode AD, torch.func transforms, cotangent precision, caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ragdot
+from helpers import TOL, nerr, rand
+from oracle import ragged_dot_general_oracle
+from test_autograd import CASES
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+BACKENDS = [b for b in ragdot.backends() if b != "padded"]
+GS = [12, 0, 15, 9]  # one empty group, 4 of 40 rows outside every group
+
+
+def _sizes() -> torch.Tensor:
+    return torch.tensor(GS, dtype=torch.int32, device=DEV)
+
+
+def _dtype(backend: str) -> torch.dtype:
+    return torch.float32
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_mode_tangent_matches_the_oracle(backend, case):
+    """torch.func.jvp and torch.autograd.forward_ad give the true tangent (never a silent zero)."""
+    lshape, rshape, dn = CASES[case]
+    gen = torch.Generator().manual_seed(20)
+    dt = _dtype(backend)
+    lhs, rhs = rand(lshape, dt, DEV, gen), rand(rshape, dt, DEV, gen)
+    tl, tr = rand(lshape, dt, DEV, gen), rand(rshape, dt, DEV, gen)
+    gs = _sizes()
+
+    def fn(a, b):
+        return ragdot.ragged_dot_general(a, b, gs, dn, backend=backend)
+
+    def oracle(a, b):
+        return ragged_dot_general_oracle(a, b, gs.cpu(), dn)
+
+    ref_out, ref_t = torch.func.jvp(oracle, (lhs.cpu().double(), rhs.cpu().double()),
+                                    (tl.cpu().double(), tr.cpu().double()))
+    out, tangent = torch.func.jvp(fn, (lhs, rhs), (tl, tr))
+    assert ref_t.abs().max() > 0
+    assert nerr(out, ref_out) <= TOL[dt] and nerr(tangent, ref_t) <= TOL[dt]
+
+    import torch.autograd.forward_ad as fwad
+
+    with fwad.dual_level():
+        dual = fn(fwad.make_dual(lhs, tl), rhs)
+        t = fwad.unpack_dual(dual).tangent
+    _, ref_tl = torch.func.jvp(lambda a: oracle(a, rhs.cpu().double()), (lhs.cpu().double(),), (tl.cpu().double(),))
+    assert t is not None and nerr(t, ref_tl) <= TOL[dt]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_func_grad_vjp_and_jacrev(backend):
+    gen = torch.Generator().manual_seed(21)
+    lhs, rhs = rand((10, 4), torch.float32, DEV, gen), rand((3, 4, 2), torch.float32, DEV, gen)
+    gs = torch.tensor([3, 0, 5], dtype=torch.int32, device=DEV)
+
+    def loss(a, b):
+        return (ragdot.ragged_dot(a, b, gs, backend=backend) ** 2).sum()
+
+    def oracle_loss(a, b):
+        return (ragged_dot_general_oracle(a, b, gs.cpu(), CASES["fwd_wi"][2]) ** 2).sum()
+
+    da, db = torch.func.grad(loss, argnums=(0, 1))(lhs, rhs)
+    rda, rdb = torch.func.grad(oracle_loss, argnums=(0, 1))(lhs.cpu().double(), rhs.cpu().double())
+    assert nerr(da, rda) <= 1e-5 and nerr(db, rdb) <= 1e-5
+    out, pull = torch.func.vjp(lambda a: ragdot.ragged_dot(a, rhs, gs, backend=backend), lhs)
+    (pa,) = pull(torch.ones_like(out))
+    assert (pa[8:] == 0).all() and pa[:8].abs().sum() > 0
+    jac = torch.func.jacrev(lambda a: ragdot.ragged_dot(a, rhs, gs, backend=backend))(lhs)  # [10, 2, 10, 4]
+    ref = torch.func.jacrev(lambda a: ragged_dot_general_oracle(a, rhs.cpu().double(), gs.cpu(),
+                                                                CASES["fwd_wi"][2]))(lhs.cpu().double())
+    assert jac.shape == (10, 2, 10, 4) and nerr(jac, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_double_backward(backend):
+    gen = torch.Generator().manual_seed(22)
+    lhs = rand((10, 4), torch.float32, DEV, gen).requires_grad_()
+    rhs = rand((3, 4, 2), torch.float32, DEV, gen).requires_grad_()
+    gs = torch.tensor([3, 2, 5], dtype=torch.int32, device=DEV)
+    (da,) = torch.autograd.grad(ragdot.ragged_dot(lhs, rhs, gs, backend=backend).sum(), lhs, create_graph=True)
+    (ddb,) = torch.autograd.grad((da**2).sum(), rhs)
+    l64, r64 = lhs.detach().cpu().double().requires_grad_(), rhs.detach().cpu().double().requires_grad_()
+    (rda,) = torch.autograd.grad(ragged_dot_general_oracle(l64, r64, gs.cpu(), CASES["fwd_wi"][2]).sum(), l64,
+                                 create_graph=True)
+    (rddb,) = torch.autograd.grad((rda**2).sum(), r64)
+    assert nerr(ddb, rddb) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", [b for b in ("reference", "torch", "triton") if b in ragdot.backends()])
+def test_float32_cotangent_of_float16_operands_is_not_rounded_to_float16(backend):
+    """Loss scaling: a cotangent of 7e4 overflows float16 (max 65504); the gradients must stay finite and
+    match the oracle, as they do in jax (the cotangent is contracted in float32)."""
+    gen = torch.Generator().manual_seed(23)
+    lhs = rand((20, 16), torch.float16, DEV, gen, scale=0.01).requires_grad_()
+    rhs = rand((2, 16, 8), torch.float16, DEV, gen, scale=0.01).requires_grad_()
+    gs = torch.tensor([9, 11], dtype=torch.int32, device=DEV)
+    out = ragdot.ragged_dot(lhs, rhs, gs, preferred_element_type=torch.float32, backend=backend)
+    cot = torch.full_like(out, 7e4)
+    da, db = torch.autograd.grad(out, (lhs, rhs), cot)
+    l64, r64 = lhs.detach().cpu().double().requires_grad_(), rhs.detach().cpu().double().requires_grad_()
+    rda, rdb = torch.autograd.grad(ragged_dot_general_oracle(l64, r64, gs.cpu(), CASES["fwd_wi"][2]), (l64, r64),
+                                   cot.cpu().double())
+    assert da.dtype == torch.float16 and db.dtype == torch.float16
+    finite = rda.abs().max() < 65504 and rdb.abs().max() < 65504
+    assert finite, "the test's true gradients must be representable in float16"
+    assert torch.isfinite(da).all() and torch.isfinite(db).all()
+    assert nerr(da, rda) <= TOL[torch.float16] and nerr(db, rdb) <= TOL[torch.float16]
+
+
+def test_repeated_calls_reuse_one_prepared_call_and_stay_exact():
+    from ragdot import api
+
+    gen = torch.Generator().manual_seed(24)
+    lhs, rhs = rand((40, 16), torch.float32, DEV, gen), rand((4, 16, 8), torch.float32, DEV, gen)
+    before = len(api._CALLS)
+    first = ragdot.ragged_dot(lhs, rhs, _sizes(), backend="reference")
+    after = len(api._CALLS)
+    for _ in range(3):
+        assert torch.equal(ragdot.ragged_dot(lhs, rhs, _sizes(), backend="reference"), first)
+    assert len(api._CALLS) == after and after in (before, before + 1)
+    # other sizes in the same signature: the cached call reads the new sizes
+    other = torch.tensor([40, 0, 0, 0], dtype=torch.int32, device=DEV)
+    out = ragdot.ragged_dot(lhs, rhs, other, backend="reference")
+    assert nerr(out, lhs.double() @ rhs[0].double()) <= 1e-6
+    # a transposed (non-contiguous) lhs is another signature and still right
+    lt = lhs.t().contiguous().t()
+    assert torch.equal(ragdot.ragged_dot(lt, rhs, _sizes(), backend="reference"), first)
+
+
+def test_cached_signature_still_raises_for_bad_sizes_when_validating(monkeypatch):
+    lhs, rhs = torch.randn(6, 4, device=DEV), torch.randn(2, 4, 3, device=DEV)
+    good = torch.tensor([3, 3], device=DEV)
+    ragdot.ragged_dot(lhs, rhs, good, validate=True)
+    with pytest.raises(ValueError, match=r"group_sizes\[1\]"):
+        ragdot.ragged_dot(lhs, rhs, torch.tensor([3, -1], device=DEV), validate=True)
+    with pytest.raises(ValueError, match="beyond"):
+        ragdot.ragged_dot(lhs, rhs, torch.tensor([3, 4], device=DEV), validate=True)
+
+
+def test_bad_arguments_raise_on_a_cached_signature_too():
+    lhs, rhs, gs = torch.randn(6, 4), torch.randn(2, 4, 3), torch.tensor([3, 3])
+    ragdot.ragged_dot(lhs, rhs, gs)
+    with pytest.raises(TypeError, match="validate"):
+        ragdot.ragged_dot(lhs, rhs, gs, validate="yes")
+    with pytest.raises(ValueError, match="backend"):
+        ragdot.ragged_dot(lhs, rhs, gs, backend="nope")
+    with pytest.raises(TypeError, match="rhs"):
+        ragdot.ragged_dot(lhs, rhs.double(), gs)
+    with pytest.raises(ValueError, match="group dimension"):
+        ragdot.ragged_dot(lhs, rhs, torch.tensor([3, 2, 1]))
+
+
+def test_group_ends_clamp_negative_and_oversized_sizes():
+    from ragdot.groups import group_ends_from_sizes
+
+    sizes = torch.tensor([-5, 4, 100, 3], dtype=torch.int64)
+    assert group_ends_from_sizes(sizes, 10).tolist() == [0, 4, 10, 10]
+    assert group_ends_from_sizes(sizes, 12, scale=3).tolist() == [0, 12, 12, 12]
+    assert group_ends_from_sizes(torch.tensor([2**40, 1]), 7).tolist() == [7, 7]
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """ragdot module -> the ragdot modules it imports at module level (imports inside functions are lazy)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(ragdot.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[name] = {node for node in ast.walk(ast.parse(path.read_text()))
+                       if isinstance(node, (ast.Import, ast.ImportFrom))}
+    edges: dict[str, set[str]] = {}
+    for m, nodes in graph.items():
+        deps = set()
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+            elif node.module:  # `from pkg import sub` imports the submodule, `from mod import name` the module
+                subs = {f"{node.module}.{a.name}" for a in node.names} & graph.keys()
+                deps.update(subs or {node.module})
+        edges[m] = {d for d in deps if d in graph and d != m}
+    return edges
+
+
+def test_no_import_cycle_in_the_package():
+    graph = _module_imports()
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*path[path.index(d):], d]))
+            if d not in state:
+                visit(d, [*path, d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_the_op_imports_no_benchmark_code():
+    core = ("ragdot.api", "ragdot.ops", "ragdot.groups", "ragdot.dimension_numbers", "ragdot.backends",
+            "ragdot.kernels", "ragdot.tune.select", "ragdot.tune.key", "ragdot.tune.cache")
+    graph = _module_imports()
+    for m in graph:
+        if m.startswith(core):
+            assert not any(d.startswith("ragdot.bench") for d in graph[m]), m
