@@ -114,14 +114,15 @@ def test_preferred_element_type_must_be_a_float_dtype():
 
 
 @pytest.mark.parametrize("backend", ragdot.backends())
-def test_validate_names_the_offending_group(backend, monkeypatch):
-    lhs, rhs, _ = _args()
+def test_validate_names_the_offending_group(backend, monkeypatch, device):
+    lhs, rhs, _ = (t.to(device) for t in _args())
     with pytest.raises(ValueError, match=r"group_sizes\[1\] = -2 is negative"):
         ragdot.ragged_dot(lhs, rhs, torch.tensor([3, -2, 4]), validate=True, backend=backend)
     with pytest.raises(ValueError, match="sum to 11 by group 2, beyond the ragged dimension's size 10"):
         ragdot.ragged_dot(lhs, rhs, torch.tensor([3, 3, 5]), validate=True, backend=backend)
     with pytest.raises(ValueError, match="by group 0"):
-        ragdot.ragged_dot_general(lhs, torch.randn(10, 4), torch.tensor([11, 0, 0]), WGRAD, validate=True)
+        ragdot.ragged_dot_general(lhs, torch.randn(10, 4, device=device), torch.tensor([11, 0, 0]), WGRAD,
+                                  validate=True)
     monkeypatch.setenv("RAGDOT_VALIDATE", "1")
     with pytest.raises(ValueError, match="is negative"):
         ragdot.ragged_dot(lhs, rhs, torch.tensor([3, -2, 4]), backend=backend)
@@ -134,9 +135,9 @@ def test_custom_ops_pass_opcheck():
     from ragdot import ops
 
     a, b = torch.randn(1, 12, 8), torch.randn(1, 3, 8, 5)
-    ends = torch.tensor([4, 4, 10], dtype=torch.int32)
-    torch.library.opcheck(ops.ragged_m_op, (a, b, ends, torch.float32, "reference"))
-    torch.library.opcheck(ops.ragged_k_op, (a, torch.randn(1, 12, 6), ends, torch.float32, "reference"))
+    sizes = torch.tensor([4, 0, 6], dtype=torch.int32)  # 2 of 12 rows outside every group
+    torch.library.opcheck(ops.ragged_m_op, (a, b, sizes, torch.float32, "reference", 1))
+    torch.library.opcheck(ops.ragged_k_op, (a, torch.randn(1, 12, 6), sizes, torch.float32, "reference", 1))
     torch.library.opcheck(ops.batch_op, (a, torch.randn(1, 8, 4), torch.float32, "reference"))
 
 

@@ -217,3 +217,26 @@ def test_the_op_imports_no_benchmark_code():
     for m in graph:
         if m.startswith(core):
             assert not any(d.startswith("ragdot.bench") for d in graph[m]), m
+
+
+@pytest.mark.skipif("triton" not in ragdot.backends(), reason="needs the triton backend")
+@pytest.mark.parametrize("sizes,scale", [([5, -3, 9, 2], 1), ([40, 7, 0, 1], 1), ([3, 2, -1, 9], 2), ([0, 0, 0, 0], 1)])
+def test_triton_kernels_form_the_clamped_ends_from_raw_sizes(sizes, scale):
+    """The prepared kernels read raw sizes (negatives, sums past the extent, a scale) exactly as the ends."""
+    from ragdot.groups import group_ends_from_sizes
+    from ragdot.kernels import ragged_k as rk
+    from ragdot.kernels import ragged_m as rm
+
+    gen = torch.Generator().manual_seed(25)
+    a = rand((1, 24, 16), torch.float32, DEV, gen)
+    b = rand((1, 4, 16, 8), torch.float32, DEV, gen)
+    raw = torch.tensor(sizes, dtype=torch.int64, device=DEV)
+    ends = group_ends_from_sizes(raw, 24, scale)
+    want = rm.ragged_m(a, b, ends)
+    got = rm.Prepared(a, b, torch.float32, None, from_sizes=True, scale=scale)(a, b, raw)[0]
+    assert torch.equal(got, want)
+    b2 = rand((1, 24, 8), torch.float32, DEV, gen)
+    want_k = rk.ragged_k(a, b2, ends)
+    got_k = rk.Prepared(a, b2, 4, torch.float32, None, from_sizes=True, scale=scale)(a, b2, raw)[0]
+    assert torch.equal(got_k, want_k)
+    assert rk.schedule(raw, 24, scale)[3].tolist() == ends.tolist()

@@ -132,25 +132,24 @@ class _Call:
         state = ops._state(a)
         if state != self.state:
             groups = self.groups if self.mode != "batch" else 0
-            self.runner = ops.runner(self.mode, self.backend, a, b, groups, self.out_dtype)
+            self.runner = ops.runner(self.mode, self.backend, a, b, groups, self.out_dtype, self.plan.group_scale)
             self.state = state
         return self.runner
 
     def __call__(self, lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
         plan = self.plan
         a, b = plan.views(lhs, rhs)
-        ends = None
+        sizes = None
         if self.mode != "batch":
             if self.validate or _validate_on():
                 validate_sizes(group_sizes, plan.extent // plan.group_scale)
-            if group_sizes.device != self.device:
-                group_sizes = group_sizes.to(self.device)
-            ends = group_ends_from_sizes(group_sizes, plan.extent, plan.group_scale)
-        if ops.needs_autograd(a, b):
-            c = ops.run(self.mode, a, b, ends, self.out_dtype, self.backend)
-        else:
-            c = self._runner(a, b)(a, b, ends)
-        return plan.finish(c)
+            if group_sizes.device != self.device or not group_sizes.is_contiguous():
+                group_sizes = group_sizes.to(self.device).contiguous()
+            sizes = group_sizes
+        runner = self._runner(a, b)
+        if ops.plain_call(a, b):
+            return plan.finish(runner(a, b, sizes))
+        return plan.finish(ops.run(self.mode, a, b, sizes, self.out_dtype, self.backend, plan.group_scale, runner))
 
 
 _CALLS: dict[tuple, _Call] = {}
@@ -164,12 +163,12 @@ def _traced(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, ba
     can, group_sizes, out_dtype, name = _prepare(
         lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend
     )
-    ends = None
+    sizes = None
     if can.mode != "batch":
         if validate or _validate_on():
             validate_sizes(group_sizes, can.extent // can.group_scale)
-        ends = group_ends_from_sizes(group_sizes.to(lhs.device), can.extent, can.group_scale)
-    return can.finish(ops.apply_op(can.mode, can.a, can.b, ends, out_dtype, name))
+        sizes = group_sizes.to(lhs.device).contiguous()
+    return can.finish(ops.apply_op(can.mode, can.a, can.b, sizes, out_dtype, name, can.group_scale))
 
 
 def ragged_dot_general(

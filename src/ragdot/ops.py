@@ -4,14 +4,19 @@
     ragged_k:  c[g] = a_g^T . b_g    da = ragged_m(b, dc^T)        db = ragged_m(a, dc)
     batch:     c = a . b             da = batch(dc, b^T)           db = batch(a^T, dc)
 
+Every problem takes the raw group sizes ([G], any integer dtype) and `scale`, the rows per unit of size
+(1 unless the caller merged contracting dimensions); the backends clamp them (DESIGN.md: negatives count as
+0, ends clamped to the ragged extent), and ragdot's kernels form the prefix sums themselves.
+
 A *runner* is one problem prepared for one static signature (shapes, strides, dtypes, device, output dtype,
-requested backend and the state a choice depends on): the backend and its config are chosen and prepared
-once, so a repeated call is a dictionary lookup plus the backend's launch. `run` is the differentiable entry:
-eager calls that need no autograd go straight to the runner; calls that do (input requires grad, forward-mode
-dual tensors, torch.func transforms) go through `RaggedProblem`, an `autograd.Function` whose backward and JVP
-are again canonical problems through `run`, so double backward, `torch.func.grad/vjp/jvp/jacrev` and vmap
-compose. Under `torch.compile` the problems are `torch.library` custom ops with fake kernels
-(`ragged_m_op`, ...), whose autograd is the same VJP.
+requested backend, scale and the state a choice depends on): the backend and its config are chosen and
+prepared once, so a repeated call is a dictionary lookup plus the backend's launch. `run` is the
+differentiable entry: calls that need no autograd go straight to the runner; eager calls whose inputs require
+grad go through `_EagerProblem` (a plain `autograd.Function`: its `apply` skips the argument binding that
+functorch-style Functions pay on every call); forward-mode AD and torch.func transforms go through
+`RaggedProblem`, whose backward, JVP and vmap rule are again canonical problems through `run`, so double
+backward, `torch.func.grad/vjp/jvp/jacrev` and vmap compose. Under `torch.compile` the problems are
+`torch.library` custom ops with fake kernels (`ragged_m_op`, ...), whose autograd is the same VJP.
 
 Gradients contract the cotangent in the accumulation dtype (the wider of the cotangent's and the operands'
 dtypes) and cast only the results to the operand dtype, so a float32 cotangent of float16 operands is never
@@ -55,16 +60,18 @@ def _empty(problem: str, a: torch.Tensor, b: torch.Tensor, num_groups: int) -> b
 
 
 class Runner:
-    """One canonical problem prepared for one static signature; `__call__(a, b, ends) -> c` (contiguous).
+    """One canonical problem prepared for one static signature; `__call__(a, b, sizes) -> c` (contiguous).
 
     With `auto`, a backend that turns out unable to serve the signature at its first call (NotImplementedError)
     hands over to the next candidate, once and for good."""
 
-    __slots__ = ("problem", "requested", "candidates", "index", "fn", "label", "out_shape", "out_dtype", "groups")
+    __slots__ = ("problem", "requested", "candidates", "index", "fn", "label", "out_shape", "out_dtype", "groups",
+                 "scale")
 
     def __init__(self, problem: str, requested: str, a: torch.Tensor, b: torch.Tensor, num_groups: int,
-                 out_dtype: torch.dtype):
+                 out_dtype: torch.dtype, scale: int = 1):
         self.problem, self.requested, self.out_dtype, self.groups = problem, requested, out_dtype, num_groups
+        self.scale = scale
         self.out_shape = _out_shape(problem, a, b, num_groups)
         self.fn: Callable[..., torch.Tensor] | None = None
         self.label = "zeros"
@@ -81,7 +88,7 @@ class Runner:
             name, config = self.candidates[self.index]
             backend = get_backend(name)
             try:
-                self.fn = backend.prepare(self.problem, a, b, self.groups, self.out_dtype, config)
+                self.fn = backend.prepare(self.problem, a, b, self.groups, self.out_dtype, config, self.scale)
             except NotImplementedError as exc:
                 self._fail(name, exc, errors)
                 continue
@@ -94,22 +101,23 @@ class Runner:
             raise NotImplementedError(f"backend {name!r} cannot compute this {self.problem} problem: {exc}") from exc
         errors.append(f"{name}: {exc}")
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
+        """a, b: the canonical operands of the prepared signature; sizes: raw group sizes [G] (None: batch)."""
         if self.fn is None:
             return a.new_zeros(self.out_shape, dtype=self.out_dtype)
         if _profiling():  # a named range, as the custom ops get, so profiles attribute the kernels to ragdot
             with torch.profiler.record_function(f"{_LIB}::{self.problem}"):
-                return self._call(a, b, ends)
-        return self._call(a, b, ends)
+                return self._call(a, b, sizes)
+        return self._call(a, b, sizes)
 
-    def _call(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor | None) -> torch.Tensor:
+    def _call(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
         try:
-            return self.fn(a, b, ends)
+            return self.fn(a, b, sizes)
         except NotImplementedError as exc:
             errors: list[str] = []
             self._fail(self.candidates[self.index][0], exc, errors)
             self._advance(a, b, errors)
-            return self._call(a, b, ends)
+            return self._call(a, b, sizes)
 
 
 _RUNNERS: dict[tuple, Runner] = {}
@@ -128,27 +136,19 @@ def _state(a: torch.Tensor) -> tuple:
 
 
 def runner(problem: str, backend: str, a: torch.Tensor, b: torch.Tensor, num_groups: int,
-           out_dtype: torch.dtype) -> Runner:
+           out_dtype: torch.dtype, scale: int = 1) -> Runner:
     """The prepared runner of this signature (built on first use)."""
     key = (problem, backend, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), num_groups, out_dtype,
-           _state(a))
+           scale, _state(a))
     found = _RUNNERS.get(key)
     if found is None:
         if len(_RUNNERS) >= _MAX_RUNNERS:  # many distinct shapes (e.g. serving): start over rather than grow
             _RUNNERS.clear()
-        found = _RUNNERS[key] = Runner(problem, backend, a, b, num_groups, out_dtype)
+        found = _RUNNERS[key] = Runner(problem, backend, a, b, num_groups, out_dtype, scale)
     return found
 
 
 # ------------------------------------------------------------------------------------------------ autograd
-
-
-def needs_autograd(*tensors: torch.Tensor) -> bool:
-    """Whether a call must be recorded: an input requires grad, forward-mode AD is active, or a
-    torch.func transform wraps the inputs."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return True
-    return _fwad._current_level >= 0 or torch._C._are_functorch_transforms_active()
 
 
 def _plain(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -159,23 +159,39 @@ def _plain(t: torch.Tensor | None) -> torch.Tensor | None:
     return t
 
 
-def run(problem: str, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor | None, out_dtype: torch.dtype,
-        backend: str, prepared: Runner | None = None) -> torch.Tensor:
+def plain_call(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a call needs no autograd recording: no input requires grad (or grad mode is off) and no
+    forward-mode AD or torch.func transform is active."""
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return False
+    return not _transformed()
+
+
+def run(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, out_dtype: torch.dtype,
+        backend: str, scale: int = 1, prepared: Runner | None = None) -> torch.Tensor:
     """One canonical problem, differentiable in a and b. `prepared` may pass the runner of exactly these
     operands' signature when the caller already holds it."""
-    if needs_autograd(a, b):
-        return RaggedProblem.apply(a, b, ends, (problem, out_dtype, backend))
-    if _wrapped(a) or _wrapped(b) or (ends is not None and _wrapped(ends)):
-        a, b, ends, prepared = _plain(a), _plain(b), _plain(ends), None
+    spec = (problem, out_dtype, backend, scale)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad) and not _transformed():
+        return _EagerProblem.apply(a, b, sizes, spec, prepared)
+    if _transformed():
+        return RaggedProblem.apply(a, b, sizes, spec)
+    if _wrapped(a) or _wrapped(b) or (sizes is not None and _wrapped(sizes)):
+        a, b, sizes, prepared = _plain(a), _plain(b), _plain(sizes), None
     if prepared is None:
-        prepared = runner(problem, backend, a, b, 0 if ends is None else ends.shape[0], out_dtype)
-    return prepared(a, b, ends)
+        prepared = runner(problem, backend, a, b, 0 if sizes is None else sizes.shape[0], out_dtype, scale)
+    return prepared(a, b, sizes)
 
 
-def vjp(problem: str, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor | None, dc: torch.Tensor,
-        backend: str, needs: tuple[bool, bool], apply: Callable[..., torch.Tensor] = run):
-    """(da, db) of one canonical problem, as canonical problems through `apply(problem, a, b, ends, dtype,
-    backend)`; the cotangent is contracted in the accumulation dtype."""
+def _transformed() -> bool:
+    """Forward-mode AD or a torch.func transform is active."""
+    return _fwad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+
+
+def vjp(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, dc: torch.Tensor,
+        backend: str, scale: int, needs: tuple[bool, bool], apply: Callable[..., torch.Tensor] = run):
+    """(da, db) of one canonical problem, as canonical problems through `apply(problem, a, b, sizes, dtype,
+    backend, scale)`; the cotangent is contracted in the accumulation dtype."""
     acc = torch.promote_types(dc.dtype, a.dtype)
     dc = dc if dc.dtype == acc else dc.to(acc)
     a_acc = a if a.dtype == acc else a.to(acc)
@@ -183,73 +199,97 @@ def vjp(problem: str, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor | Non
     da = db = None
     if problem == "ragged_m":  # a [Bt, M, K], b [Bt, G, K, N], dc [Bt, M, N]
         if needs[0]:
-            da = apply("ragged_m", dc, b_acc.transpose(-1, -2), ends, a.dtype, backend)
+            da = apply("ragged_m", dc, b_acc.transpose(-1, -2), sizes, a.dtype, backend, scale)
         if needs[1]:
-            db = apply("ragged_k", a_acc, dc, ends, b.dtype, backend).transpose(0, 1)
+            db = apply("ragged_k", a_acc, dc, sizes, b.dtype, backend, scale).transpose(0, 1)
     elif problem == "ragged_k":  # a [Bt, R, M], b [Bt, R, N], dc [G, Bt, M, N]
         if needs[0]:
-            da = apply("ragged_m", b_acc, dc.permute(1, 0, 3, 2), ends, a.dtype, backend)
+            da = apply("ragged_m", b_acc, dc.permute(1, 0, 3, 2), sizes, a.dtype, backend, scale)
         if needs[1]:
-            db = apply("ragged_m", a_acc, dc.transpose(0, 1), ends, b.dtype, backend)
+            db = apply("ragged_m", a_acc, dc.transpose(0, 1), sizes, b.dtype, backend, scale)
     else:  # a [Bt, M, K], b [Bt, K, N], dc [Bt, M, N]
         if needs[0]:
-            da = apply("batch", dc, b_acc.transpose(-1, -2), None, a.dtype, backend)
+            da = apply("batch", dc, b_acc.transpose(-1, -2), None, a.dtype, backend, scale)
         if needs[1]:
-            db = apply("batch", a_acc.transpose(-1, -2), dc, None, b.dtype, backend)
+            db = apply("batch", a_acc.transpose(-1, -2), dc, None, b.dtype, backend, scale)
     return da, db
 
 
-def jvp(problem: str, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor | None, ta: torch.Tensor | None,
-        tb: torch.Tensor | None, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+def jvp(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, ta: torch.Tensor | None,
+        tb: torch.Tensor | None, out_dtype: torch.dtype, backend: str, scale: int) -> torch.Tensor:
     """The tangent of one canonical problem: the bilinear product's two terms, each a problem of its kind."""
     acc = torch.promote_types(out_dtype, a.dtype)
     terms = []
     if ta is not None:
-        terms.append(run(problem, ta, b, ends, acc, backend))
+        terms.append(run(problem, ta, b, sizes, acc, backend, scale))
     if tb is not None:
-        terms.append(run(problem, a, tb, ends, acc, backend))
+        terms.append(run(problem, a, tb, sizes, acc, backend, scale))
     if not terms:
-        shape = _out_shape(problem, a, b, 0 if ends is None else ends.shape[0])
+        shape = _out_shape(problem, a, b, 0 if sizes is None else sizes.shape[0])
         return a.new_zeros(shape, dtype=out_dtype)
     total = terms[0] if len(terms) == 1 else terms[0] + terms[1]
     return total.to(out_dtype)
 
 
-class RaggedProblem(torch.autograd.Function):
-    """One canonical problem with reverse mode, forward mode and a vmap rule. spec = (problem, out_dtype,
-    backend)."""
+def _forward(a, b, sizes, spec, prepared: Runner | None = None) -> torch.Tensor:
+    problem, out_dtype, backend, scale = spec
+    if prepared is None:
+        prepared = runner(problem, backend, a, b, 0 if sizes is None else sizes.shape[0], out_dtype, scale)
+    return prepared(a, b, sizes)
+
+
+def _backward(ctx, dc):
+    a, b, sizes = ctx.saved_tensors
+    problem, _, backend, scale = ctx.spec
+    return vjp(problem, a, b, sizes, dc, backend, scale, tuple(ctx.needs_input_grad[:2]))
+
+
+class _EagerProblem(torch.autograd.Function):
+    """One canonical problem in eager autograd (inputs that require grad, no transform active).
+    spec = (problem, out_dtype, backend, scale); `prepared`: the forward's runner, when the caller holds it."""
 
     @staticmethod
-    def forward(a, b, ends, spec):
-        problem, out_dtype, backend = spec
-        return runner(problem, backend, a, b, 0 if ends is None else ends.shape[0], out_dtype)(a, b, ends)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        a, b, ends, spec = inputs
+    def forward(ctx, a, b, sizes, spec, prepared):
         ctx.spec = spec
-        ctx.save_for_backward(a, b, ends)
-        ctx.save_for_forward(a, b, ends)
+        ctx.save_for_backward(a, b, sizes)
+        return _forward(a, b, sizes, spec, prepared)
 
     @staticmethod
     def backward(ctx, dc):
-        a, b, ends = ctx.saved_tensors
-        problem, _, backend = ctx.spec
-        da, db = vjp(problem, a, b, ends, dc, backend, tuple(ctx.needs_input_grad[:2]))
-        return da, db, None, None
+        return *_backward(ctx, dc), None, None, None
+
+
+class RaggedProblem(torch.autograd.Function):
+    """One canonical problem with reverse mode, forward mode and a vmap rule, for torch.func transforms and
+    forward-mode AD. spec = (problem, out_dtype, backend, scale)."""
 
     @staticmethod
-    def jvp(ctx, ta, tb, _t_ends, _t_spec):
-        a, b, ends = ctx.saved_tensors
-        problem, out_dtype, backend = ctx.spec
-        return jvp(problem, a, b, ends, ta, tb, out_dtype, backend)
+    def forward(a, b, sizes, spec):
+        return _forward(a, b, sizes, spec)
 
     @staticmethod
-    def vmap(info, in_dims, a, b, ends, spec):
+    def setup_context(ctx, inputs, output):
+        a, b, sizes, spec = inputs
+        ctx.spec = spec
+        ctx.save_for_backward(a, b, sizes)
+        ctx.save_for_forward(a, b, sizes)
+
+    @staticmethod
+    def backward(ctx, dc):
+        return *_backward(ctx, dc), None, None
+
+    @staticmethod
+    def jvp(ctx, ta, tb, _t_sizes, _t_spec):
+        a, b, sizes = ctx.saved_tensors
+        problem, out_dtype, backend, scale = ctx.spec
+        return jvp(problem, a, b, sizes, ta, tb, out_dtype, backend, scale)
+
+    @staticmethod
+    def vmap(info, in_dims, a, b, sizes, spec):
         def pick(t, dim, i):
             return t if dim is None or t is None else t.select(dim, i)
 
-        outs = [RaggedProblem.apply(pick(a, in_dims[0], i), pick(b, in_dims[1], i), pick(ends, in_dims[2], i), spec)
+        outs = [RaggedProblem.apply(pick(a, in_dims[0], i), pick(b, in_dims[1], i), pick(sizes, in_dims[2], i), spec)
                 for i in range(info.batch_size)]
         return torch.stack(outs), 0
 
@@ -259,28 +299,28 @@ class RaggedProblem(torch.autograd.Function):
 
 @torch.library.custom_op(f"{_LIB}::ragged_m", mutates_args=())
 def ragged_m_op(
-    a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype, backend: str
+    a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor, out_dtype: torch.dtype, backend: str, scale: int
 ) -> torch.Tensor:
-    """a [Bt, M, K] x b [Bt, G, K, N] -> [Bt, M, N]; rows >= group_ends[-1] are zero."""
-    return runner("ragged_m", backend, a, b, group_ends.shape[0], out_dtype)(a, b, group_ends)
+    """a [Bt, M, K] x b [Bt, G, K, N] -> [Bt, M, N]; rows past the groups' end are zero."""
+    return runner("ragged_m", backend, a, b, group_sizes.shape[0], out_dtype, scale)(a, b, group_sizes)
 
 
 @ragged_m_op.register_fake
-def _(a, b, group_ends, out_dtype, backend):
+def _(a, b, group_sizes, out_dtype, backend, scale):
     return a.new_empty((a.shape[0], a.shape[1], b.shape[3]), dtype=out_dtype)
 
 
 @torch.library.custom_op(f"{_LIB}::ragged_k", mutates_args=())
 def ragged_k_op(
-    a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype, backend: str
+    a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor, out_dtype: torch.dtype, backend: str, scale: int
 ) -> torch.Tensor:
-    """a [Bt, R, M] x b [Bt, R, N] -> [G, Bt, M, N]; group g contracts rows [ends[g-1], ends[g])."""
-    return runner("ragged_k", backend, a, b, group_ends.shape[0], out_dtype)(a, b, group_ends)
+    """a [Bt, R, M] x b [Bt, R, N] -> [G, Bt, M, N]; group g contracts only its own token rows."""
+    return runner("ragged_k", backend, a, b, group_sizes.shape[0], out_dtype, scale)(a, b, group_sizes)
 
 
 @ragged_k_op.register_fake
-def _(a, b, group_ends, out_dtype, backend):
-    return a.new_empty((group_ends.shape[0], a.shape[0], a.shape[2], b.shape[2]), dtype=out_dtype)
+def _(a, b, group_sizes, out_dtype, backend, scale):
+    return a.new_empty((group_sizes.shape[0], a.shape[0], a.shape[2], b.shape[2]), dtype=out_dtype)
 
 
 @torch.library.custom_op(f"{_LIB}::batch", mutates_args=())
@@ -294,26 +334,29 @@ def _(a, b, out_dtype, backend):
     return a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=out_dtype)
 
 
-def apply_op(problem: str, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor | None, out_dtype: torch.dtype,
-             backend: str) -> torch.Tensor:
+def apply_op(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, out_dtype: torch.dtype,
+             backend: str, scale: int = 1) -> torch.Tensor:
     """One canonical problem through its custom op (what torch.compile traces)."""
     if problem == "batch":
         return batch_op(a, b, out_dtype, backend)
     op = ragged_m_op if problem == "ragged_m" else ragged_k_op
-    return op(a, b, ends, out_dtype, backend)
+    return op(a, b, sizes, out_dtype, backend, scale)
 
 
 def _setup(ctx, inputs, output):
     ctx.save_for_backward(*(t for t in inputs if isinstance(t, torch.Tensor)))
-    ctx.backend = inputs[-1]
+    ragged = len(inputs) == 6  # (a, b, sizes, out_dtype, backend, scale); batch: (a, b, out_dtype, backend)
+    ctx.backend = inputs[4] if ragged else inputs[3]
+    ctx.scale = inputs[5] if ragged else 1
 
 
 def _op_backward(problem: str):
     def backward(ctx, grad):
         saved = ctx.saved_tensors
-        a, b, ends = (saved[0], saved[1], saved[2] if problem != "batch" else None)
-        da, db = vjp(problem, a, b, ends, grad, ctx.backend, tuple(ctx.needs_input_grad[:2]), apply=apply_op)
-        return (da, db, None, None, None) if problem != "batch" else (da, db, None, None)
+        a, b, sizes = (saved[0], saved[1], saved[2] if problem != "batch" else None)
+        needs = tuple(ctx.needs_input_grad[:2])
+        da, db = vjp(problem, a, b, sizes, grad, ctx.backend, ctx.scale, needs, apply=apply_op)
+        return (da, db, None, None, None, None) if problem != "batch" else (da, db, None, None)
 
     return backward
 

@@ -20,9 +20,11 @@ any `ragged_dot_general` call to. All tensors arrive as (possibly non-contiguous
     batch(a, b, out_dtype) -> c
         a [Bt, M, K], b [Bt, K, N] -> c [Bt, M, N] contiguous
 
-`prepare(problem, a, b, num_groups, out_dtype, config)` resolves once what depends only on the static
-signature of the operands (shapes, strides, dtypes, device) and returns the call `(a, b, group_ends) -> c`
-(`group_ends` None for batch): the eager hot path calls that directly.
+`prepare(problem, a, b, num_groups, out_dtype, config, scale)` resolves once what depends only on the
+static signature of the operands (shapes, strides, dtypes, device) and returns the call `(a, b, group_sizes)
+-> c` (None for batch): the eager hot path calls that directly. It takes the raw group sizes ([G], any
+integer dtype, `scale` rows per unit) and clamps them itself (negatives count as 0, ends clamped to the
+ragged extent), so a backend whose kernels can form the prefix sums themselves needs no extra launch.
 
 Rules every backend keeps: accumulation in the widest of float32, the input dtype and the output dtype (a
 backend with no float64 kernel raises NotImplementedError for float64); data stored in rows outside every group
@@ -74,7 +76,7 @@ class Backend(Protocol):
 
     def prepare(
         self, problem: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype,
-        config: Any = None,
+        config: Any = None, scale: int = 1,
     ) -> Prepared: ...
 
     def ragged_m(

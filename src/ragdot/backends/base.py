@@ -7,10 +7,14 @@ from typing import Any
 
 import torch
 
+from ragdot.groups import group_ends_from_sizes
+
 __all__ = ["BackendBase", "Prepared"]
 
-# A problem prepared for one static signature: (a, b, group_ends) -> c for ragged_m / ragged_k, and
+# A problem prepared for one static signature: (a, b, group_sizes) -> c for ragged_m / ragged_k, and
 # (a, b, None) -> c for batch; operands with exactly the shapes, strides and dtypes it was prepared for.
+# group_sizes are the raw sizes ([G], any integer dtype, on the operands' device, contiguous): negatives count
+# as 0 and the ends are clamped to the ragged extent (a.shape[1]) by the backend, `scale` rows per unit.
 Prepared = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
@@ -47,12 +51,13 @@ class BackendBase:
     # ---- running ---------------------------------------------------------------------------------------------
     def prepare(
         self, problem: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype,
-        config: Any = None,
+        config: Any = None, scale: int = 1,
     ) -> Prepared:
         """Resolve what depends only on the static signature of (a, b) and return the call that runs it.
 
         Raises NotImplementedError when the backend cannot serve this signature at all."""
         fn = getattr(self, problem)
         if problem == "batch":
-            return lambda a, b, ends: fn(a, b, out_dtype)
-        return lambda a, b, ends: fn(a, b, ends, out_dtype)
+            return lambda a, b, sizes: fn(a, b, out_dtype)
+        extent = a.shape[1]
+        return lambda a, b, sizes: fn(a, b, group_ends_from_sizes(sizes, extent, scale), out_dtype)

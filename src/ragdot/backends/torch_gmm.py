@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ragdot.backends.base import BackendBase
+from ragdot.groups import group_ends_from_sizes
 
 __all__ = ["BACKEND"]
 
@@ -86,10 +87,11 @@ class _PreparedGMM:
     """One `_grouped_mm` problem of a static signature with Bt == 1: the run dtype and which operands must be
     copied into an accepted layout are decided once; a call checks only the operands' base alignment."""
 
-    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors")
+    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors", "extent", "scale")
 
-    def __init__(self, problem: str, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype):
+    def __init__(self, problem: str, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, scale: int):
         self.problem = problem
+        self.extent, self.scale = a.shape[1], scale
         self.run = _run_dtype(a.dtype, out_dtype)
         self.out_dtype = out_dtype
         cast = self.run != a.dtype  # a cast makes contiguous copies: their layout is checked per call
@@ -102,7 +104,8 @@ class _PreparedGMM:
         self.a_ok = not cast and _strides_ok(mat_a, self.majors[0])
         self.b_ok = not cast and _strides_ok(mat_b, self.majors[1])
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        ends = group_ends_from_sizes(sizes, self.extent, self.scale)  # the offsets _grouped_mm takes
         ragged_m = self.problem == "ragged_m"
         mat_a = a[0] if ragged_m else a[0].transpose(0, 1)
         mat_b = b[0]
@@ -128,11 +131,11 @@ class _PreparedGMM:
 class TorchGroupedMMBackend(BackendBase):
     name = "torch"
 
-    def prepare(self, problem, a, b, num_groups, out_dtype, config=None):
+    def prepare(self, problem, a, b, num_groups, out_dtype, config=None, scale=1):
         if problem != "batch" and a.shape[0] == 1:
-            return _PreparedGMM(problem, a, b, out_dtype)
+            return _PreparedGMM(problem, a, b, out_dtype, scale)
         _run_dtype(a.dtype, out_dtype)  # NotImplementedError now for dtypes it has no kernel for
-        return super().prepare(problem, a, b, num_groups, out_dtype, config)
+        return super().prepare(problem, a, b, num_groups, out_dtype, config, scale)
 
     def is_available(self) -> bool:
         return hasattr(torch, "_grouped_mm")

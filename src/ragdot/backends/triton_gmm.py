@@ -76,15 +76,17 @@ class TritonBackend(BackendBase):
         return self.name if config is None else f"{self.name}:{config.short()}"
 
     # ---- running ------------------------------------------------------------------------------------------
-    def prepare(self, problem, a, b, num_groups, out_dtype, config=None):
+    def prepare(self, problem, a, b, num_groups, out_dtype, config=None, scale=1):
+        """The kernels read the raw group sizes and form the clamped ends themselves (no prefix-sum launch)."""
         self._check(a, b, out_dtype=out_dtype)
         if problem == "ragged_m":
-            prepared = _kernels("ragged_m").Prepared(a, b, out_dtype, config)
+            prepared = _kernels("ragged_m").Prepared(a, b, out_dtype, config, from_sizes=True, scale=scale)
         elif problem == "ragged_k":
-            prepared = _kernels("ragged_k").Prepared(a, b, num_groups, out_dtype, config)
+            prepared = _kernels("ragged_k").Prepared(a, b, num_groups, out_dtype, config, from_sizes=True,
+                                                     scale=scale)
         else:
-            return super().prepare(problem, a, b, num_groups, out_dtype, config)
-        return lambda a, b, ends: prepared(a, b, ends)[0]
+            return super().prepare(problem, a, b, num_groups, out_dtype, config, scale)
+        return lambda a, b, sizes: prepared(a, b, sizes)[0]
 
     def _launch(self, problem: str, a: torch.Tensor, b: torch.Tensor, *rest, config: TileConfig | None):
         self._check(a, b, out_dtype=rest[-1])

@@ -41,12 +41,29 @@ from ragdot.kernels.launch import BoundLaunch
 
 @triton.jit
 def _schedule_kernel(
-    ends_ptr,  # [G] int32/int64 inclusive group ends
-    sched_ptr,  # [3, G] int32 output: per slot (groups by size descending, ties by index): group, start, end
+    groups_ptr,  # [G] int32/int64 inclusive group ends; FROM_SIZES: [G] raw group sizes, any integer dtype
+    sched_ptr,  # [3, G] int32 output: per slot (groups by size descending, ties by index): group, start, end;
+    #             FROM_SIZES: [4, G], row 3 receives the clamped ends
     G,  # scalar: number of groups
+    R,  # scalar: the ragged extent (token rows) the ends are clamped to (FROM_SIZES only)
+    size_scale,  # scalar: rows per unit of group size (FROM_SIZES only)
     BLOCK_G: tl.constexpr,  # groups ranked per step (power of two)
     BLOCK_H: tl.constexpr,  # groups compared against per inner step (power of two)
+    FROM_SIZES: tl.constexpr,  # form the ends from the sizes first (negatives count as 0, int64 sums)
 ):
+    if FROM_SIZES:
+        ends_ptr = sched_ptr + 3 * G
+        carry = tl.full([], 0, tl.int64)
+        for g0 in range(0, G, BLOCK_G):
+            og = g0 + tl.arange(0, BLOCK_G)
+            sizes = tl.load(groups_ptr + og, mask=og < G, other=0).to(tl.int64)
+            sizes = tl.minimum(tl.maximum(sizes, 0), R // size_scale)
+            ends = tl.minimum((tl.cumsum(sizes, 0) + carry) * size_scale, R)
+            tl.store(ends_ptr + og, ends.to(tl.int32), mask=og < G)
+            carry += tl.sum(sizes, 0)
+        tl.debug_barrier()  # the ends just written are read back by other threads of this program
+    else:
+        ends_ptr = groups_ptr
     for g0 in range(0, G, BLOCK_G):
         og = g0 + tl.arange(0, BLOCK_G)
         end = tl.load(ends_ptr + og, mask=og < G, other=0).to(tl.int32)
@@ -221,19 +238,24 @@ def ragged_k_persistent_kernel(
 _SCHEDULES: dict[tuple, BoundLaunch] = {}
 
 
-def schedule(group_ends: torch.Tensor) -> torch.Tensor:
+def schedule(groups: torch.Tensor, extent: int | None = None, scale: int = 1) -> torch.Tensor:
     """int32 [3, G]: per slot (groups by size, largest first, ties by index) the group, its first and end row.
 
+    `groups` holds the clamped group ends; with `extent` given it holds the raw group sizes instead (any
+    integer dtype; `scale` rows per unit), and the result is [4, G] with the clamped ends in row 3.
     One launch of one program on the device; no host sync.
     """
-    g = group_ends.shape[0]
-    key = (g, group_ends.device)
+    g = groups.shape[0]
+    from_sizes = extent is not None
+    key = (g, from_sizes, extent, scale, groups.device)
     launch = _SCHEDULES.get(key)
     if launch is None:
-        consts = {"BLOCK_G": min(next_pow2(g), 128), "BLOCK_H": 32}
-        launch = _SCHEDULES[key] = BoundLaunch(_schedule_kernel, (1,), consts, {"num_warps": 4}, group_ends.device)
-    sched = torch.empty((3, g), dtype=torch.int32, device=group_ends.device)
-    launch(group_ends, sched, g)
+        if len(_SCHEDULES) >= 4096:  # many distinct extents (e.g. serving): start over rather than grow
+            _SCHEDULES.clear()
+        consts = {"BLOCK_G": min(next_pow2(g), 128), "BLOCK_H": 32, "FROM_SIZES": from_sizes}
+        launch = _SCHEDULES[key] = BoundLaunch(_schedule_kernel, (1,), consts, {"num_warps": 4}, groups.device)
+    sched = torch.empty((4 if from_sizes else 3, g), dtype=torch.int32, device=groups.device)
+    launch(groups, sched, g, extent or 0, scale)
     return sched
 
 
@@ -244,12 +266,17 @@ def longest_first(group_ends: torch.Tensor) -> torch.Tensor:
 
 class Prepared:
     """`ragged_k` for one static signature (shapes, strides, dtypes, device, config): checks, config, grid and
-    kernel choice resolved once; a call allocates the output, ranks the groups and launches."""
+    kernel choice resolved once; a call allocates the output, ranks the groups and launches. With
+    `from_sizes` the third argument of a call is the raw group sizes ([G], any integer dtype; `scale` rows
+    per unit), which the ranking kernel turns into clamped ends."""
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype, config: TileConfig | None):
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype, config: TileConfig | None,
+                 from_sizes: bool = False, scale: int = 1):
         bt, r, m = a.shape
         n = b.shape[2]
         self.shape = (g, bt, m, n)
+        self.sizes_extent = r if from_sizes else None
+        self.scale = scale
         self.out_dtype = out_dtype
         self.device = a.device
         cfg = self.cfg = resolve_config(config, "ragged_k", m, r, n, g, a)
@@ -289,7 +316,7 @@ class Prepared:
         if self.zero:
             return c.zero_(), None
         if sched is None:
-            sched = schedule(ends)
+            sched = schedule(ends, self.sizes_extent, self.scale)
         tma = self.tma and c.data_ptr() % 16 == 0
         c_desc = host_descriptor(c, *self.c_desc) if tma else None
         return c, self.launches[tma](a, b, c, c_desc, sched, *self.scalars)

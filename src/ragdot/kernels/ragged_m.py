@@ -42,15 +42,27 @@ from ragdot.kernels.launch import BoundLaunch
 
 
 @triton.jit
-def _group_table(ends_ptr, M, G, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
+def _group_table(
+    groups_ptr, M, G, size_scale, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, FROM_SIZES: tl.constexpr
+):
     """Per-group vectors of length BLOCK_G (>= G + 1): first row, end row, first row tile, row tiles.
 
+    groups_ptr holds the clamped inclusive group ends, or with FROM_SIZES the raw group sizes (any integer
+    dtype): then each program clamps them (negatives count as 0) and forms the ends itself,
+    ends = min(size_scale * cumsum(sizes), M), in int64 so no sizes can wrap the sum.
     Slot G is the tail group [ends[G-1], M); slots beyond it are empty groups at M.
     """
     offs = tl.arange(0, BLOCK_G)
-    ends = tl.load(ends_ptr + offs, mask=offs < G, other=0).to(tl.int32)
+    if FROM_SIZES:
+        sizes = tl.load(groups_ptr + offs, mask=offs < G, other=0).to(tl.int64)
+        sizes = tl.minimum(tl.maximum(sizes, 0), M // size_scale)
+        cum = tl.cumsum(sizes, 0) * size_scale
+        ends = tl.minimum(cum, M).to(tl.int32)
+        prev = tl.minimum(cum - sizes * size_scale, M).to(tl.int32)
+    else:
+        ends = tl.load(groups_ptr + offs, mask=offs < G, other=0).to(tl.int32)
+        prev = tl.load(groups_ptr + offs - 1, mask=(offs > 0) & (offs <= G), other=0).to(tl.int32)
     ends = tl.where(offs < G, ends, M)
-    prev = tl.load(ends_ptr + offs - 1, mask=(offs > 0) & (offs <= G), other=0).to(tl.int32)
     starts = tl.where(offs <= G, prev, M)
     ends = tl.maximum(ends, starts)
     tiles = (ends - starts + BLOCK_M - 1) // BLOCK_M
@@ -127,8 +139,9 @@ def ragged_m_kernel(
     a_ptr,  # [Bt, M, K] lhs, rows in group order, any strides
     b_ptr,  # [Bt, G, K, N] one rhs matrix per group, any strides
     c_ptr,  # [Bt, M, N] output, contiguous
-    ends_ptr,  # [G] int32 inclusive group ends: non-decreasing, each in [0, M]
+    ends_ptr,  # [G] int32 inclusive group ends (non-decreasing, each in [0, M]); FROM_SIZES: [G] any-int sizes
     M, N, K, G,  # scalars: problem sizes
+    size_scale,  # scalar: rows per unit of group size (FROM_SIZES only; 1 for the usual call)
     stride_ab, stride_am, stride_ak,  # scalars: strides of a, in elements
     stride_bb, stride_bg, stride_bk, stride_bn,  # scalars: strides of b, in elements
     max_tiles,  # scalar: upper bound of the tile count per batch entry, (cdiv(M, BLOCK_M) + G) * cdiv(N, BLOCK_N)
@@ -139,11 +152,12 @@ def ragged_m_kernel(
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
     PERSISTENT: tl.constexpr,  # programs loop over tiles with stride num_programs(0)
     PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32" (used for float32 inputs)
+    FROM_SIZES: tl.constexpr,  # ends_ptr holds raw group sizes: the ends are formed in the kernel
 ):
     pid = tl.program_id(0)
     bt = tl.program_id(1)
     num_n = tl.cdiv(N, BLOCK_N)
-    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, BLOCK_M, BLOCK_G)
+    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, size_scale, BLOCK_M, BLOCK_G, FROM_SIZES)
     total = tl.sum(tiles, 0) * num_n
     if PERSISTENT:
         for tile in tl.range(pid, max_tiles, tl.num_programs(0)):
@@ -205,8 +219,9 @@ def ragged_m_tma_kernel(
     b_desc,  # descriptor of b [Bt, G, K, N] (N contiguous), block [1, 1, BLOCK_K, BLOCK_N];
     #          or, with B_KMAJOR, of b^T [Bt, G, N, K] (K contiguous), block [1, 1, BLOCK_N, BLOCK_K]
     c_ptr,  # [Bt, M, N] output, contiguous
-    ends_ptr,  # [G] int32 inclusive group ends: non-decreasing, each in [0, M]
+    ends_ptr,  # [G] int32 inclusive group ends (non-decreasing, each in [0, M]); FROM_SIZES: [G] any-int sizes
     M, N, K, G,  # scalars: problem sizes
+    size_scale,  # scalar: rows per unit of group size (FROM_SIZES only; 1 for the usual call)
     max_tiles,  # scalar: upper bound of the tile count per batch entry
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,  # power of two >= G + 1
@@ -214,11 +229,12 @@ def ragged_m_tma_kernel(
     B_KMAJOR: tl.constexpr,  # b_desc describes b transposed (K contiguous)
     PERSISTENT: tl.constexpr,  # programs loop over tiles with stride num_programs(0)
     PRECISION: tl.constexpr,  # tl.dot input_precision
+    FROM_SIZES: tl.constexpr,  # ends_ptr holds raw group sizes: the ends are formed in the kernel
 ):
     pid = tl.program_id(0)
     bt = tl.program_id(1)
     num_n = tl.cdiv(N, BLOCK_N)
-    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, BLOCK_M, BLOCK_G)
+    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, size_scale, BLOCK_M, BLOCK_G, FROM_SIZES)
     total = tl.sum(tiles, 0) * num_n
     if PERSISTENT:
         for tile in tl.range(pid, max_tiles, tl.num_programs(0)):
@@ -239,19 +255,21 @@ def ragged_m_tma_flat_kernel(
     b_desc,  # descriptor of b [Bt, G, K, N] (N contiguous), block [1, 1, BLOCK_K, BLOCK_N];
     #          or, with B_KMAJOR, of b^T [Bt, G, N, K] (K contiguous), block [1, 1, BLOCK_N, BLOCK_K]
     c_ptr,  # [Bt, M, N] output, contiguous
-    ends_ptr,  # [G] int32 inclusive group ends: non-decreasing, each in [0, M]
+    ends_ptr,  # [G] int32 inclusive group ends (non-decreasing, each in [0, M]); FROM_SIZES: [G] any-int sizes
     M, N, K, G,  # scalars: problem sizes (K >= 1)
+    size_scale,  # scalar: rows per unit of group size (FROM_SIZES only; 1 for the usual call)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,  # power of two >= G + 1
     GROUP_M: tl.constexpr,  # row tiles walked together (L2 reuse of the weight tile)
     B_KMAJOR: tl.constexpr,  # b_desc describes b transposed (K contiguous)
     PRECISION: tl.constexpr,  # tl.dot input_precision
+    FROM_SIZES: tl.constexpr,  # ends_ptr holds raw group sizes: the ends are formed in the kernel
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     bt = tl.program_id(1)
     num_n = tl.cdiv(N, BLOCK_N)
-    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, BLOCK_M, BLOCK_G)
+    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, size_scale, BLOCK_M, BLOCK_G, FROM_SIZES)
     real = tl.sum(tl.where(offs < G, tiles, 0), 0) * num_n  # tiles of the G groups; the tail group's follow
     total = tl.sum(tiles, 0) * num_n
     zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
@@ -292,9 +310,12 @@ class Prepared:
     """`ragged_m` for one static signature (shapes, strides, dtypes, device, config): the checks, the config,
     the grid and the kernel choice are resolved once; a call allocates the output and launches.
 
-    Calls take operands with exactly the shapes, strides and dtypes it was prepared for."""
+    Calls take operands with exactly the shapes, strides and dtypes it was prepared for. With `from_sizes`,
+    the third argument of a call is the raw group sizes ([G], any integer dtype; `scale` rows per unit) and
+    the kernel forms the clamped ends itself: one launch for the whole call."""
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, config: TileConfig | None):
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, config: TileConfig | None,
+                 from_sizes: bool = False, scale: int = 1):
         bt, m, k = a.shape
         g, n = b.shape[1], b.shape[3]
         self.shape = (bt, m, n)
@@ -313,8 +334,9 @@ class Prepared:
         grid = (programs, bt)
         opts = launch_options(cfg, a.device)
         consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=next_pow2(g + 1),
-                      GROUP_M=cfg.group_m, PRECISION=dot_precision(a.dtype))
-        self.sizes = (m, n, k, g) if cfg.flat else (m, n, k, g, max_tiles)
+                      GROUP_M=cfg.group_m, PRECISION=dot_precision(a.dtype), FROM_SIZES=from_sizes)
+        self.sizes = (m, n, k, g, scale) if cfg.flat else (m, n, k, g, scale, max_tiles)
+        self.scale = scale
         self.kmajor = b.stride(3) != 1
         bv = b.transpose(2, 3) if self.kmajor else b
         self.tma = (cfg.tma and tma_capable(a.device) and _tma_strides_ok(a) and _tma_strides_ok(bv))
@@ -336,7 +358,7 @@ class Prepared:
     def __call__(
         self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, object]:
-        """a [Bt, M, K], b [Bt, G, K, N], ends int32/int64 [G] -> (c [Bt, M, N], kernel handle or None)."""
+        """a [Bt, M, K], b [Bt, G, K, N], ends int32/int64 [G] (or sizes [G]) -> (c [Bt, M, N], kernel handle)."""
         c = torch.empty(self.shape, dtype=self.out_dtype, device=self.device) if out is None else out
         if self.empty:
             return c, None
@@ -348,7 +370,7 @@ class Prepared:
             b_desc = host_descriptor(bv, *self.b_desc)
             return c, self.tma_launch(a_desc, b_desc, c, ends, *self.sizes)
         m, n, k, g = self.shape[1], self.shape[2], a.shape[2], b.shape[1]
-        return c, self.ptr_launch(a, b, c, ends, m, n, k, g, *self.strides, self.max_tiles)
+        return c, self.ptr_launch(a, b, c, ends, m, n, k, g, self.scale, *self.strides, self.max_tiles)
 
 
 def launch(

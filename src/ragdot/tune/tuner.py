@@ -59,10 +59,10 @@ def pick_winner(times: dict[str, dict[str, float]]) -> str | None:
 def _run(
     candidate: Candidate, problem: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype
 ) -> Callable[[torch.Tensor | None], torch.Tensor]:
-    """The candidate prepared for these operands, as the dispatcher runs it: ends -> output."""
+    """The candidate prepared for these operands, as the dispatcher runs it: group sizes -> output."""
     name, cfg = candidate
     prepared = get_backend(name).prepare(problem, a, b, num_groups, out_dtype, cfg)
-    return lambda ends: prepared(a, b, ends)
+    return lambda sizes: prepared(a, b, sizes)
 
 
 def measure_problem(
@@ -85,21 +85,22 @@ def measure_problem(
     reference = get_backend("reference")
     times: dict[str, dict[str, float]] = {}
     for routing in routings:
-        ends = group_ends_from_sizes(group_sizes(routing, extent, num_groups, device=a.device), extent)
+        sizes = group_sizes(routing, extent, num_groups, device=a.device)
+        ends = group_ends_from_sizes(sizes, extent)
         ref_args = (a, b, ends, out_dtype) if problem != "batch" else (a, b, out_dtype)
         ref = getattr(reference, problem)(*ref_args).float()
-        ends_arg = ends if problem != "batch" else None
+        sizes_arg = sizes if problem != "batch" else None
         systems = []
         for cand in cands:
             try:
                 fn = _run(cand, problem, a, b, num_groups, out_dtype)
-                out = fn(ends_arg)
+                out = fn(sizes_arg)
             except (NotImplementedError, RuntimeError):
                 continue  # cannot run this case (e.g. shared memory): not a candidate here
             err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
             if not err <= TOLERANCE.get(a.dtype, 2e-2):
                 continue
-            systems.append(Timed(label(cand), [lambda fn=fn, ends=ends_arg: fn(ends)]))
+            systems.append(Timed(label(cand), [lambda fn=fn, sizes=sizes_arg: fn(sizes)]))
         # Device time (CUDA-graph replays): host dispatch overhead must not decide between kernels.
         graphs = a.device.type == "cuda"
         for name, timing in measure(systems, a.device, warmup=warmup, iters=iters, graphs=graphs).items():
