@@ -134,10 +134,20 @@ class _Plan:
     view_shape: tuple[int, ...]
     perm: tuple[int, ...] | None
 
+    def __post_init__(self) -> None:
+        # lperm and rperm, None where they are the identity: computed once per plan, not per call
+        perms = tuple(None if p == tuple(range(len(p))) else p for p in (self.lperm, self.rperm))
+        object.__setattr__(self, "_perms", perms)
+
     def views(self, lhs: torch.Tensor, rhs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The canonical operands (a, b) as views of lhs and rhs (a copy only where no view exists)."""
-        a = _view(lhs, self.lperm, self.lshape)
-        b = _view(rhs, self.rperm, self.rshape)
+        lperm, rperm = self._perms
+        a = lhs if lperm is None else lhs.permute(lperm)
+        if a.shape != self.lshape:
+            a = a.reshape(self.lshape)
+        b = rhs if rperm is None else rhs.permute(rperm)
+        if b.shape != self.rshape:
+            b = b.reshape(self.rshape)
         if self.broadcast > 1:
             bt_b = b.shape[0]
             b = b.unsqueeze(1).expand(bt_b, self.broadcast, *b.shape[1:]).reshape(bt_b * self.broadcast, *b.shape[1:])

@@ -83,15 +83,35 @@ def _zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> None:
     c.masked_fill_((rows >= group_ends[-1])[None, :, None], 0)
 
 
+def _bound_launches(problem: str, a: torch.Tensor, b: torch.Tensor, groups: int, scale: int):
+    """(sizes -> clamped int32 ends, (c, ends) -> zero the tail rows of c or None) for one static signature:
+    ragdot's one-launch kernels on CUDA with Triton, torch ops elsewhere."""
+    extent = a.shape[1]
+    tail_shape = (1, extent, b.shape[-1])
+    if a.is_cuda and groups > 0:
+        try:
+            from ragdot.kernels.ends import MAX_GROUPS, GroupEnds
+            from ragdot.kernels.tail import ZeroTail
+        except ImportError:
+            pass
+        else:
+            if groups <= MAX_GROUPS:
+                tail = ZeroTail(tail_shape, groups, a.device) if problem == "ragged_m" else None
+                return GroupEnds(groups, extent, scale, a.device), tail
+    tail = _zero_tail_rows_ if problem == "ragged_m" else None
+    return (lambda sizes: group_ends_from_sizes(sizes, extent, scale)), tail
+
+
 class _PreparedGMM:
     """One `_grouped_mm` problem of a static signature with Bt == 1: the run dtype and which operands must be
     copied into an accepted layout are decided once; a call checks only the operands' base alignment."""
 
-    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors", "extent", "scale")
+    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors", "ends", "tail")
 
-    def __init__(self, problem: str, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, scale: int):
+    def __init__(self, problem: str, a: torch.Tensor, b: torch.Tensor, groups: int, out_dtype: torch.dtype,
+                 scale: int):
         self.problem = problem
-        self.extent, self.scale = a.shape[1], scale
+        self.ends, self.tail = _bound_launches(problem, a, b, groups, scale)
         self.run = _run_dtype(a.dtype, out_dtype)
         self.out_dtype = out_dtype
         cast = self.run != a.dtype  # a cast makes contiguous copies: their layout is checked per call
@@ -105,7 +125,7 @@ class _PreparedGMM:
         self.b_ok = not cast and _strides_ok(mat_b, self.majors[1])
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-        ends = group_ends_from_sizes(sizes, self.extent, self.scale)  # the offsets _grouped_mm takes
+        ends = self.ends(sizes)  # the offsets _grouped_mm takes
         ragged_m = self.problem == "ragged_m"
         mat_a = a[0] if ragged_m else a[0].transpose(0, 1)
         mat_b = b[0]
@@ -124,7 +144,7 @@ class _PreparedGMM:
         if not out.is_contiguous():  # CUDA pads the row stride to 16 bytes when N is not a multiple
             out = out.contiguous()
         out = out.unsqueeze(0)
-        _zero_tail_rows_(out, ends)
+        self.tail(out, ends)
         return out
 
 
@@ -133,7 +153,7 @@ class TorchGroupedMMBackend(BackendBase):
 
     def prepare(self, problem, a, b, num_groups, out_dtype, config=None, scale=1):
         if problem != "batch" and a.shape[0] == 1:
-            return _PreparedGMM(problem, a, b, out_dtype, scale)
+            return _PreparedGMM(problem, a, b, num_groups, out_dtype, scale)
         _run_dtype(a.dtype, out_dtype)  # NotImplementedError now for dtypes it has no kernel for
         return super().prepare(problem, a, b, num_groups, out_dtype, config, scale)
 

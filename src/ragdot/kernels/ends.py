@@ -15,7 +15,7 @@ import triton.language as tl
 from ragdot.kernels.configs import next_pow2
 from ragdot.kernels.launch import BoundLaunch
 
-__all__ = ["group_ends", "MAX_GROUPS"]
+__all__ = ["group_ends", "GroupEnds", "MAX_GROUPS"]
 
 MAX_GROUPS = 1 << 14  # one program holds all groups; larger G takes the torch path
 
@@ -37,20 +37,32 @@ def _group_ends_kernel(
     tl.store(ends_ptr + offs, ends.to(tl.int32), mask=offs < G)
 
 
-_LAUNCHES: dict[tuple, BoundLaunch] = {}
+class GroupEnds:
+    """`group_ends` bound to one (G, extent, scale, device): a call is one allocation and one launch."""
+
+    __slots__ = ("g", "extent", "scale", "device", "launch")
+
+    def __init__(self, g: int, extent: int, scale: int, device: torch.device):
+        self.g, self.extent, self.scale, self.device = g, extent, scale, device
+        self.launch = BoundLaunch(_group_ends_kernel, (1,), {"BLOCK_G": max(next_pow2(g), 16)}, {"num_warps": 1},
+                                  device)
+
+    def __call__(self, sizes: torch.Tensor) -> torch.Tensor:
+        """sizes: [G] integer, contiguous, on `device` -> int32 [G] clamped ends."""
+        ends = torch.empty(self.g, dtype=torch.int32, device=self.device)
+        self.launch(sizes, ends, self.g, self.extent // self.scale, self.scale, self.extent)
+        return ends
+
+
+_BOUND: dict[tuple, GroupEnds] = {}
 
 
 def group_ends(sizes: torch.Tensor, extent: int, scale: int = 1) -> torch.Tensor:
     """int32 [G] clamped ends of `sizes` (1-D integer CUDA tensor, G <= MAX_GROUPS, contiguous), one launch."""
-    g = sizes.shape[0]
-    key = (g, extent, scale, sizes.device)
-    launch = _LAUNCHES.get(key)
-    if launch is None:
-        if len(_LAUNCHES) >= 4096:  # many distinct extents (e.g. serving): start over rather than grow
-            _LAUNCHES.clear()
-        launch = _LAUNCHES[key] = BoundLaunch(
-            _group_ends_kernel, (1,), {"BLOCK_G": max(next_pow2(g), 16)}, {"num_warps": 1}, sizes.device
-        )
-    ends = torch.empty(g, dtype=torch.int32, device=sizes.device)
-    launch(sizes, ends, g, extent // scale, scale, extent)
-    return ends
+    key = (sizes.shape[0], extent, scale, sizes.device)
+    bound = _BOUND.get(key)
+    if bound is None:
+        if len(_BOUND) >= 4096:  # many distinct extents (e.g. serving): start over rather than grow
+            _BOUND.clear()
+        bound = _BOUND[key] = GroupEnds(*key)  # its launch keeps one compiled kernel per sizes dtype
+    return bound(sizes)

@@ -7,8 +7,8 @@ that path on its first call, keeps the compiled kernel, and afterwards calls the
 directly with the runtime arguments and the constexpr values in parameter order.
 
 Safety: what Triton specializes on must not change between calls of one `BoundLaunch`. Integer arguments
-(sizes, strides) are fixed by its owner's static key; tensor arguments' 16-byte alignment is checked per call
-(a change recompiles through the JIT path, keeping one compiled kernel per alignment pattern). Inside
+(sizes, strides) are fixed by its owner's static key; tensor arguments' dtypes and 16-byte alignment are
+checked per call (a change goes through the JIT path once, keeping one compiled kernel per pattern). Inside
 `compile_only`, under Triton's interpreter, and while launch hooks are installed with no compiled kernel
 yet, every call takes the ordinary path.
 """
@@ -16,7 +16,6 @@ yet, every call takes the ordinary path.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,8 +26,16 @@ from ragdot.kernels import configs
 __all__ = ["BoundLaunch"]
 
 
-def _alignment(args: Sequence[Any]) -> tuple[bool, ...]:
-    return tuple(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor))
+def _raw_launcher(compiled: Any) -> Any:
+    """The C launch function behind a compiled kernel's launcher, where calling it directly is exactly
+    what the launcher would do (Triton 3.x's CUDA launcher without scratch buffers); else None."""
+    launcher = compiled.run
+    names = ("launch", "global_scratch_size", "profile_scratch_size", "launch_cooperative_grid", "launch_pdl")
+    if not all(hasattr(launcher, n) for n in names):
+        return None
+    if launcher.global_scratch_size or launcher.profile_scratch_size or getattr(launcher, "num_ctas", 1) != 1:
+        return None
+    return launcher
 
 
 class BoundLaunch:
@@ -40,7 +47,7 @@ class BoundLaunch:
     must be the current device when it is called (the caller's device guard sees to that).
     """
 
-    __slots__ = ("kernel", "grid", "constexprs", "options", "device", "_compiled", "_tail", "_direct")
+    __slots__ = ("kernel", "grid", "constexprs", "options", "device", "_compiled", "_tail", "_direct", "_tensors")
 
     def __init__(
         self, kernel: Any, grid: tuple[int, ...], constexprs: dict[str, Any], options: dict[str, Any],
@@ -52,8 +59,9 @@ class BoundLaunch:
         self.grid = (*grid, 1, 1)[:3]
         self.constexprs = constexprs
         self.options = options
-        self._compiled: dict[tuple[bool, ...], Any] = {}
+        self._compiled: dict[tuple, Any] = {}
         self._tail: tuple[Any, ...] | None = None
+        self._tensors: tuple[int, ...] | None = None  # positions of the tensor arguments
         self._direct = os.environ.get("TRITON_INTERPRET", "0") != "1"
 
     def _constexpr_tail(self, n_runtime: int) -> tuple[Any, ...]:
@@ -68,18 +76,25 @@ class BoundLaunch:
         """Launch with the runtime arguments (tensors, descriptors, scalars) in parameter order."""
         if not self._direct or configs._AOT_TARGET is not None:
             return configs.run_kernel(self.kernel, self.grid, *args, **self.constexprs, **self.options)
-        align = _alignment(args)
-        compiled = self._compiled.get(align)
-        if compiled is None:
+        if self._tensors is None:
+            self._tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        align = tuple((args[i].dtype, args[i].data_ptr() % 16 == 0) for i in self._tensors)
+        entry = self._compiled.get(align)
+        if entry is None:
             compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
-            self._compiled[align] = compiled
+            self._compiled[align] = (compiled, _raw_launcher(compiled))
             self._tail = self._constexpr_tail(len(args))
             return compiled
-        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if enter.calls or leave.calls:  # a profiler is listening: let Triton build the launch metadata
+        compiled, raw = entry
+        runtime = knobs.runtime
+        if runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls:  # a profiler listens: Triton's path
             return self.kernel[self.grid](*args, **self.constexprs, **self.options)
         stream = torch._C._cuda_getCurrentRawStream(self.device)
         g0, g1, g2 = self.grid
-        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                     *args, *self._tail)
+        if raw is not None:
+            raw.launch(g0, g1, g2, stream, compiled.function, raw.launch_cooperative_grid, raw.launch_pdl, None, None,
+                       compiled.packed_metadata, None, None, None, *args, *self._tail)
+        else:
+            compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                         *args, *self._tail)
         return compiled

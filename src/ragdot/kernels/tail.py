@@ -40,7 +40,26 @@ def _zero_tail_kernel(
 
 
 _BLOCK = 4096
-_LAUNCHES: dict[tuple, BoundLaunch] = {}
+
+
+class ZeroTail:
+    """`zero_tail_rows_` bound to one output signature: a call is one launch."""
+
+    __slots__ = ("mn", "n", "g", "launch")
+
+    def __init__(self, shape: tuple[int, int, int], g: int, device: torch.device):
+        bt, m, n = shape
+        self.mn, self.n, self.g = m * n, n, g
+        programs = max(1, min(triton.cdiv(m * n, _BLOCK), 2 * num_sms(device)))
+        self.launch = BoundLaunch(_zero_tail_kernel, (programs, bt), {"BLOCK": _BLOCK}, {"num_warps": 4}, device)
+
+    def __call__(self, c: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
+        """c: [Bt, M, N] contiguous of the bound signature; group_ends: int32/int64 [G] on c's device."""
+        self.launch(c, group_ends, self.g, self.mn, self.n)
+        return c
+
+
+_BOUND: dict[tuple, ZeroTail] = {}
 
 
 def zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
@@ -64,14 +83,10 @@ def zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
         return c.zero_()
     if bt > 65535:
         raise ValueError(f"c: batch size {bt} exceeds the 65535 the grid allows")
-    g = group_ends.shape[0]
-    key = (bt, m, n, g, c.dtype, group_ends.dtype, c.device)
-    launch = _LAUNCHES.get(key)
-    if launch is None:
-        if len(_LAUNCHES) >= 4096:  # many distinct shapes (e.g. serving): start over rather than grow
-            _LAUNCHES.clear()
-        programs = max(1, min(triton.cdiv(m * n, _BLOCK), 2 * num_sms(c.device)))
-        launch = _LAUNCHES[key] = BoundLaunch(_zero_tail_kernel, (programs, bt), {"BLOCK": _BLOCK}, {"num_warps": 4},
-                                              c.device)
-    launch(c, group_ends, g, m * n, n)
-    return c
+    key = (bt, m, n, group_ends.shape[0], c.dtype, group_ends.dtype, c.device)
+    bound = _BOUND.get(key)
+    if bound is None:
+        if len(_BOUND) >= 4096:  # many distinct shapes (e.g. serving): start over rather than grow
+            _BOUND.clear()
+        bound = _BOUND[key] = ZeroTail((bt, m, n), group_ends.shape[0], c.device)
+    return bound(c, group_ends)
