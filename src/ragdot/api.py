@@ -108,10 +108,20 @@ def _validate_on() -> bool:
     return os.environ.get("RAGDOT_VALIDATE", "") not in ("", "0")
 
 
-class _Call:
-    """One static call signature, checked and resolved: canonical views, output layout, forward runner."""
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
 
-    __slots__ = ("plan", "mode", "out_dtype", "backend", "validate", "device", "groups", "runner", "state")
+
+class _Call:
+    """One static call signature, checked and resolved: canonical views, output layout, forward runner, and
+    the inverse maps that take canonical gradients back to the user's layouts (eager autograd records the
+    whole call as one node, `_CallFunction`)."""
+
+    __slots__ = ("plan", "mode", "out_dtype", "backend", "validate", "device", "groups", "runner", "state",
+                 "lhs_shape", "rhs_shape", "lperm_shape", "rperm_shape", "out_shape", "inv_perm")
 
     def __init__(self, lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, dimension_numbers: object,
                  preferred_element_type: torch.dtype | None, backend: str | None, validate: bool):
@@ -121,12 +131,23 @@ class _Call:
         self.out_dtype = _check_operands(lhs, rhs, group_sizes, preferred_element_type)
         self.backend = _check_backend(backend)
         self.groups = group_sizes.shape[0]
-        self.plan = plan_views(lhs.shape, rhs.shape, self.groups, dn)
-        self.mode = self.plan.mode
+        plan = self.plan = plan_views(lhs.shape, rhs.shape, self.groups, dn)
+        self.mode = plan.mode
         self.validate = validate
         self.device = lhs.device
         self.runner: ops.Runner | None = None
         self.state: tuple | None = None
+        self.lhs_shape, self.rhs_shape = tuple(lhs.shape), tuple(rhs.shape)
+        self.lperm_shape = tuple(lhs.shape[p] for p in plan.lperm)
+        self.rperm_shape = tuple(rhs.shape[p] for p in plan.rperm)
+        ls, rs = plan.lshape, plan.rshape
+        if self.mode == "ragged_m":
+            self.out_shape = (ls[0], ls[1], rs[3])
+        elif self.mode == "ragged_k":
+            self.out_shape = (self.groups, ls[0], ls[2], rs[2])
+        else:
+            self.out_shape = (ls[0], ls[1], rs[2])
+        self.inv_perm = None if plan.perm is None else _inverse(plan.perm)
 
     def _runner(self, a: torch.Tensor, b: torch.Tensor) -> ops.Runner:
         state = ops._state(a)
@@ -136,9 +157,25 @@ class _Call:
             self.state = state
         return self.runner
 
+    # ---- the inverse maps of the views (for gradients) ---------------------------------------------------
+    def unfinish(self, dout: torch.Tensor) -> torch.Tensor:
+        """The cotangent of the user's output in the canonical output layout."""
+        if self.inv_perm is not None:
+            dout = dout.permute(self.inv_perm)
+        return dout.reshape(self.out_shape)
+
+    def grad_lhs(self, da: torch.Tensor) -> torch.Tensor:
+        da = da.reshape(self.lperm_shape)
+        return da if self.plan._perms[0] is None else da.permute(_inverse(self.plan.lperm))
+
+    def grad_rhs(self, db: torch.Tensor) -> torch.Tensor:
+        if self.plan.broadcast > 1:  # rhs was repeated over extra lhs slices: their gradients add up
+            db = db.reshape(-1, self.plan.broadcast, *db.shape[1:]).sum(1)
+        db = db.reshape(self.rperm_shape)
+        return db if self.plan._perms[1] is None else db.permute(_inverse(self.plan.rperm))
+
     def __call__(self, lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
         plan = self.plan
-        a, b = plan.views(lhs, rhs)
         sizes = None
         if self.mode != "batch":
             if self.validate or _validate_on():
@@ -146,10 +183,34 @@ class _Call:
             if group_sizes.device != self.device or not group_sizes.is_contiguous():
                 group_sizes = group_sizes.to(self.device).contiguous()
             sizes = group_sizes
-        runner = self._runner(a, b)
-        if ops.plain_call(a, b):
-            return plan.finish(runner(a, b, sizes))
-        return plan.finish(ops.run(self.mode, a, b, sizes, self.out_dtype, self.backend, plan.group_scale, runner))
+        if ops.plain_call(lhs, rhs):
+            a, b = plan.views(lhs, rhs)
+            return plan.finish(self._runner(a, b)(a, b, sizes))
+        if not ops._transformed():  # eager autograd: the whole call is one recorded node
+            return _CallFunction.apply(lhs, rhs, sizes, self)
+        a, b = plan.views(lhs, rhs)
+        return plan.finish(ops.run(self.mode, a, b, sizes, self.out_dtype, self.backend, plan.group_scale))
+
+
+class _CallFunction(torch.autograd.Function):
+    """One eager call with inputs that require grad, recorded as a single autograd node (the views and the
+    output layout are inside it, so the backward pays for no view nodes)."""
+
+    @staticmethod
+    def forward(ctx, lhs, rhs, sizes, call):
+        a, b = call.plan.views(lhs, rhs)
+        ctx.call = call
+        ctx.save_for_backward(lhs, rhs, sizes)  # the inputs, so that a double backward reaches them
+        return call.plan.finish(call._runner(a, b)(a, b, sizes))
+
+    @staticmethod
+    def backward(ctx, dout):
+        call = ctx.call
+        lhs, rhs, sizes = ctx.saved_tensors
+        a, b = call.plan.views(lhs, rhs)
+        needs = tuple(ctx.needs_input_grad[:2])
+        da, db = ops.vjp(call.mode, a, b, sizes, call.unfinish(dout), call.backend, call.plan.group_scale, needs)
+        return (None if da is None else call.grad_lhs(da), None if db is None else call.grad_rhs(db), None, None)
 
 
 _CALLS: dict[tuple, _Call] = {}
