@@ -199,10 +199,11 @@ def _problem(draw):
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=_problem(), backend=st.sampled_from(ragdot.backends()))
 def test_random_dimension_numbers_match_oracle(problem, backend):
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     lshape, rshape, dn, group_sizes = problem
     lhs, rhs = torch.randn(lshape), torch.randn(rshape)
     gs = torch.tensor(group_sizes, dtype=torch.int32)
-    out = ragdot.ragged_dot_general(lhs, rhs, gs, dn, backend=backend)
+    out = ragdot.ragged_dot_general(lhs.to(device), rhs.to(device), gs.to(device), dn, backend=backend)
     ref = ragged_dot_general_oracle(lhs, rhs, gs, dn)
     assert out.shape == ref.shape
     assert nerr(out, ref) <= TOL[torch.float32]

@@ -39,6 +39,8 @@ def _check_backend(backend: str | None) -> str:
         return backend
     if backend not in BACKEND_NAMES:
         raise ValueError(f"backend={backend!r} is unknown; expected one of {', '.join(BACKEND_NAMES)}, 'auto' or None")
+    if torch.compiler.is_compiling():  # probing installs is not traceable: an unusable one fails when it runs
+        return backend
     usable = available_backends()
     if backend not in usable:
         raise ValueError(f"backend={backend!r} is not usable on this machine; available: {', '.join(usable)}")
@@ -115,13 +117,22 @@ def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inv)
 
 
+def _pure_views(plan, lhs: torch.Tensor, rhs: torch.Tensor) -> bool:
+    """Whether the canonical operands are views of lhs and rhs starting at their first elements."""
+    try:
+        a, b = plan.views(lhs, rhs)
+        return a.data_ptr() == lhs.data_ptr() and b.data_ptr() == rhs.data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (transform wrappers, fakes)
+        return False
+
+
 class _Call:
     """One static call signature, checked and resolved: canonical views, output layout, forward runner, and
     the inverse maps that take canonical gradients back to the user's layouts (eager autograd records the
     whole call as one node, `_CallFunction`)."""
 
     __slots__ = ("plan", "mode", "out_dtype", "backend", "validate", "device", "groups", "runner", "state",
-                 "lhs_shape", "rhs_shape", "lperm_shape", "rperm_shape", "out_shape", "inv_perm")
+                 "lhs_shape", "rhs_shape", "lperm_shape", "rperm_shape", "out_shape", "inv_perm", "direct")
 
     def __init__(self, lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, dimension_numbers: object,
                  preferred_element_type: torch.dtype | None, backend: str | None, validate: bool):
@@ -148,14 +159,27 @@ class _Call:
         else:
             self.out_shape = (ls[0], ls[1], rs[2])
         self.inv_perm = None if plan.perm is None else _inverse(plan.perm)
+        self.direct = plan.broadcast == 1 and plan.perm is None and _pure_views(plan, lhs, rhs)
 
-    def _runner(self, a: torch.Tensor, b: torch.Tensor) -> ops.Runner:
-        state = ops._state(a)
+    def _runner(self, lhs: torch.Tensor, rhs: torch.Tensor) -> ops.Runner:
+        """The forward problem's runner (looked up again only when the state a choice depends on changed)."""
+        state = ops._state(lhs)
         if state != self.state:
+            a, b = self.plan.views(lhs, rhs)
             groups = self.groups if self.mode != "batch" else 0
             self.runner = ops.runner(self.mode, self.backend, a, b, groups, self.out_dtype, self.plan.group_scale)
             self.state = state
         return self.runner
+
+    def forward(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
+        """The result, without autograd. Where the canonical operands are pure views and the backend reads
+        only addresses, no view op runs: the output is allocated in the user's layout."""
+        runner = self._runner(lhs, rhs)
+        if self.direct and runner.direct:
+            out = torch.empty(self.plan.view_shape, dtype=self.out_dtype, device=self.device)
+            return runner.call_direct(lhs, rhs, sizes, out)
+        a, b = self.plan.views(lhs, rhs)
+        return self.plan.finish(runner(a, b, sizes))
 
     # ---- the inverse maps of the views (for gradients) ---------------------------------------------------
     def unfinish(self, dout: torch.Tensor) -> torch.Tensor:
@@ -184,8 +208,7 @@ class _Call:
                 group_sizes = group_sizes.to(self.device).contiguous()
             sizes = group_sizes
         if ops.plain_call(lhs, rhs):
-            a, b = plan.views(lhs, rhs)
-            return plan.finish(self._runner(a, b)(a, b, sizes))
+            return self.forward(lhs, rhs, sizes)
         if not ops._transformed():  # eager autograd: the whole call is one recorded node
             return _CallFunction.apply(lhs, rhs, sizes, self)
         a, b = plan.views(lhs, rhs)
@@ -198,10 +221,9 @@ class _CallFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, lhs, rhs, sizes, call):
-        a, b = call.plan.views(lhs, rhs)
         ctx.call = call
         ctx.save_for_backward(lhs, rhs, sizes)  # the inputs, so that a double backward reaches them
-        return call.plan.finish(call._runner(a, b)(a, b, sizes))
+        return call.forward(lhs, rhs, sizes)
 
     @staticmethod
     def backward(ctx, dout):

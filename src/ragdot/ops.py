@@ -110,6 +110,20 @@ class Runner:
                 return self._call(a, b, sizes)
         return self._call(a, b, sizes)
 
+    @property
+    def direct(self) -> bool:
+        """Whether `call_direct` may be used: the prepared call reads only the operands' addresses."""
+        return getattr(self.fn, "accepts_base", False)
+
+    def call_direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None,
+                    out: torch.Tensor) -> torch.Tensor:
+        """The prepared call on tensors that start where the canonical views start, writing `out`
+        (contiguous, the output's element count in the caller's layout); only where `direct` holds."""
+        if _profiling():
+            with torch.profiler.record_function(f"{_LIB}::{self.problem}"):
+                return self.fn(a, b, sizes, out)
+        return self.fn(a, b, sizes, out)
+
     def _call(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
         try:
             return self.fn(a, b, sizes)

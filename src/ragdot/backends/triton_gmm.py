@@ -33,6 +33,22 @@ def _kernels(problem: str):
     return importlib.import_module(f"ragdot.kernels.{problem}")
 
 
+class _KernelCall:
+    """A prepared kernel as the dispatcher calls it. `accepts_base`: it reads only the operands' addresses,
+    so the caller may pass tensors that merely start where the canonical views start, and an `out` buffer
+    in the layout the caller returns (no view ops on the hot path)."""
+
+    __slots__ = ("prepared",)
+    accepts_base = True
+
+    def __init__(self, prepared: Any):
+        self.prepared = prepared
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.prepared(a, b, sizes, out)[0]
+
+
 class TritonBackend(BackendBase):
     name = "triton"
     config_type = TileConfig
@@ -86,7 +102,7 @@ class TritonBackend(BackendBase):
                                                      scale=scale)
         else:
             return super().prepare(problem, a, b, num_groups, out_dtype, config, scale)
-        return lambda a, b, sizes: prepared(a, b, sizes)[0]
+        return _KernelCall(prepared)
 
     def _launch(self, problem: str, a: torch.Tensor, b: torch.Tensor, *rest, config: TileConfig | None):
         self._check(a, b, out_dtype=rest[-1])

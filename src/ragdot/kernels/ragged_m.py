@@ -310,7 +310,9 @@ class Prepared:
     """`ragged_m` for one static signature (shapes, strides, dtypes, device, config): the checks, the config,
     the grid and the kernel choice are resolved once; a call allocates the output and launches.
 
-    Calls take operands with exactly the shapes, strides and dtypes it was prepared for. With `from_sizes`,
+    Calls take operands with exactly the shapes, strides and dtypes it was prepared for, or any tensors that
+    start at the same addresses (a call reads only their addresses: the layout is the prepared one), and an
+    optional `out` of Bt * M * N contiguous elements in any shape. With `from_sizes`,
     the third argument of a call is the raw group sizes ([G], any integer dtype; `scale` rows per unit) and
     the kernel forms the clamped ends itself: one launch for the whole call."""
 
@@ -365,12 +367,11 @@ class Prepared:
         if self.zero:
             return c.zero_(), None
         if self.tma and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0:
-            bv = b.transpose(2, 3) if self.kmajor else b
+            # a descriptor's base gives only the address and dtype: shapes and strides are the prepared ones
             a_desc = host_descriptor(a, *self.a_desc)
-            b_desc = host_descriptor(bv, *self.b_desc)
+            b_desc = host_descriptor(b, *self.b_desc)
             return c, self.tma_launch(a_desc, b_desc, c, ends, *self.sizes)
-        m, n, k, g = self.shape[1], self.shape[2], a.shape[2], b.shape[1]
-        return c, self.ptr_launch(a, b, c, ends, m, n, k, g, self.scale, *self.strides, self.max_tiles)
+        return c, self.ptr_launch(a, b, c, ends, *self.sizes[:4], self.scale, *self.strides, self.max_tiles)
 
 
 def launch(
