@@ -117,13 +117,20 @@ def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inv)
 
 
-def _pure_views(plan, lhs: torch.Tensor, rhs: torch.Tensor) -> bool:
-    """Whether the canonical operands are views of lhs and rhs starting at their first elements."""
+def _direct_kind(plan, lhs: torch.Tensor, rhs: torch.Tensor) -> str | None:
+    """How the user's tensors relate to the canonical operands, for backends that can skip the views:
+    "matrix" (they are the operands without the unit batch axis), "address" (the operands are views that
+    start at their first elements), or None; always None when the output needs a permutation."""
+    if plan.broadcast != 1 or plan.perm is not None:
+        return None
+    if plan._perms == (None, None) and plan.lshape == (1, *lhs.shape) and plan.rshape == (1, *rhs.shape):
+        return "matrix"
     try:
         a, b = plan.views(lhs, rhs)
-        return a.data_ptr() == lhs.data_ptr() and b.data_ptr() == rhs.data_ptr()
+        same = a.data_ptr() == lhs.data_ptr() and b.data_ptr() == rhs.data_ptr()
     except (RuntimeError, NotImplementedError):  # tensors without storage (transform wrappers, fakes)
-        return False
+        return None
+    return "address" if same else None
 
 
 class _Call:
@@ -159,7 +166,7 @@ class _Call:
         else:
             self.out_shape = (ls[0], ls[1], rs[2])
         self.inv_perm = None if plan.perm is None else _inverse(plan.perm)
-        self.direct = plan.broadcast == 1 and plan.perm is None and _pure_views(plan, lhs, rhs)
+        self.direct = _direct_kind(plan, lhs, rhs)
 
     def _runner(self, lhs: torch.Tensor, rhs: torch.Tensor) -> ops.Runner:
         """The forward problem's runner (looked up again only when the state a choice depends on changed)."""
@@ -175,9 +182,8 @@ class _Call:
         """The result, without autograd. Where the canonical operands are pure views and the backend reads
         only addresses, no view op runs: the output is allocated in the user's layout."""
         runner = self._runner(lhs, rhs)
-        if self.direct and runner.direct:
-            out = torch.empty(self.plan.view_shape, dtype=self.out_dtype, device=self.device)
-            return runner.call_direct(lhs, rhs, sizes, out)
+        if runner.takes(self.direct):
+            return runner.call_direct(lhs, rhs, sizes, self.plan.view_shape)
         a, b = self.plan.views(lhs, rhs)
         return self.plan.finish(runner(a, b, sizes))
 

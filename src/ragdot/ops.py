@@ -110,19 +110,20 @@ class Runner:
                 return self._call(a, b, sizes)
         return self._call(a, b, sizes)
 
-    @property
-    def direct(self) -> bool:
-        """Whether `call_direct` may be used: the prepared call reads only the operands' addresses."""
-        return getattr(self.fn, "accepts_base", False)
+    def takes(self, kind: str | None) -> bool:
+        """Whether `call_direct` serves a call whose operands are of `kind`: "matrix" (the user's tensors are
+        the canonical operands without their unit batch axis) or "address" (they start where the canonical
+        views start). A backend's prepared call says what it reads (`direct_kind`)."""
+        have = getattr(self.fn, "direct_kind", None)
+        return kind is not None and (have == "address" or have == kind)
 
     def call_direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None,
-                    out: torch.Tensor) -> torch.Tensor:
-        """The prepared call on tensors that start where the canonical views start, writing `out`
-        (contiguous, the output's element count in the caller's layout); only where `direct` holds."""
+                    out_shape: tuple[int, ...]) -> torch.Tensor:
+        """The prepared call on the user's tensors, returning the output in `out_shape` (the user's layout)."""
         if _profiling():
             with torch.profiler.record_function(f"{_LIB}::{self.problem}"):
-                return self.fn(a, b, sizes, out)
-        return self.fn(a, b, sizes, out)
+                return self.fn.direct(a, b, sizes, out_shape)
+        return self.fn.direct(a, b, sizes, out_shape)
 
     def _call(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
         try:

@@ -70,17 +70,17 @@ def _prepared(t: torch.Tensor, major: str) -> torch.Tensor:
 
 
 def _zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> None:
-    """Zero rows >= group_ends[-1] of c [Bt, M, N] without a host synchronisation."""
+    """Zero rows >= group_ends[-1] of c [Bt, M, N] or [M, N] without a host synchronisation."""
     if c.is_cuda:
         try:
             from ragdot.kernels.tail import zero_tail_rows_
         except ImportError:
             pass
         else:
-            zero_tail_rows_(c, group_ends)
+            zero_tail_rows_(c if c.dim() == 3 else c.unsqueeze(0), group_ends)
             return
-    rows = torch.arange(c.shape[1], device=c.device)
-    c.masked_fill_((rows >= group_ends[-1])[None, :, None], 0)
+    rows = torch.arange(c.shape[-2], device=c.device)
+    c.masked_fill_((rows >= group_ends[-1])[:, None], 0)  # [..., M, N]
 
 
 def _bound_launches(problem: str, a: torch.Tensor, b: torch.Tensor, groups: int, scale: int):
@@ -124,11 +124,18 @@ class _PreparedGMM:
         self.a_ok = not cast and _strides_ok(mat_a, self.majors[0])
         self.b_ok = not cast and _strides_ok(mat_b, self.majors[1])
 
+    direct_kind = "matrix"  # `direct` takes the [M, K] / [R, M] and [G, K, N] / [R, N] matrices themselves
+
     def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        out = self.direct(a[0], b[0], sizes, None)
+        return out.unsqueeze(0) if self.problem == "ragged_m" else out.unsqueeze(1)
+
+    def direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor, out_shape: object) -> torch.Tensor:
+        """a [M, K] (ragged_m) or [R, M] (ragged_k), b [G, K, N] or [R, N] -> [M, N] or [G, M, N]."""
         ends = self.ends(sizes)  # the offsets _grouped_mm takes
         ragged_m = self.problem == "ragged_m"
-        mat_a = a[0] if ragged_m else a[0].transpose(0, 1)
-        mat_b = b[0]
+        mat_a = a if ragged_m else a.transpose(0, 1)
+        mat_b = b
         if not (self.a_ok and mat_a.data_ptr() % _ALIGN_BYTES == 0):
             mat_a = _prepared(mat_a.to(self.run), self.majors[0])
         if not (self.b_ok and mat_b.data_ptr() % _ALIGN_BYTES == 0):
@@ -140,11 +147,10 @@ class _PreparedGMM:
         if out.dtype != self.out_dtype:
             out = out.to(self.out_dtype)
         if not ragged_m:
-            return out.unsqueeze(1)
+            return out
         if not out.is_contiguous():  # CUDA pads the row stride to 16 bytes when N is not a multiple
             out = out.contiguous()
-        out = out.unsqueeze(0)
-        self.tail(out, ends)
+        self.tail(out, ends)  # reads only the address: [M, N] is the [1, M, N] it was bound for
         return out
 
 

@@ -34,18 +34,22 @@ def _kernels(problem: str):
 
 
 class _KernelCall:
-    """A prepared kernel as the dispatcher calls it. `accepts_base`: it reads only the operands' addresses,
-    so the caller may pass tensors that merely start where the canonical views start, and an `out` buffer
-    in the layout the caller returns (no view ops on the hot path)."""
+    """A prepared kernel as the dispatcher calls it. The kernels read only the operands' addresses, so
+    `direct` takes any tensors that start where the canonical views start (direct_kind "address") and
+    writes an output allocated in the caller's layout: no view op on the hot path."""
 
-    __slots__ = ("prepared",)
-    accepts_base = True
+    __slots__ = ("prepared", "out_dtype", "device")
+    direct_kind = "address"
 
     def __init__(self, prepared: Any):
         self.prepared = prepared
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
+        return self.prepared(a, b, sizes)[0]
+
+    def direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None,
+               out_shape: tuple[int, ...]) -> torch.Tensor:
+        out = torch.empty(out_shape, dtype=self.prepared.out_dtype, device=self.prepared.device)
         return self.prepared(a, b, sizes, out)[0]
 
 
