@@ -79,6 +79,11 @@ def _zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> None:
         else:
             zero_tail_rows_(c if c.dim() == 3 else c.unsqueeze(0), group_ends)
             return
+    if c.device.type == "cpu":  # reading a CPU tensor is no synchronisation: zero just the tail, if any
+        end = max(int(group_ends[-1]), 0)
+        if end < c.shape[-2]:
+            c[..., end:, :] = 0
+        return
     rows = torch.arange(c.shape[-2], device=c.device)
     c.masked_fill_((rows >= group_ends[-1])[:, None], 0)  # [..., M, N]
 
