@@ -51,19 +51,19 @@ def main() -> None:
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
     a, b = x.unsqueeze(0), w.unsqueeze(0)
-    ends = group_ends_from_sizes(gs, m)
+    ends = group_ends_from_sizes(gs, m)  # what the tail kernel reads
     rows = {}
     rows["torch.empty"] = host_us(lambda: torch.empty((m, n), device=dev, dtype=torch.bfloat16), args.calls)
     rows["torch.cumsum"] = host_us(lambda: torch.cumsum(gs, 0, dtype=torch.int32), args.calls)
     rows["raw _grouped_mm"] = host_us(lambda: torch._grouped_mm(x, w, offs=offs), args.calls)
     rows["group_ends_from_sizes"] = host_us(lambda: group_ends_from_sizes(gs, m), args.calls)
     rows["ops._state"] = host_us(lambda: ops._state(a), args.calls)
-    rows["ops.needs_autograd"] = host_us(lambda: ops.needs_autograd(a, b), args.calls)
+    rows["ops.plain_call"] = host_us(lambda: ops.plain_call(a, b), args.calls)
     for backend in ("torch", "triton"):
         r = ops.runner("ragged_m", backend, a, b, e, torch.bfloat16)
-        rows[f"runner ragged_m {backend} ({r.label})"] = host_us(lambda r=r: r(a, b, ends), args.calls)
+        rows[f"runner ragged_m {backend} ({r.label})"] = host_us(lambda r=r: r(a, b, gs), args.calls)
         rk = ops.runner("ragged_k", backend, a, dy.unsqueeze(0), e, torch.bfloat16)
-        rows[f"runner ragged_k {backend} ({rk.label})"] = host_us(lambda r=rk: r(a, dy.unsqueeze(0), ends), args.calls)
+        rows[f"runner ragged_k {backend} ({rk.label})"] = host_us(lambda r=rk: r(a, dy.unsqueeze(0), gs), args.calls)
         rows[f"ragged_dot {backend}"] = host_us(lambda b_=backend: ragdot.ragged_dot(x, w, gs, backend=b_), args.calls)
 
         def fwdbwd(b_=backend):
@@ -100,6 +100,24 @@ def main() -> None:
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
         print(f"---- cProfile {label}, 200 calls")
         print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
+    op_table(x, w, gs, dy)
+
+
+def op_table(x, w, gs, dy) -> None:
+    """torch.profiler's CPU-side table of 20 fwd+bwd calls (the backward runs on autograd's device thread,
+    which cProfile does not see)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    for _ in range(3):
+        ragdot.ragged_dot(xr, wr, gs, backend="triton").backward(dy)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            xr.grad = wr.grad = None
+            ragdot.ragged_dot(xr, wr, gs, backend="triton").backward(dy)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":
