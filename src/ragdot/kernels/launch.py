@@ -43,8 +43,8 @@ class BoundLaunch:
 
     kernel: a @triton.jit function whose runtime parameters all come before its constexpr parameters;
     grid: up to three ints; constexprs: values of the constexpr parameters (others take their defaults);
-    options: launch options (num_warps, num_stages, maxnreg); device: the CUDA device it runs on, which
-    must be the current device when it is called (the caller's device guard sees to that).
+    options: launch options (num_warps, num_stages, maxnreg); device: the CUDA device it runs on (made the
+    current device for the launch when another one is).
     """
 
     __slots__ = ("kernel", "grid", "constexprs", "options", "device", "_compiled", "_tail", "_direct", "_tensors")
@@ -76,6 +76,9 @@ class BoundLaunch:
         """Launch with the runtime arguments (tensors, descriptors, scalars) in parameter order."""
         if not self._direct or configs._AOT_TARGET is not None:
             return configs.run_kernel(self.kernel, self.grid, *args, **self.constexprs, **self.options)
+        if torch.cuda.current_device() != self.device:  # Triton launches on the current device: make it ours
+            with torch.cuda.device(self.device):
+                return self(*args)
         if self._tensors is None:
             self._tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         align = tuple((args[i].dtype, args[i].data_ptr() % 16 == 0) for i in self._tensors)
