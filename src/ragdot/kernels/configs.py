@@ -336,6 +336,17 @@ def host_descriptor(base: torch.Tensor, shape: list[int], strides: list[int], bl
     return desc
 
 
+def prepared_output(prepared: Any, out: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
+    """The output of a prepared kernel call (`out`, or a new tensor of the prepared shape, dtype and device)
+    and whether it is final already: an empty problem, or one with nothing to contract (all zeros)."""
+    c = torch.empty(prepared.shape, dtype=prepared.out_dtype, device=prepared.device) if out is None else out
+    if prepared.empty:
+        return c, True
+    if prepared.zero:
+        return c.zero_(), True
+    return c, False
+
+
 def next_pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
 

@@ -33,6 +33,7 @@ from ragdot.kernels.configs import (
     make_output,
     next_pow2,
     num_sms,
+    prepared_output,
     resolve_config,
     tma_capable,
 )
@@ -310,11 +311,9 @@ class Prepared:
         sched: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, object]:
         """a [Bt, R, M], b [Bt, R, N], ends int32/int64 [G] -> (c [G, Bt, M, N], kernel handle or None)."""
-        c = torch.empty(self.shape, dtype=self.out_dtype, device=self.device) if out is None else out
-        if self.empty:
+        c, done = prepared_output(self, out)
+        if done:
             return c, None
-        if self.zero:
-            return c.zero_(), None
         if sched is None:
             sched = schedule(ends, self.sizes_extent, self.scale)
         tma = self.tma and c.data_ptr() % 16 == 0

@@ -35,6 +35,7 @@ from ragdot.kernels.configs import (
     make_output,
     next_pow2,
     num_sms,
+    prepared_output,
     resolve_config,
     tma_capable,
 )
@@ -361,11 +362,9 @@ class Prepared:
         self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, object]:
         """a [Bt, M, K], b [Bt, G, K, N], ends int32/int64 [G] (or sizes [G]) -> (c [Bt, M, N], kernel handle)."""
-        c = torch.empty(self.shape, dtype=self.out_dtype, device=self.device) if out is None else out
-        if self.empty:
+        c, done = prepared_output(self, out)
+        if done:
             return c, None
-        if self.zero:
-            return c.zero_(), None
         if self.tma and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0:
             # a descriptor's base gives only the address and dtype: shapes and strides are the prepared ones
             a_desc = host_descriptor(a, *self.a_desc)
