@@ -187,10 +187,10 @@ def run(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | No
     """One canonical problem, differentiable in a and b. `prepared` may pass the runner of exactly these
     operands' signature when the caller already holds it."""
     spec = (problem, out_dtype, backend, scale)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad) and not _transformed():
-        return _EagerProblem.apply(a, b, sizes, spec, prepared)
     if _transformed():
         return RaggedProblem.apply(a, b, sizes, spec)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return _EagerProblem.apply(a, b, sizes, spec, prepared)
     if _wrapped(a) or _wrapped(b) or (sizes is not None and _wrapped(sizes)):
         a, b, sizes, prepared = _plain(a), _plain(b), _plain(sizes), None
     if prepared is None:
