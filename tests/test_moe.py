@@ -217,14 +217,17 @@ def test_moe_bench_quick_writes_results(tmp_path):
     rc = main(["moe-bench", "--quick", "--variants", "sparse-torch", "sparse-padded", "dense_drop",
                "--out", str(tmp_path)])  # fmt: skip
     assert rc == 0
-    data = json.loads((tmp_path / "results.json").read_text())
+    (results,) = tmp_path.glob("moe-bench-*.json")  # a new file per run, named by GPU and date
+    data = json.loads(results.read_text())
     rows = {r["variant"]: r for r in data["rows"]}
     assert set(rows) == {"sparse-torch", "sparse-padded", "dense_drop"}
     assert all(r["status"] == "ok" and r["step_s"] > 0 for r in rows.values())
     assert rows["sparse-torch"]["routing_ms"] > 0 and rows["sparse-torch"]["gemm_ms"] > 0
-    assert (tmp_path / "results.csv").exists() and (tmp_path / "step_time.png").exists()
-    assert main(["moe-bench", "--quick", "--routing", "--out", str(tmp_path)]) == 0
-    routing = json.loads((tmp_path / "routing.json").read_text())["rows"]
+    assert results.with_suffix(".csv").exists()
+    assert (tmp_path / f"{results.stem}-step_time.png").exists()
+    assert main(["moe-bench", "--quick", "--routing-only", "--out", str(tmp_path)]) == 0
+    (routing_file,) = tmp_path.glob("moe-routing-*.json")
+    routing = json.loads(routing_file.read_text())["rows"]
     assert {r["impl"] for r in routing} >= {"argsort", "torch"} and all(r["fwd_bwd_ms"] > 0 for r in routing)
 
 

@@ -149,15 +149,19 @@ def test_default_configs_are_model_configs_with_many_experts():
     assert all(MODEL_CONFIGS[n].num_experts >= 64 for n in names) and len(set(names)) == len(names)
 
 
-def test_layer_options_are_checked():
-    with pytest.raises(ValueError, match="peer"):
-        main(["moe-bench", "--quick", "--variants", "peer"])
-    with pytest.raises(ValueError, match="--tokens"):
-        main(["moe-bench", "--quick", "--tokens", "64"])
-    with pytest.raises(ValueError, match="--tokens"):
-        main(["moe-bench", "--layer", "--quick", "--tokens", "0"])
-    with pytest.raises(ValueError, match="--routing"):
-        main(["moe-bench", "--layer", "--routing", "--quick"])
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--quick", "--variants", "peer"], "peer"),
+        (["--quick", "--tokens", "64"], "--tokens"),
+        (["--layer", "--quick", "--tokens", "0"], "--tokens"),
+        (["--layer", "--routing-only", "--quick"], "--routing-only"),
+    ],
+)
+def test_layer_options_are_checked(argv, needle, tmp_path, capsys):
+    assert main(["moe-bench", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ragdot moe-bench: error: ") and needle in err and "\n" not in err
 
 
 def test_table_without_rich(monkeypatch, capsys):

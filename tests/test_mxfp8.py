@@ -299,7 +299,8 @@ def test_bench_cli_smoke_on_the_cpu(tmp_path):
     rc = main(["bench-mxfp8", "--device", "cpu", "--shapes", "tiny", "--variants", "upcast-128x128w4",
                "--routings", "shifted", "--passes", "1", "--seconds", "0", "--no-baselines", "--out", str(tmp_path)])
     assert rc == 0
-    rows = list(csv.DictReader((tmp_path / "mxfp8_bench.csv").read_text().splitlines()))
+    (path,) = tmp_path.glob("mxfp8-bench-*.csv")  # a new file per run, named by GPU and date
+    rows = list(csv.DictReader(path.read_text().splitlines()))
     mx = [r for r in rows if r["variant"] == "mx-upcast-128x128w4"]
     assert len(mx) == 1 and float(mx[0]["ms"]) > 0
     assert float(mx[0]["err"]) <= 2.0**-7  # the interpreter narrows to bf16 by truncation: 2 ulp bound

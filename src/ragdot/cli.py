@@ -2,7 +2,8 @@
 
 A subcommand module exposes `HELP: str`, `add_arguments(parser)` and `run(args) -> int`; it is imported only
 when its subcommand is used, so `ragdot --help` stays fast and a missing optional dependency of one
-subcommand never breaks the others.
+subcommand never breaks the others. Options shared by several subcommands are defined and checked in
+`ragdot.cli_common`; a bad command line exits with status 2 and one line, ``ragdot <sub>: error: ...``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from ragdot._version import __version__
+from ragdot.cli_common import OneLineParser, UsageError, error_line
 
 SUBCOMMANDS: dict[str, str] = {
     "bench": "ragdot.bench.cli",
@@ -21,7 +25,8 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def _parser(selected: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ragdot", description="ragdot: ragged matmuls for MoE models")
+    parser = OneLineParser(prog="ragdot", description="ragdot: ragged matmuls for MoE models")
+    parser.add_argument("--version", action="version", version=f"ragdot {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
         if selected is not None and name != selected:
@@ -42,12 +47,22 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     selected = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     parser = _parser(selected)
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except SystemExit as exc:  # --help, --version, or argparse's one-line error
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    if extra:
+        where = f"ragdot {args.command}" if args.command else "ragdot"
+        print(f"{where}: error: unrecognized arguments: {' '.join(extra)} (see {where} --help)", file=sys.stderr)
+        return 2
     module = getattr(args, "_module", None)
     if module is None:
         parser.print_help()
         return 0 if args.command is None else 2
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except UsageError as exc:
+        return error_line(args.command, exc)
 
 
 if __name__ == "__main__":

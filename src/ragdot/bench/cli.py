@@ -12,7 +12,8 @@ is timed: a wrong one is reported as "wrong" and not timed; out-of-memory is "OO
 torch has it (--no-vendor leaves it out). On CUDA every system is timed on two clocks, interleaved:
 `eager` (CUDA events around batches of back-to-back eager calls, host time included) and `graph`
 (CUDA-graph replays, device time); a CPU has one, `wall`. Writes
-<out>/ragdot-bench-<gpu>-<commit>-<date>.csv (+ .json, + .md summary, + PNG plots).
+<out>/ragdot-bench-<gpu>-<commit>-<date>.csv (+ .json, + .md summary, + PNG plots); the CSV gets the rows of
+each shape as it finishes, so an interrupted run keeps them. An earlier run's files are never overwritten.
 """
 
 from __future__ import annotations
@@ -26,16 +27,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragdot.cli_common import (
+    add_device,
+    add_dtype,
+    add_out,
+    add_quiet,
+    add_shapes,
+    check_out,
+    error_line,
+    new_stem,
+    parse_device,
+    parse_dtype,
+    parse_shape_args,
+    safe_name,
+)
+
 HELP = "micro-benchmark: six ragged-dot classes x MoE shapes x backends (checked, then timed)"
 
-_DTYPES = {
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-    "fp32": "float32",
-    "float32": "float32",
-}
 _ORDER = ("vendor", "padded", "torch", "triton", "auto", "xla", "reference")
 
 
@@ -44,12 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ragdot.bench.timing import CLOCKS, DEFAULT_ROUNDS, EAGER_BATCH
     from ragdot.routing import ROUTINGS
 
-    parser.add_argument(
-        "--shapes",
-        nargs="+",
-        metavar="SHAPE",
-        help="shape names, 'M,K,N,E' or 'tag:seed|anchor|tiny' (default: tag:seed on CUDA)",
-    )
+    add_shapes(parser, "tag:seed on CUDA, tag:tiny on a CPU")
     parser.add_argument("--anchors", action="store_true", help="only the 8 shapes of the H200 anchor page")
     parser.add_argument(
         "--classes",
@@ -75,9 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=["balanced"],
         help="group-size patterns (default: balanced)",
     )
-    parser.add_argument(
-        "--dtype", choices=sorted(_DTYPES), help="operand dtype (default bf16 on CUDA, fp32 on CPU)"
-    )
+    add_dtype(parser, "bf16 on CUDA, fp32 on a CPU")
     parser.add_argument("--warmup", type=int, help="warm-up calls per system and cell (default 10; quick 2)")
     parser.add_argument("--iters", type=int, help="timed calls per system and cell (default 50; quick 5)")
     parser.add_argument(
@@ -102,10 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the same as --clocks graph: device time only, without Python/launch overhead",
     )
     parser.add_argument("--quick", action="store_true", help="tiny shapes, few iterations (CI, CPU)")
-    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument(
-        "--out", type=Path, default=Path("out/bench"), help="output folder (default out/bench)"
-    )
+    add_device(parser)
+    add_out(parser, "out/bench", "CSV, JSON, summary and plots")
+    add_quiet(parser)
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--peak-tflops", type=float, help="use this matmul peak instead of measuring it")
     parser.add_argument(
@@ -187,8 +187,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except ValueError as exc:  # a bad option value: say which, no traceback
-        print(f"ragdot bench: error: {exc}", file=sys.stderr)
-        return 2
+        return error_line("bench", exc)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -201,23 +200,21 @@ def _run(args: argparse.Namespace) -> int:
     from ragdot.bench.classes import CLASSES, parse_classes
     from ragdot.bench.runner import BenchConfig, run_cell
     from ragdot.bench.timing import EAGER_BATCH
-    from ragdot.shapes import parse_shapes, shapes_with_tag
+    from ragdot.shapes import shapes_with_tag
 
-    console = Console(width=None if sys.stdout.isatty() else 180)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    console = Console(width=None if sys.stdout.isatty() else 180, quiet=args.quiet)
+    device = parse_device(args.device)
     cuda = device.type == "cuda"
+    out = check_out(args.out)
     quick = args.quick or (not cuda and not args.shapes and not args.anchors)
     if args.shapes:
-        try:
-            shapes = parse_shapes(args.shapes)
-        except ValueError as exc:
-            raise ValueError(f"--shapes: {exc}") from None
+        shapes = parse_shape_args(args.shapes)
     else:
         shapes = shapes_with_tag("tiny" if quick else "anchor" if args.anchors else "seed")
     if args.anchors:
         shapes = [s for s in shapes if "anchor" in s.tags or "tiny" in s.tags]
     classes = parse_classes(args.classes) if args.classes else list(CLASSES)
-    dtype = getattr(torch, _DTYPES[args.dtype or ("bf16" if cuda else "fp32")])
+    dtype = parse_dtype(args.dtype, "bf16" if cuda else "fp32")
     warmup = args.warmup if args.warmup is not None else (2 if quick else 10)
     iters = args.iters if args.iters is not None else (5 if quick else 50)
     max_s = args.max_seconds if args.max_seconds is not None else (1.0 if cuda else 0.25)
@@ -293,7 +290,7 @@ def _run(args: argparse.Namespace) -> int:
         "seconds": None,
         "argv": sys.argv[1:],
     }
-    args.out.mkdir(parents=True, exist_ok=True)
+    stem = new_stem(out, f"ragdot-bench-{safe_name(gpu)}-{safe_name(commit)}")
     results = []
     start = time.perf_counter()
     done_est = 0.0
@@ -314,7 +311,7 @@ def _run(args: argparse.Namespace) -> int:
                     results += run_cell(shape, cls, routing, systems, cfg)
                     progress.advance(task)
             # Keep what is measured so far: an interrupted run still leaves its rows behind.
-            report.write_csv(report.result_rows(results, meta), args.out / "partial.csv")
+            report.write_csv(report.result_rows(results, meta), out / f"{stem}.csv")
             done_est += estimate([shape])
             elapsed = time.perf_counter() - start
             left = (est - done_est) * elapsed / max(done_est, 1e-9)
@@ -324,23 +321,18 @@ def _run(args: argparse.Namespace) -> int:
             )
 
     meta["seconds"] = round(time.perf_counter() - start, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = report.file_stem(gpu, commit, now.strftime("%Y%m%d-%H%M%S"))
     rows = report.result_rows(results, meta)
     files = [
-        report.write_csv(rows, args.out / f"{stem}.csv"),
-        report.write_json(rows, meta, args.out / f"{stem}.json"),
+        report.write_csv(rows, out / f"{stem}.csv"),
+        report.write_json(rows, meta, out / f"{stem}.json"),
     ]
     title = f"ragdot bench, {gpu}, {meta['dtype']}, {commit}"
-    files.append(report.write_markdown(rows, title, args.out / f"{stem}.md"))
+    files.append(report.write_markdown(rows, title, out / f"{stem}.md"))
     report.print_tables(results, console, title, anchors="H200" in gpu and dtype == torch.bfloat16)
     if not args.no_plots:
-        files += plots.plot_results(results, args.out, stem, title)
-    (args.out / "partial.csv").unlink(missing_ok=True)
-    console.print(f"done in {meta['seconds']} s; wrote " + ", ".join(str(f) for f in files))
+        files += plots.plot_results(results, out, stem, title)
+    print(f"done in {meta['seconds']} s; wrote " + ", ".join(str(f) for f in files))
     bad = [r for r in results if r.status in ("wrong", "error")]
     for r in bad:
-        console.print(
-            f"[red]{r.status}[/]: {r.backend} on {r.shape.name} {r.cls} {r.routing}: err={r.err} {r.note}"
-        )
+        print(f"{r.status}: {r.backend} on {r.shape.name} {r.cls} {r.routing}: err={r.err} {r.note}", file=sys.stderr)
     return 1 if bad else 0

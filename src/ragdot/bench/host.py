@@ -47,6 +47,19 @@ from typing import Any
 
 import torch
 
+from ragdot.cli_common import (
+    add_device,
+    add_dtype,
+    add_out,
+    add_quiet,
+    add_shapes,
+    check_out,
+    error_line,
+    parse_device,
+    parse_dtype,
+    parse_shape_args,
+)
+
 HELP = "host time per call: ragdot.ragged_dot against the raw torch._grouped_mm call, fwd and fwd+bwd"
 
 RAGDOT_SYSTEMS: tuple[str, ...] = ("ragdot-torch", "ragdot-triton", "ragdot-auto")
@@ -61,7 +74,6 @@ COLUMNS: tuple[str, ...] = (
     *("margin_us", "eager_us", "device_us", "host_bound", "calls", "dims", "dtype", "routing"),
 )
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_CALLS = {"cuda": 300, "cpu": 100}
 DEFAULT_WARMUP = {"cuda": 20, "cpu": 5}
 DEFAULT_SECONDS = {"cuda": 1.0, "cpu": 0.5}
@@ -431,11 +443,10 @@ def print_report(rows: Sequence[dict[str, Any]], meta: dict[str, Any], console: 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--shapes", nargs="+", metavar="SHAPE",
-        help="shape names, 'M,K,N,E' or 'tag:anchor|seed|tiny' (default: tag:anchor on CUDA, 64,32,32,4 on CPU)")
+    add_shapes(parser, "tag:anchor on CUDA, 64,32,32,4 on a CPU")
     add("--systems", nargs="+", metavar="NAME", help=f"systems to time (default all: {' '.join(SYSTEMS)})")
     add("--phases", nargs="+", metavar="PHASE", help="fwd and/or fwdbwd (default both)")
-    add("--dtype", help="bf16, fp16 or fp32 (default bf16 on CUDA, fp32 on CPU)")
+    add_dtype(parser, "bf16 on CUDA, fp32 on a CPU")
     add("--routing", default="balanced", help="group sizes: balanced, skewed or empty (default balanced)")
     add("--calls", type=int, help="back-to-back calls per pass (default 300 on CUDA, 100 on CPU)")
     add("--repeats", type=int, default=5, help="passes per system and phase, the median is kept (default 5)")
@@ -447,8 +458,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 1.0 on CUDA, 0.5 on CPU; 0 = unbounded)")
     add("--interpreted", action="store_true",
         help="CPU: time ragdot-triton through Triton's interpreter too (not a real launch's host time)")
-    add("--device", help="torch device (default: cuda if available, else cpu)")
-    add("--out", type=Path, default=Path("ragdot-results"), help="output folder (default ./ragdot-results)")
+    add_device(parser)
+    add_out(parser, "ragdot-results", "CSV and JSON")
+    add_quiet(parser)
     add("--commit", help="commit id for the records (default: git rev-parse --short HEAD)")
     add("--seed", type=int, default=0, help="seed of the random operands")
 
@@ -457,22 +469,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except ValueError as exc:  # a bad option value: one line naming it, no traceback
-        print(f"ragdot host-bench: error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _device(spec: str | None) -> torch.device:
-    if spec is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(spec)
-    except RuntimeError:
-        raise ValueError(f"--device: {spec!r} is not a torch device") from None
-    if device.type not in ("cuda", "cpu"):
-        raise ValueError(f"--device {spec}: only cuda and cpu are supported")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {spec}: CUDA is not available here")
-    return device
+        return error_line("host-bench", exc)
 
 
 def _pick(flag: str, given: Sequence[str] | None, known: Sequence[str]) -> list[str]:
@@ -483,14 +480,11 @@ def _pick(flag: str, given: Sequence[str] | None, known: Sequence[str]) -> list[
 
 
 def _shapes(specs: Sequence[str] | None, cuda: bool) -> list[Any]:
-    from ragdot.shapes import Shape, parse_shapes, shapes_with_tag
+    from ragdot.shapes import Shape, shapes_with_tag
 
     if not specs:
         return shapes_with_tag("anchor") if cuda else [Shape("64,32,32,4", 64, 32, 32, 4)]
-    try:
-        return parse_shapes(specs)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"--shapes: {exc}") from None
+    return parse_shape_args(specs)
 
 
 @dataclass(frozen=True)
@@ -514,11 +508,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
     """The run's options with their defaults filled in; ValueError naming the option for a bad one."""
     from ragdot.routing import ROUTINGS
 
-    device = _device(args.device)
+    device = parse_device(args.device)
     kind = "cuda" if device.type == "cuda" else "cpu"
-    dtype_name = args.dtype or ("bf16" if kind == "cuda" else "fp32")
-    if dtype_name not in _DTYPES:
-        raise ValueError(f"--dtype: {dtype_name!r} is unknown; expected one of {', '.join(_DTYPES)}")
+    dtype = parse_dtype(args.dtype, "bf16" if kind == "cuda" else "fp32")
+    check_out(args.out)
     if args.routing not in ROUTINGS:
         raise ValueError(f"--routing: {args.routing!r} is unknown; expected one of {', '.join(ROUTINGS)}")
     calls = DEFAULT_CALLS[kind] if args.calls is None else args.calls
@@ -533,7 +526,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     systems = _pick("--systems", args.systems, SYSTEMS)
     phases = _pick("--phases", args.phases, PHASES)
     shapes = _shapes(args.shapes, kind == "cuda")
-    return Plan(device, _DTYPES[dtype_name], shapes, systems, phases, args.routing, calls, args.repeats, warmup,
+    return Plan(device, dtype, shapes, systems, phases, args.routing, calls, args.repeats, warmup,
                 chunk, seconds)
 
 
@@ -608,11 +601,14 @@ def _meta(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     plan = make_plan(args)
-    console = _console()
+    quiet = getattr(args, "quiet", False)
+    console = None if quiet else _console()
+    say = (lambda text: None) if quiet else (lambda text: _say(console, text))
+    warn = (lambda text: print(text, file=sys.stderr)) if quiet else say
     left_out = {s: r for s in plan.systems if (r := unusable_reason(s, plan.device, args.interpreted))}
     systems = [s for s in plan.systems if s not in left_out]
     for system, reason in left_out.items():
-        _say(console, f"{system} left out: {reason}")
+        warn(f"{system} left out: {reason}")
     meta = _meta(plan, args)
     failed: dict[str, str] = {}
     measured: list[Measured] = []
@@ -620,12 +616,13 @@ def _run(args: argparse.Namespace) -> int:
     for shape in plan.shapes:
         t0 = time.perf_counter()
         measured += measure_shape(shape, plan, systems, args.seed, failed)
-        _say(console, f"{shape.name}: {time.perf_counter() - t0:.1f} s")
+        say(f"{shape.name}: {time.perf_counter() - t0:.1f} s")
     meta.update(seconds=round(time.perf_counter() - start, 1), left_out=left_out, failed=failed)
     rows = result_rows(measured, meta)
     files = write_files(rows, meta, args.out)
-    print_report(rows, meta, console)
+    if not quiet:
+        print_report(rows, meta, console)
     for what, reason in failed.items():
-        _say(console, f"not timed: {what}: {reason}")
-    _say(console, f"done in {meta['seconds']} s; wrote " + ", ".join(str(f) for f in files))
+        warn(f"not timed: {what}: {reason}")
+    _say(None if quiet else console, f"done in {meta['seconds']} s; wrote " + ", ".join(str(f) for f in files))
     return 0

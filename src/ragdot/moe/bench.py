@@ -3,7 +3,7 @@
     ragdot moe-bench                                   # every config of ragdot.moe.model.MODEL_CONFIGS
     ragdot moe-bench --configs qwen3-30b-a3b gemma4-26b --variants sparse-torch sparse-triton dense_drop
     ragdot moe-bench --quick                           # CPU smoke run of a tiny model, seconds
-    ragdot moe-bench --routing --configs qwen3-30b-a3b # permute + unpermute alone, against argsort routing
+    ragdot moe-bench --routing-only --configs qwen3-30b-a3b  # permute + unpermute alone, against argsort
     ragdot moe-bench --layer                           # one MoE layer's fwd+bwd against the plain `peer` layer
 
 Per (config, variant): step time (median of steps 5-10, as the seed's Tables 8/9), tokens/s, model TFLOP/s,
@@ -12,7 +12,9 @@ i.e. gradients and activations), and, in a separate profiled forward+backward of
 its kernel time into routing (permute + unpermute), grouped GEMMs (ragdot's ops) and the rest.
 On CUDA the whole step (forward, backward, AdamW) is captured in a CUDA graph and the replays are timed, as a
 compiled step runs (``--eager`` times Python-driven steps instead; the ``mode`` column says which was used).
-Writes results.json, results.csv and PNG figures under --out, results.json after every config.
+Writes new files per run under --out: moe-bench-<gpu>-<date>.json and .csv (rewritten after every config, so a
+cut-short run keeps its rows) and PNG figures named like them; ``--routing-only`` writes moe-routing-<gpu>-<date>.*
+The acceptance targets are checked and printed on CUDA runs only.
 ``--layer`` times forward+backward of a single MoE layer instead (eager and torch.compile, against the
 plain-PyTorch ``peer`` layer); see ``ragdot.moe.layer_bench``.
 """
@@ -32,6 +34,20 @@ from typing import Any
 
 import torch
 
+from ragdot.cli_common import (
+    UsageError,
+    add_deprecated_alias,
+    add_device,
+    add_dtype,
+    add_out,
+    add_quiet,
+    check_out,
+    new_stem,
+    parse_device,
+    parse_dtype,
+    quiet_native_stderr,
+    safe_name,
+)
 from ragdot.moe.layer_bench import LAYER_VARIANTS, add_layer_arguments
 from ragdot.moe.variants import VARIANTS
 
@@ -39,7 +55,6 @@ HELP = "end-to-end MoE train-step benchmark: paths x backends over the seed's mo
 LAYER_STEPS = 20  # timed steps per row of --layer
 
 ROUTING_OPS = frozenset({"ragdot::moe_permute", "ragdot::moe_combine", "ragdot::moe_combine_backward"})
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,10 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, help="override the configs' layer count")
     parser.add_argument("--seq-len", type=int, help="override the configs' sequence length")
     parser.add_argument("--batch", type=int, help="override the configs' batch size")
-    parser.add_argument(
-        "--dtype", choices=sorted(_DTYPES), help="parameter dtype (default bf16 on CUDA, fp32 on CPU)"
-    )
-    parser.add_argument("--device", help="torch device (default cuda if available; cpu with --quick)")
+    add_dtype(parser, "bf16 on CUDA, fp32 on a CPU")
+    add_device(parser, "cuda if available, else cpu; cpu with --quick")
     parser.add_argument(
         "--routing-impl", choices=["triton", "torch"], help="permute/unpermute implementation"
     )
@@ -83,13 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="write no PNG figures")
     parser.add_argument("--quick", action="store_true", help="tiny model, 4 steps: a smoke run in seconds")
     parser.add_argument(
-        "--routing",
+        "--routing-only",
         action="store_true",
         help="time only permute + unpermute (forward and backward) per config and implementation",
     )
-    parser.add_argument(
-        "--out", type=Path, default=Path("out/moe-bench"), help="output folder (default out/moe-bench)"
-    )
+    add_deprecated_alias(parser, "--routing", "--routing-only", "routing_only")
+    add_out(parser, "out/moe-bench", "CSV, JSON and figures")
+    add_quiet(parser)
     add_layer_arguments(parser)
 
 
@@ -271,7 +284,8 @@ def _run_variant(model, opt, tokens, cfg, name, args, device, dtype) -> dict[str
             mode=mode,
         )
         if not args.no_profile:
-            row.update(_profile_layer(model.moe_layers[0], cfg, dtype, device, share=path == "sparse"))
+            with quiet_native_stderr(device.type == "cpu"):  # the CPU profiler logs its start and stop there
+                row.update(_profile_layer(model.moe_layers[0], cfg, dtype, device, share=path == "sparse"))
     except Exception as exc:  # one variant's failure (OOM, a backend that cannot serve) must not end the run
         status, note = _classify(exc)
         row.update(status=status, note=note)
@@ -482,7 +496,7 @@ def _print_table(rows: list[dict[str, Any]], console) -> None:
     console.print(table)
 
 
-def _plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+def _plot(rows: list[dict[str, Any]], out: Path, stem: str) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -515,9 +529,9 @@ def _plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
             ax.set_yscale("log")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
+        fig.savefig(out / f"{stem}-{name}", dpi=120)
         plt.close(fig)
-        paths.append(out / name)
+        paths.append(out / f"{stem}-{name}")
     prof = [r for r in ok if r.get("moe_ms")]
     if prof:
         fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(prof)), 4))
@@ -531,9 +545,9 @@ def _plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         ax.tick_params(axis="x", labelsize=6, rotation=60)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(out / "routing_share.png", dpi=120)
+        fig.savefig(out / f"{stem}-routing_share.png", dpi=120)
         plt.close(fig)
-        paths.append(out / "routing_share.png")
+        paths.append(out / f"{stem}-routing_share.png")
     return paths
 
 
@@ -569,28 +583,30 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from ragdot.moe.model import MODEL_CONFIGS, QUICK_CONFIG, get_config
+    from ragdot.moe.model import MODEL_CONFIGS, QUICK_CONFIG
 
-    console = Console()
+    console = Console(quiet=args.quiet)
     if not console.is_terminal:
-        console = Console(width=max(console.width, 150))
+        console = Console(width=max(console.width, 150), quiet=args.quiet)
     if args.steps is None:
         args.steps = 10
     if args.quick:
         args.steps, args.measure_from = min(args.steps, 4), min(args.measure_from, 2)
     if args.steps < 1 or not 1 <= args.measure_from <= args.steps:
-        raise ValueError(
-            f"need steps >= 1 and 1 <= measure-from <= steps, got {args.steps}, {args.measure_from}"
+        raise UsageError(
+            f"--steps, --measure-from: need steps >= 1 and 1 <= measure-from <= steps, got {args.steps}, "
+            f"{args.measure_from}"
         )
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.quick else "cpu"))
-    dtype = _DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    device, dtype = _device_dtype(args)
     names = args.configs or ([QUICK_CONFIG.name] if args.quick else list(MODEL_CONFIGS))
-    configs = [get_config(n, layers=args.layers, seq_len=args.seq_len, batch=args.batch) for n in names]
+    configs = _configs(names, args)
     args.variants = args.variants or list(VARIANTS)
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = check_out(args.out)
     meta = _meta(args, device, dtype)
-    if args.routing:
-        return _run_routing(configs, device, dtype, meta, args.out, console)
+    gpu = safe_name(meta["gpu"])
+    if args.routing_only:
+        return _run_routing(configs, device, dtype, meta, out, new_stem(out, f"moe-routing-{gpu}"), console)
+    stem = new_stem(out, f"moe-bench-{gpu}")
     rows: list[dict[str, Any]] = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("moe-bench", total=len(configs) * len(args.variants))
@@ -603,45 +619,61 @@ def run(args: argparse.Namespace) -> int:
             else:
                 rows.extend(_run_config(cfg, args, device, dtype, progress, task))
             _relative(rows)
-            _save(rows, meta, args.out, "results")  # after every config: a cut-short run keeps its results
+            _save(rows, meta, out, stem)  # after every config: a cut-short run keeps its results
     _print_table(rows, console)
-    for text, passed, numbers in check_targets(rows):
-        mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[yellow]n/a[/]"}[passed]
-        console.print(f"{mark} {text}: {numbers}")
+    if device.type == "cuda":  # the targets are about GPU step times: meaningless on a CPU
+        for text, passed, numbers in check_targets(rows):
+            mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[yellow]n/a[/]"}[passed]
+            console.print(f"{mark} {text}: {numbers}")
+    files = [out / f"{stem}.csv", out / f"{stem}.json"]
     if not args.no_plots:
-        for p in _plot(rows, args.out):
-            console.print(f"wrote {p}")
-    console.print(f"wrote {args.out / 'results.json'} and results.csv")
+        files += _plot(rows, out, stem)
+    print("wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def _device_dtype(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
+    """--device (default cuda if available and not --quick) and --dtype (default bf16 on CUDA, else fp32)."""
+    device = parse_device(args.device or ("cpu" if args.quick or not torch.cuda.is_available() else None))
+    return device, parse_dtype(args.dtype, "bf16" if device.type == "cuda" else "fp32")
+
+
+def _configs(names: list[str], args: argparse.Namespace) -> list[Any]:
+    from ragdot.moe.model import get_config
+
+    try:
+        return [get_config(n, layers=args.layers, seq_len=args.seq_len, batch=args.batch) for n in names]
+    except ValueError as exc:
+        raise UsageError(f"--configs: {exc}") from None
 
 
 def _reject_layer_options(args: argparse.Namespace) -> None:
     if args.variants and "peer" in args.variants:
-        raise ValueError("variant 'peer' is the layer-level baseline: use it with --layer")
+        raise UsageError("--variants: 'peer' is the layer-level baseline: use it with --layer")
     for name in ("tokens", "modes"):
         if getattr(args, name, None):
-            raise ValueError(f"--{name} applies to the layer mode only: add --layer")
+            raise UsageError(f"--{name} applies to the layer mode only: add --layer")
 
 
 def _run_layer(args: argparse.Namespace) -> int:
     from ragdot.moe.layer_bench import run_layer
 
-    if args.routing:
-        raise ValueError("--routing and --layer are two different modes; pick one")
+    if args.routing_only:
+        raise UsageError("--routing-only and --layer are two different modes; pick one")
     if args.steps is None:
         args.steps = LAYER_STEPS
     if args.quick:
         args.steps, args.warmup = min(args.steps, 3), min(args.warmup, 1)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.quick else "cpu"))
-    dtype = _DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    device, dtype = _device_dtype(args)
+    check_out(args.out)
     return run_layer(args, device, dtype)
 
 
-def _run_routing(configs, device, dtype, meta, out: Path, console) -> int:
+def _run_routing(configs, device, dtype, meta, out: Path, stem: str, console) -> int:
     from rich.table import Table
 
     rows = [r for cfg in configs for r in _routing_rows(cfg, device, dtype)]
-    _save(rows, meta, out, "routing")
+    _save(rows, meta, out, stem)
     graphed = device.type == "cuda"
     table = Table(
         title="permute + unpermute" + (" (CUDA-graph replays; eager = with launch overhead)" * graphed)
@@ -654,7 +686,7 @@ def _run_routing(configs, device, dtype, meta, out: Path, console) -> int:
                       f"{r['eager_fwd_bwd_ms']:.3f}", f"{r['min_gb']:.3f}",
                       f"{r['tb_per_s']:.2f}")  # fmt: skip
     console.print(table)
-    console.print(f"wrote {out / 'routing.json'} and routing.csv")
+    print(f"wrote {out / f'{stem}.csv'}, {out / f'{stem}.json'}")
     return 0
 
 

@@ -32,11 +32,14 @@ import datetime
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ragdot.cli_common import UsageError
 
 __all__ = ["LAYER_VARIANTS", "DEFAULT_TOKENS", "MODES", "add_layer_arguments", "default_configs", "run_layer"]
 
@@ -297,9 +300,9 @@ def _settings(args: argparse.Namespace) -> tuple[list[int], list[str], list[str]
     modes = args.modes or (["eager"] if args.quick else list(MODES))
     variants = args.variants or list(LAYER_VARIANTS)
     if any(isinstance(t, bool) or t < 1 for t in tokens):
-        raise ValueError(f"--tokens must be positive, got {tokens}")
+        raise UsageError(f"--tokens must be positive, got {tokens}")
     if args.warmup < 1 or args.steps < 1:
-        raise ValueError(f"need --warmup >= 1 and --steps >= 1, got {args.warmup} and {args.steps}")
+        raise UsageError(f"--warmup, --steps: need both >= 1, got {args.warmup} and {args.steps}")
     variants = sorted(dict.fromkeys(variants), key=lambda v: v != "peer")  # peer first: speedups as rows finish
     return tokens, list(dict.fromkeys(modes)), variants
 
@@ -360,7 +363,11 @@ def run_layer(args: argparse.Namespace, device: torch.device, dtype: torch.dtype
 
     tokens, modes, variants = _settings(args)
     names = args.configs or ([QUICK_CONFIG.name] if args.quick else default_configs())
-    configs = [get_config(n) for n in names]
+    try:
+        configs = [get_config(n) for n in names]
+    except ValueError as exc:
+        raise UsageError(f"--configs: {exc}") from None
+    quiet = getattr(args, "quiet", False)
     meta = _meta(device, dtype, args)
     base = {k: meta[k] for k in ("dtype", "gpu", "commit", "date", "torch")}
     writer = RowWriter(args.out, meta)
@@ -369,7 +376,8 @@ def run_layer(args: argparse.Namespace, device: torch.device, dtype: torch.dtype
         speedups([*writer.rows, row])
         writer.add(row)
         result = f"{row['ms']:.3f} ms" if row.get("status") == "ok" else row.get("status", "")
-        print(f"{row['config']} T={row['tokens']} {row['mode']} {row['variant']}: {result}", flush=True)
+        if not quiet:
+            print(f"{row['config']} T={row['tokens']} {row['mode']} {row['variant']}: {result}", flush=True)
 
     status = 0
     try:
@@ -377,7 +385,8 @@ def run_layer(args: argparse.Namespace, device: torch.device, dtype: torch.dtype
             _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit)
     except KeyboardInterrupt:
         status = 130
-        print(f"interrupted: {len(writer.rows)} finished rows kept")
-    print_table(writer.rows, device)
+        print(f"interrupted: {len(writer.rows)} finished rows kept", file=sys.stderr)
+    if not quiet:
+        print_table(writer.rows, device)
     print(f"wrote {writer.csv} and {writer.json}")
     return status

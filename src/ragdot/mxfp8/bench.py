@@ -6,7 +6,11 @@ pair around each window, no per-call synchronisation, several passes in rotated 
 - ragdot's own bf16 weight gradient (ragged_dot_general, contracting mode, backend='triton');
 - every MXFP8 kernel variant on pre-quantized operands (path/tile config), checked against the FP32 oracle
   on a few experts first; timing-only strip-downs (scales ignored) bound what each inner step could reach.
-Quantization is timed separately. Results go to <out>/mxfp8_bench.csv and .json.
+Quantization is timed separately. Results go to new files per run, <out>/mxfp8-bench-<gpu>-<date>.csv and .json.
+
+    ragdot bench-mxfp8 --shapes 16B 671B-4096        # (the older '--shapes 16B,671B-4096' works too)
+    ragdot bench-mxfp8 --shapes 8192,2048,1408,8     # 'M,K,N,E': M tokens (a multiple of 256), K, N, E experts
+    TRITON_INTERPRET=1 ragdot bench-mxfp8 --device cpu --shapes tiny --passes 1 --seconds 0  # CPU smoke run
 """
 
 from __future__ import annotations
@@ -17,12 +21,26 @@ import json
 import math
 import multiprocessing
 import platform
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from ragdot.cli_common import (
+    UsageError,
+    add_device,
+    add_out,
+    add_quiet,
+    add_shapes,
+    check_out,
+    new_stem,
+    parse_device,
+    parse_shape_args,
+    safe_name,
+)
 
 HELP = "benchmark the MXFP8 grouped weight gradient against bf16 grouped GEMMs (GPU)"
 
@@ -33,6 +51,8 @@ SHAPES: dict[str, tuple[int, int, int, int]] = {
     "671B-7168": (7168, 7168, 32, 126_976),
     "tiny": (128, 192, 4, 2_048),  # smoke runs
 }
+DEFAULT_SHAPES: tuple[str, ...] = ("16B", "671B-4096", "671B-7168")
+ROUTINGS: tuple[str, ...] = ("aligned", "shifted")
 #: measured ceilings of one H200 (docs/mxfp8.md, ../anchors): bf16 and fp8 dense GEMM, copy bandwidth
 BF16_PEAK, FP8_PEAK, HBM = 720e12, 1440e12, 4.2e12
 
@@ -78,18 +98,21 @@ def routing_sizes(tokens: int, experts: int, kind: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shapes", default="16B,671B-4096,671B-7168", help=f"comma list of {', '.join(SHAPES)}")
-    parser.add_argument("--routings", default="aligned,shifted", help="aligned (256) and/or shifted (32)")
+    add_shapes(parser, f"{' '.join(DEFAULT_SHAPES)}; this command's own: {', '.join(SHAPES)}")
+    parser.add_argument("--routings", nargs="+", default=list(ROUTINGS), metavar="ROUTING",
+                        help="aligned (256) and/or shifted (32) (default both)")
     parser.add_argument("--seconds", type=float, default=0.25, help="timed window per variant and pass")
     parser.add_argument("--passes", type=int, default=2, help="interleaved passes over all variants")
-    parser.add_argument("--variants", default="", help="comma list of substrings: keep matching MXFP8 variants")
+    parser.add_argument("--variants", nargs="+", default=[], metavar="TEXT",
+                        help="keep the MXFP8 variants whose names contain one of these (default all)")
     parser.add_argument("--strip", action="store_true", help="add the timing-only strip-downs (aligned only)")
     parser.add_argument("--no-baselines", action="store_true", help="skip torch._grouped_mm and ragdot bf16")
     parser.add_argument("--compile-jobs", type=int, default=0, help="compile the kernels in N processes first")
     parser.add_argument("--compile-only", action="store_true", help="only fill the kernel cache (--compile-jobs)")
     parser.add_argument("--budget", type=float, default=0.0, help="stop starting new shapes after this many s")
-    parser.add_argument("--out", default=None, help="folder for mxfp8_bench.csv / .json")
-    parser.add_argument("--device", default="cuda", help="cuda; 'cpu' only smoke-tests this script (interpreter)")
+    add_out(parser, "out/bench-mxfp8", "CSV and JSON")
+    add_device(parser, "cuda if available; cpu only smoke-tests the kernels, with TRITON_INTERPRET=1")
+    add_quiet(parser)
 
 
 def _mx_call(v: Variant, ops: dict, sizes: torch.Tensor, order: str | None = None):
@@ -130,10 +153,10 @@ def _longest(v: Variant, n: int, k: int, experts: int) -> bool:
     return experts * math.ceil(n / bn) * math.ceil(k / bk) < LONGEST_FIRST_MAX_BLOCKS
 
 
-def precompile(jobs: int, shapes: list[str], variants: list[Variant]) -> None:
+def precompile(jobs: int, shapes: list[str], variants: list[Variant], problems: dict | None = None) -> None:
     todo = {}
     for shape in shapes:
-        n, k, experts, _ = SHAPES[shape]
+        n, k, experts, _ = (problems or SHAPES)[shape]
         for v in variants:
             if v.kind == "mx":
                 both = v is variants[0]  # bench_shape times both block orders of the first variant
@@ -193,11 +216,11 @@ def _max_rel_err(out: torch.Tensor, refs: dict[int, torch.Tensor]) -> float:
     return worst
 
 
-def bench_shape(shape: str, args, variants: list[Variant], rows: list[dict]) -> None:
+def bench_shape(shape: str, args, variants: list[Variant], rows: list[dict], dims: tuple | None = None) -> None:
     import ragdot
     from ragdot.mxfp8.quantize import quantize_triton
 
-    n, k, experts, tokens = SHAPES[shape]
+    n, k, experts, tokens = dims or SHAPES[shape]
     dev = torch.device(args.device)
     gen = torch.Generator(device=dev).manual_seed(0)
     dy = torch.randn(tokens, n, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -210,7 +233,7 @@ def bench_shape(shape: str, args, variants: list[Variant], rows: list[dict]) -> 
                          speedup=0.0, err=0.0, note=f"{gbs:.0f} GB/s of {HBM / 1e9:.0f}"))
     mx = (*quantize_triton(dy), *quantize_triton(x))
     dn = ragdot.RaggedDotDimensionNumbers((([0], [0]), ([], [])), [0], [])
-    for routing in args.routings.split(","):
+    for routing in args.routings:
         sizes_l = routing_sizes(tokens, experts, routing)
         sizes = torch.tensor(sizes_l, dtype=torch.int32, device=dev)
         ends = torch.cumsum(sizes, 0, dtype=torch.int32)
@@ -255,7 +278,8 @@ def bench_shape(shape: str, args, variants: list[Variant], rows: list[dict]) -> 
                              speedup=base / ms, err=errs.get(name, float("nan")),
                              note=notes.get(name, " ".join(f"{t:.3f}" for t in times.get(name, [])))))
         del refs
-        print(f"{shape} {routing}: done at {time.strftime('%H:%M:%S')}", flush=True)
+        if not getattr(args, "quiet", False):
+            print(f"{shape} {routing}: done at {time.strftime('%H:%M:%S')}", flush=True)
 
 
 def _table(rows: list[dict]) -> None:
@@ -275,42 +299,86 @@ def _table(rows: list[dict]) -> None:
             console.print(f"{r['shape']} {r['routing']} {r['variant']}: {r['note']}")
 
 
+def _split(values: list[str]) -> list[str]:
+    """Items of a space-separated option, each also split at commas (the older spelling)."""
+    return [part for v in values for part in v.split(",") if part]
+
+
+def _problems(specs: list[str] | None) -> dict[str, tuple[int, int, int, int]]:
+    """(N, K, experts, tokens) by name for --shapes: this command's names, or any ragdot shape ('M,K,N,E')."""
+    problems = {}
+    for shape in parse_shape_args(specs or list(DEFAULT_SHAPES), catalog=SHAPES):
+        if isinstance(shape, str):
+            problems[shape] = SHAPES[shape]
+            continue
+        if shape.M % 256:
+            raise UsageError(f"--shapes {shape.name}: M={shape.M} tokens must be a multiple of 256 (aligned routing)")
+        problems[shape.name] = (shape.N, shape.K, shape.E, shape.M)
+    return problems
+
+
+def _check_device(spec: str | None) -> torch.device:
+    """--device: CUDA, or a CPU when Triton's interpreter is on (a smoke run: the times mean nothing)."""
+    import os
+
+    device = parse_device(spec)
+    if device.type == "cpu":
+        import importlib.util
+
+        if importlib.util.find_spec("triton") is None:
+            raise UsageError("--device cpu: the MXFP8 kernels are Triton kernels and triton is not installed")
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise UsageError("--device cpu: the MXFP8 kernels need a CUDA GPU, or TRITON_INTERPRET=1 in the "
+                             "environment for a CPU smoke run through Triton's interpreter")
+    return device
+
+
+def _write(rows: list[dict], variants: list[Variant], args: argparse.Namespace, out: Path) -> list[Path]:
+    stem = new_stem(out, f"mxfp8-bench-{safe_name(_gpu())}")
+    csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["shape"])
+        writer.writeheader()
+        writer.writerows(rows)
+    meta = dict(gpu=_gpu(), torch=torch.__version__, python=platform.python_version(),
+                date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                args={k: v for k, v in vars(args).items() if not k.startswith("_")},
+                variants=[asdict(v) for v in variants])
+    json_path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str))
+    return [csv_path, json_path]
+
+
+def _gpu() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench-mxfp8 needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 for a smoke run)")
-        return 2
-    shapes = [s for s in args.shapes.split(",") if s]
-    for s in shapes:
-        if s not in SHAPES:
-            raise ValueError(f"--shapes: unknown shape {s!r}; expected some of {', '.join(SHAPES)}")
+    args.device = str(_check_device(args.device))
+    out = check_out(args.out)
+    problems = _problems(args.shapes)
+    shapes = list(problems)
+    args.routings = _split(args.routings)
+    for routing in args.routings:
+        if routing not in ROUTINGS:
+            raise UsageError(f"--routings: {routing!r} is unknown; expected some of {', '.join(ROUTINGS)}")
     variants = mx_variants(args.strip)
     if args.variants:
-        keep = [w for w in args.variants.split(",") if w]
+        keep = _split(args.variants)
         variants = [v for v in variants if any(w in v.name for w in keep)]
     if args.compile_jobs > 0 or args.compile_only:
-        precompile(max(1, args.compile_jobs), shapes, variants)
+        precompile(max(1, args.compile_jobs), shapes, variants, problems)
         if args.compile_only:
             return 0
     rows: list[dict] = []
     t_start = time.perf_counter()
     for shape in shapes:
         if args.budget and time.perf_counter() - t_start > args.budget:
-            print(f"budget spent: skipping {shape}")
+            print(f"budget spent: skipping {shape}", file=sys.stderr)
             continue
-        bench_shape(shape, args, variants, rows)
+        bench_shape(shape, args, variants, rows, problems[shape])
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    _table(rows)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / "mxfp8_bench.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["shape"])
-            writer.writeheader()
-            writer.writerows(rows)
-        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        meta = dict(gpu=gpu, torch=torch.__version__, python=platform.python_version(),
-                    date=time.strftime("%Y-%m-%d %H:%M:%S"), args=vars(args) | {"_module": None},
-                    variants=[asdict(v) for v in variants])
-        (out / "mxfp8_bench.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str))
+    if not args.quiet:
+        _table(rows)
+    print("wrote " + ", ".join(str(p) for p in _write(rows, variants, args, out)))
     return 0

@@ -3,61 +3,94 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
+
+from ragdot.cli_common import (
+    UsageError,
+    add_device,
+    add_dtype,
+    add_quiet,
+    add_shapes,
+    check_out,
+    new_stem,
+    parse_device,
+    parse_dtype,
+    parse_shape_args,
+    safe_name,
+)
 
 HELP = "measure backends and Triton tile configs on seeded group sizes; write the tuning cache"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shapes", nargs="+", default=["seed"],
-                   help="shape names, 'M,K,N,E' strings, or a tag (seed, anchor, tiny); default: seed")
+    add_shapes(p, "tag:seed; a bare tag name such as seed means the same")
     p.add_argument("--classes", nargs="+", default=None, help="ragged-dot classes (default: all six)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    add_dtype(p, "bf16")
+    add_device(p, "cuda; tune measures CUDA kernels only")
     p.add_argument("--max-configs", type=int, default=8, help="Triton tile configs tried per problem")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--ship", action="store_true",
                    help="write into the package's shipped results for this GPU instead of the user cache")
-    p.add_argument("--out", default=None, help="write the entries to this JSON file instead")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="output folder: write the entries to a new ragdot-tune-<gpu>-<date>.json there instead "
+                   "of the user cache (same format; an earlier run's file is never overwritten)")
+    add_quiet(p)
 
 
 def _expand(specs: list[str]):
     """Shapes for names, 'M,K,N,E' strings and tags; a bare tag name means the same as 'tag:NAME'."""
-    from ragdot.shapes import TAGS, parse_shapes
+    return parse_shape_args(specs)
 
-    return parse_shapes([f"tag:{spec}" if spec in TAGS else spec for spec in specs])
+
+def _classes(names: list[str] | None):
+    from ragdot.bench.classes import CLASS_NAMES, parse_classes
+
+    try:
+        return parse_classes(names or list(CLASS_NAMES))
+    except ValueError as exc:
+        raise UsageError(f"--classes: {exc}") from None
+
+
+def _out_path(args: argparse.Namespace, device: torch.device) -> Path:
+    from ragdot.tune.cache import shipped_path, user_cache_path, write_entries
+    from ragdot.tune.key import device_name
+
+    if args.out is None:
+        return shipped_path(device_name(device)) if args.ship else user_cache_path()
+    if args.ship:
+        raise UsageError("--ship and --out name two different destinations; give one of them")
+    out = check_out(args.out)
+    path = out / f"{new_stem(out, f'ragdot-tune-{safe_name(device_name(device))}', ('.json',))}.json"
+    write_entries(path, {})  # a valid empty cache from the start: an interrupted run leaves a readable file
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from rich.console import Console
     from rich.progress import track
     from rich.table import Table
 
-    from ragdot.bench.classes import CLASS_NAMES, parse_classes
     from ragdot.dimension_numbers import canonicalize
-    from ragdot.tune.cache import CACHE, shipped_path, user_cache_path
+    from ragdot.tune.cache import CACHE
     from ragdot.tune.key import device_name, key_for
     from ragdot.tune.tuner import candidates_for, entry_from_times, measure_problem
 
-    console = Console()
-    if not torch.cuda.is_available():
-        console.print("ragdot tune measures GPU kernels; no CUDA device here, nothing to do.")
+    console = Console(quiet=args.quiet)
+    dtype = parse_dtype(args.dtype, "bf16")
+    shapes = _expand(args.shapes or ["seed"])
+    classes = _classes(args.classes)
+    if args.out is not None:
+        check_out(args.out)
+    if args.device is None and not torch.cuda.is_available():
+        print("ragdot tune measures CUDA kernels; no CUDA device here, nothing to do.")
         return 0
-    device = torch.device("cuda")
-    dtype = getattr(torch, args.dtype)
-    shapes = _expand(args.shapes)
-    classes = parse_classes(args.classes or list(CLASS_NAMES))
-    if args.out:
-        path = Path(args.out)
-    elif args.ship:
-        path = shipped_path(device_name(device))
-    else:
-        path = user_cache_path()
+    device = parse_device(args.device, allowed=("cuda",))
+    path = _out_path(args, device)
     entries: dict[str, dict] = {}
-    table = Table(title=f"ragdot tune on {device_name(device)} ({args.dtype})")
+    table = Table(title=f"ragdot tune on {device_name(device)} ({str(dtype).removeprefix('torch.')})")
     for col in ("shape", "class", "problem", "winner", "ms (bal/skew)", "torch ms (bal/skew)"):
         table.add_column(col)
     jobs = [(s, c) for s in shapes for c in classes]
@@ -86,5 +119,5 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(shape.name, cls.name, key.problem, entry["winner"], fmt(times[entry["winner"]]),
                       fmt(times["torch"]) if "torch" in times else "-")
     console.print(table)
-    console.print(f"wrote {len(entries)} entries to {path}")
+    print(f"wrote {len(entries)} entries to {path}")
     return 0
