@@ -241,3 +241,13 @@ def test_triton_kernels_form_the_clamped_ends_from_raw_sizes(sizes, scale):
     got_k = rk.Prepared(a, b2, 4, torch.float32, None, from_sizes=True, scale=scale)(a, b2, raw)[0]
     assert torch.equal(got_k, want_k)
     assert rk.schedule(raw, 24, scale)[3].tolist() == ends.tolist()
+
+
+def test_unusable_backend_says_why_and_how(monkeypatch):
+    from ragdot import api
+    from ragdot.backends import unusable_reason
+
+    monkeypatch.setattr(api, "available_backends", lambda: ["reference", "padded"])
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1|not installed"):  # a signature no other test uses
+        ragdot.ragged_dot(torch.randn(5, 3), torch.randn(1, 3, 7), torch.tensor([5]), backend="triton")
+    assert "_grouped_mm" in unusable_reason("torch")

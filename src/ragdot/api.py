@@ -16,7 +16,7 @@ import os
 import torch
 
 from ragdot import ops
-from ragdot.backends import BACKEND_NAMES, available_backends
+from ragdot.backends import BACKEND_NAMES, available_backends, unusable_reason
 from ragdot.dimension_numbers import RAGGED_DOT_DN, Canonical, RaggedDotDimensionNumbers, canonicalize, plan_views
 from ragdot.groups import group_ends_from_sizes, validate_sizes
 
@@ -43,7 +43,10 @@ def _check_backend(backend: str | None) -> str:
         return backend
     usable = available_backends()
     if backend not in usable:
-        raise ValueError(f"backend={backend!r} is not usable on this machine; available: {', '.join(usable)}")
+        raise ValueError(
+            f"backend={backend!r} is not usable on this machine: {unusable_reason(backend)}; available: "
+            f"{', '.join(usable)}"
+        )
     return backend
 
 

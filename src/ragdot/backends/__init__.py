@@ -49,7 +49,7 @@ import torch
 
 from ragdot.backends.base import Prepared
 
-__all__ = ["Backend", "BACKEND_NAMES", "get_backend", "available_backends", "candidates"]
+__all__ = ["Backend", "BACKEND_NAMES", "get_backend", "available_backends", "candidates", "unusable_reason"]
 
 
 class Backend(Protocol):
@@ -127,9 +127,24 @@ def get_backend(name: str) -> Backend:
     backend = _load(name)
     if backend is None or not backend.is_available():
         raise RuntimeError(
-            f"backend {name!r} is not usable on this machine (available: {', '.join(available_backends())})"
+            f"backend {name!r} is not usable on this machine: {unusable_reason(name)} "
+            f"(available: {', '.join(available_backends())})"
         )
     return backend
+
+
+def unusable_reason(name: str) -> str:
+    """Why a known backend cannot run here, and how to make it run where that is possible."""
+    if name == "triton":
+        import importlib.util
+
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed (pip install 'ragdot[triton]'; Linux only)"
+        return ("no CUDA device; set TRITON_INTERPRET=1 in the environment before starting Python to run its "
+                "kernels on the CPU through Triton's interpreter (slow; for tests)")
+    if name == "torch":
+        return "this torch build has no torch._grouped_mm"
+    return "it failed to load"
 
 
 @functools.lru_cache(maxsize=8)
