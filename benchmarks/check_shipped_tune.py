@@ -2,7 +2,8 @@
 
 For each anchor shape and class it builds the call's operands (uninitialised, no kernel runs) and asks
 `ragdot.explain` what `auto` would run and whether a measured entry chose it. Exit status 1 if any cell has
-no entry. Point RAGDOT_CACHE_DIR at an empty directory so that only the shipped file can answer.
+no entry. Point RAGDOT_CACHE_DIR at an empty directory so that only the shipped file can answer (the `verify`
+suite of benchmarks/suite.py does).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 
 Clock: host (wall time of N back-to-back calls without a sync, after warm-up and a sync, divided by N;
 median of 5 passes). The default problem is small, so the GPU never becomes the bottleneck of the loop.
+It times private pieces of the call path (`ragdot.ops`, `ragdot.api`) and follows them as they change; the
+`host` suite of benchmarks/suite.py runs it after `ragdot host-bench`. CUDA only.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ says so. Exit status 1 when a check fails (the sanitizer's own errors come from 
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 3 \\
         python3 benchmarks/memcheck_calls.py
+
+The `checks` suite of benchmarks/suite.py runs it so, after the gpu-marked tests.
 """
 
 from __future__ import annotations

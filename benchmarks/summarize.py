@@ -5,7 +5,7 @@
 
 Rows of later files replace rows of earlier ones for the same (shape, class, routing, system, clock), so a
 run of the fast systems can be combined with an earlier run of the slow baselines. Each pass (fwd, dgrad,
-wgrad) aggregates its two classes, as on the anchor page. Every ratio is against `--baseline` (default
+wgrad) aggregates its two classes (geometric mean). Every ratio is against `--baseline` (default
 `vendor`: raw torch._grouped_mm) in the same cell and clock view: `eager` (eager calls, host time included;
 the clock `event` of older CSVs), `graph` (CUDA-graph replays, device time), `wall` (CPU). Writes
 <out>.md and <out>-speedup-<routing>-<view>.png / -sol-..., only the plots that have data.

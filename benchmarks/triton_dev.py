@@ -7,7 +7,8 @@ first in parallel worker processes (ragdot.kernels.compile_only) so the timed pr
 
     python benchmarks/triton_dev.py --out results_dir [--sweep] [--shapes deepseek2-16b,...] [--classes ...]
 
-Writes <out>/triton_dev.json (one record per cell and variant) and prints summary tables.
+Writes <out>/triton_dev.json (one record per cell and variant) and prints summary tables. The `sweep` suite of
+benchmarks/suite.py runs the sweeps behind the shipped heuristic; `--small-cases` runs a few small checks only.
 """
 
 from __future__ import annotations

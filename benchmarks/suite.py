@@ -1,0 +1,420 @@
+"""ragdot's measurement suites: named sets of `ragdot` CLI runs and maintained probes, for one machine.
+
+    python benchmarks/suite.py --list                       # the suites, their steps and time budgets
+    python benchmarks/suite.py checks anchors --out DIR     # run suites in the order given
+    python benchmarks/suite.py moe --seconds 600            # one budget for every suite named
+    python benchmarks/suite.py tune anchors --seconds tune=300 anchors=400
+    python benchmarks/suite.py verify --pack --out $OUT     # DIR gets only suite-log.txt and results.tgz
+    python benchmarks/suite.py smoke                        # CPU: the runner itself and the quick CLI runs
+
+Each suite writes into <out>/<suite>/ (every step's terminal output as <step>.txt, its result files beside
+it); <out>/suite-log.txt stamps the machine, the commit, every command, its exit status, time and last
+lines; <out>/suite-summary.json holds the same as records. With --pack the suites run in a scratch folder
+and <out> receives only the log, the summary and results.tgz: for a machine that brings back few files.
+
+Every run uses a tune cache of its own (<out>/cache, empty at the start: `auto` then reads only the
+shipped tune file), shared by the suites of the run in order, so `tune anchors` benchmarks the fresh tune;
+`verify` always reads an empty one. Children run with this checkout's src/ first on PYTHONPATH and with
+RAGDOT_COMMIT set (--commit, else `git rev-parse --short HEAD`), so result rows name the commit even where
+a copied checkout has stale git metadata. A step that outlives its share of the budget is stopped (exit
+status 124 in the log) and the suite goes on; Ctrl-C stops the current step and still packs what is there.
+Exit status: 0 when every step passed, 1 otherwise, 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable or "python3"
+RAGDOT = ("{py}", "-m", "ragdot")
+ANCHOR_FAST = ("--anchors", "--backends", "torch", "triton", "auto", "--no-xla")
+LAYER_CONFIGS = ("qwen3-30b-a3b", "deepseek2-16b", "gemma4-26b")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of a suite. `argv` may hold {out} (the suite's folder), {cache} (the run's tune cache),
+    {py} (this Python) and {sanitizer} (compute-sanitizer); `after` runs in this process once it passed."""
+
+    name: str
+    argv: tuple[str, ...]
+    seconds: float
+    env: tuple[tuple[str, str], ...] = ()
+    tail: int = 15
+    after: Callable[[Path, Path], None] | None = None
+
+
+@dataclass(frozen=True)
+class Suite:
+    help: str
+    steps: tuple[Step, ...]
+    gpu: bool = True
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+
+def _copy_tune(out: Path, cache: Path) -> None:
+    src = cache / "tune.json"
+    if src.is_file():
+        shutil.copy2(src, out / "tune.json")
+
+
+def _suites() -> dict[str, Suite]:
+    memcheck_env = (("PYTORCH_NO_CUDA_MEMORY_CACHING", "1"),)
+    empty_cache = (("RAGDOT_CACHE_DIR", "{out}/empty-cache"),)
+    bench = (*RAGDOT, "bench")
+    moe = (*RAGDOT, "moe-bench")
+    dev = ("{py}", "benchmarks/triton_dev.py")
+    rm_classes = ("--classes", "fwd_wi,fwd_wo,dgrad_wi,dgrad_wo")
+    return {
+        "smoke": Suite("CPU smoke run: bench --quick, moe-bench --quick, host-bench (checks the runner)", (
+            Step("bench", (*bench, "--quick", "--no-plots", "--out", "{out}"), 240),
+            Step("moe", (*moe, "--quick", "--no-plots", "--out", "{out}/moe"), 240),
+            Step("host", (*RAGDOT, "host-bench", "--out", "{out}"), 120),
+        ), gpu=False),
+        "tests": Suite("the whole test suite on the GPU (CUDA tensors, bf16), stopping at the first failure", (
+            Step("pytest", ("{py}", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests"), 600),
+        )),
+        "checks": Suite("the gpu-marked tests, then compute-sanitizer memcheck on benchmarks/memcheck_calls.py", (
+            Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"), 420,
+                 tail=3),
+            Step("memcheck", ("{sanitizer}", "--tool", "memcheck", "--error-exitcode", "3", "--print-limit", "50",
+                              "{py}", "benchmarks/memcheck_calls.py"), 240, memcheck_env, tail=6),
+        )),
+        "tune": Suite("ragdot tune of the 8 anchor shapes (7 configs, 20 graph replays each); tune.json kept", (
+            Step("tune", (*RAGDOT, "tune", "--shapes", "anchor", "--max-configs", "7", "--warmup", "3",
+                          "--iters", "20"), 260, tail=5, after=_copy_tune),
+        )),
+        "anchors": Suite("ragdot bench on the anchor shapes: vendor/torch/triton/auto, eager and graph clocks", (
+            Step("balanced", (*bench, *ANCHOR_FAST, "--out", "{out}"), 420, tail=30),
+            Step("skewed-empty", (*bench, *ANCHOR_FAST, "--routing", "skewed", "empty", "--max-seconds", "0.15",
+                                  "--out", "{out}"), 300, tail=30),
+        )),
+        "baselines": Suite("the slow baselines on the anchor shapes: padded and XLA beside vendor/torch, graph clock", (
+            Step("padded-xla", (*bench, "--anchors", "--backends", "padded", "torch", "xla", "--cuda-graphs",
+                                "--max-seconds", "0.3", "--out", "{out}"), 420, tail=30),
+        )),
+        "verify": Suite("shipped tune only (empty cache): every anchor cell has an entry; bench twice, two processes", (
+            Step("shipped", ("{py}", "benchmarks/check_shipped_tune.py"), 60, empty_cache, tail=2),
+            Step("bench", (*bench, *ANCHOR_FAST, "--routing", "balanced", "skewed", "empty", "--cuda-graphs",
+                           "--max-seconds", "0.15", "--no-plots", "--out", "{out}"), 150, empty_cache, tail=30),
+            Step("bench-again", (*bench, *ANCHOR_FAST, "--cuda-graphs", "--max-seconds", "0.15", "--no-plots",
+                                 "--out", "{out}"), 100, empty_cache, tail=30),
+        )),
+        "moe": Suite("ragdot moe-bench: train steps of every config (graph clock, then eager), 16k-token runs", (
+            Step("graph", (*moe, "--max-seconds", "3", "--out", "{out}/graph"), 330, tail=30),
+            Step("eager", (*moe, "--eager", "--max-seconds", "3", "--no-profile", "--out", "{out}/eager"), 300,
+                 tail=30),
+            Step("16k-llama4", (*moe, "--configs", "llama4-17b-16e", "--batch", "16", "--max-seconds", "2",
+                                "--out", "{out}/16k-llama4-17b-16e"), 80),
+            Step("16k-deepseek2", (*moe, "--configs", "deepseek2-16b", "--batch", "32", "--max-seconds", "2",
+                                   "--out", "{out}/16k-deepseek2-16b"), 80),
+            Step("16k-deepseek3", (*moe, "--configs", "deepseek3-671b-reduced", "--batch", "32", "--max-seconds",
+                                   "2", "--out", "{out}/16k-deepseek3-671b-reduced"), 80),
+        )),
+        "layer": Suite("ragdot moe-bench --layer: one MoE layer fwd+bwd against the plain-PyTorch peer", (
+            Step("eager-8k", (*moe, "--layer", "--modes", "eager", "--tokens", "8192", "--configs", *LAYER_CONFIGS,
+                              "--out", "{out}"), 240, tail=30),
+            Step("compile", (*moe, "--layer", "--modes", "compile", "--configs", *LAYER_CONFIGS[:2],
+                             "--out", "{out}"), 300, tail=30),
+        )),
+        "host": Suite("ragdot host-bench (host time per call), then benchmarks/host_profile.py (its pieces)", (
+            Step("host-bench", (*RAGDOT, "host-bench", "--out", "{out}"), 300, tail=60),
+            Step("profile", ("{py}", "benchmarks/host_profile.py"), 120, tail=40),
+        )),
+        "mxfp8": Suite("ragdot bench-mxfp8: the default path and the fastest kernel, then every path + strip-downs", (
+            Step("default", (*RAGDOT, "bench-mxfp8", "--variants", "dequant,bits-128x128w4", "--seconds", "0.2",
+                          "--out", "{out}"), 240,
+                 tail=30),
+            Step("all-paths", (*RAGDOT, "bench-mxfp8", "--strip", "--seconds", "0.2", "--budget", "200",
+                            "--out", "{out}/all-paths"), 240, tail=30),
+        )),
+        "sweep": Suite("benchmarks/triton_dev.py: Triton tile-config sweeps against torch._grouped_mm (graph clock)", (
+            Step("wgrad", (*dev, "--out", "{out}/wgrad", "--sweep", "--graph", "--routing", "balanced",
+                           "--classes", "wgrad_wi,wgrad_wo"), 260, tail=40),
+            Step("ragged-m", (*dev, "--out", "{out}/ragged-m", "--sweep", "--graph", "--reps", "9", "--routing",
+                              "balanced", *rm_classes), 330, tail=40),
+            Step("ragged-m-skewed", (*dev, "--out", "{out}/ragged-m-skewed", "--sweep", "--graph", "--reps", "9",
+                                     "--routing", "skewed", "--sweep-routing", "skewed", "--shapes",
+                                     "qwen3-235b-a22b", *rm_classes), 100, tail=40),
+        )),
+    }
+
+
+SUITES = _suites()
+
+
+# ------------------------------------------------------------------------------------------------ options
+def parse_seconds(items: Sequence[str], names: Sequence[str]) -> dict[str, float]:
+    """`--seconds 600` (every suite named) and/or `--seconds moe=400 anchors=300` -> {suite: seconds}."""
+    budgets: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.rpartition("=")
+        targets = [name] if name else list(names)
+        if name and name not in names:
+            raise ValueError(f"--seconds: {name!r} is not one of the suites named ({', '.join(names)})")
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise ValueError(f"--seconds: {item!r} is not SECONDS or SUITE=SECONDS") from None
+        if seconds <= 0:
+            raise ValueError(f"--seconds: {item!r} must be positive")
+        budgets.update({t: seconds for t in targets})
+    return budgets
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/suite.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suites", nargs="*", metavar="SUITE", help=f"suites to run in order: {', '.join(SUITES)}")
+    p.add_argument("--list", action="store_true", help="list the suites and their steps, run nothing")
+    p.add_argument("--out", type=Path, help="result folder (default $OUT, else out/suite-<date>)")
+    p.add_argument("--seconds", nargs="+", default=[], metavar="[SUITE=]S",
+                   help="time budget per suite, shared by its steps in proportion to their defaults")
+    p.add_argument("--commit", help="commit id for the result rows (default: git rev-parse --short HEAD)")
+    p.add_argument("--pack", action="store_true", help="leave only suite-log.txt, the summary and results.tgz")
+    p.add_argument("--dry-run", action="store_true", help="print the commands with their time limits, run nothing")
+    p.add_argument("--no-gpu-check", action="store_true", help="run GPU suites even where torch sees no CUDA")
+    return p
+
+
+def list_suites() -> str:
+    lines = []
+    for name, suite in SUITES.items():
+        where = "GPU" if suite.gpu else "any device"
+        lines.append(f"{name:10s} {suite.help} [{where}, {suite.seconds:.0f} s]")
+        lines += [f"  {s.name:16s} {s.seconds:4.0f} s  {' '.join(s.argv).replace('{py}', 'python3')}"
+                  for s in suite.steps]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ running
+@dataclass
+class Run:
+    out: Path
+    cache: Path
+    log_path: Path
+    env: dict[str, str]
+    records: list[dict] = field(default_factory=list)
+
+    def log(self, text: str) -> None:
+        line = f"== {time.strftime('%H:%M:%S')} {text}"
+        print(line, flush=True)
+        with open(self.log_path, "a") as f:
+            f.write(line + "\n")
+
+    def note(self, text: str) -> None:  # lines without a stamp (a step's last lines)
+        if text:
+            print(text, flush=True)
+            with open(self.log_path, "a") as f:
+                f.write(text.rstrip("\n") + "\n")
+
+
+def _sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for base in sorted(Path("/usr/local").glob("cuda*")):
+        if (base / "bin" / "compute-sanitizer").is_file():
+            return str(base / "bin" / "compute-sanitizer")
+    return None
+
+
+def resolve(step: Step, out: Path, cache: Path) -> tuple[list[str], dict[str, str]]:
+    values = {"out": str(out), "cache": str(cache), "py": PY, "sanitizer": "{sanitizer}"}
+    argv = [a.format(**values) for a in step.argv]
+    env = {k: v.format(**values) for k, v in step.env}
+    return argv, env
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the step's process group (it was started in a session of its own), politely first."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_step(run: Run, suite: str, step: Step, out: Path, limit: float) -> int:
+    argv, env = resolve(step, out, run.cache)
+    if "{sanitizer}" in argv:
+        found = _sanitizer()
+        if found is None:
+            run.log(f"{suite}/{step.name}: compute-sanitizer not found (PATH, /usr/local/cuda*/bin)")
+            return 127
+        argv = [found if a == "{sanitizer}" else a for a in argv]
+    for key in ("RAGDOT_CACHE_DIR",):
+        if key in env:
+            Path(env[key]).mkdir(parents=True, exist_ok=True)
+    text = out / f"{step.name}.txt"
+    run.log(f"{suite}/{step.name} (limit {limit:.0f} s): {' '.join(argv)}")
+    start = time.monotonic()
+    with open(text, "w") as f:
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**run.env, **env}, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            rc = 124
+        except KeyboardInterrupt:
+            _stop(proc)
+            raise
+    seconds = time.monotonic() - start
+    if rc == 0 and step.after is not None:
+        step.after(out, run.cache)
+    lines = text.read_text(errors="replace").splitlines()[-step.tail:]
+    run.note("\n".join(lines))
+    run.log(f"{suite}/{step.name} rc={rc}{' (timed out)' if rc == 124 else ''} in {seconds:.0f} s")
+    run.records.append({"suite": suite, "step": step.name, "argv": argv, "rc": rc, "seconds": round(seconds, 1),
+                        "limit_s": round(limit, 1), "output": str(text.relative_to(run.out))})
+    return rc
+
+
+def run_suite(run: Run, name: str, budget: float | None) -> bool:
+    suite = SUITES[name]
+    out = run.out / name
+    out.mkdir(parents=True, exist_ok=True)
+    scale = (budget / suite.seconds) if budget else 1.0
+    run.log(f"suite {name}: {suite.help} (budget {suite.seconds * scale:.0f} s)")
+    ok = True
+    for step in suite.steps:
+        ok &= run_step(run, name, step, out, step.seconds * scale) == 0
+    return ok
+
+
+def _capture(argv: list[str], env: dict[str, str] | None = None) -> str:
+    try:
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({exc.__class__.__name__})"
+    return (done.stdout.strip() or done.stderr.strip()).splitlines()[-1:][0] if (done.stdout or done.stderr) else ""
+
+
+def machine_lines(env: dict[str, str]) -> list[str]:
+    lines = []
+    if shutil.which("nvidia-smi"):
+        lines.append(_capture(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,power.draw",
+                               "--format=csv,noheader"]))
+    probe = "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, " \
+            "'cuda', torch.cuda.is_available())"
+    lines.append(_capture([PY, "-c", probe], env))
+    lines.append(f"python {sys.version.split()[0]}, commit {env.get('RAGDOT_COMMIT', 'unknown')}, "
+                 f"{os.cpu_count()} CPUs")
+    return lines
+
+
+def _commit(given: str | None) -> str:
+    if given:
+        return given
+    if os.environ.get("RAGDOT_COMMIT"):
+        return os.environ["RAGDOT_COMMIT"]
+    return _capture(["git", "rev-parse", "--short", "HEAD"]) or "unknown"
+
+
+def _environment(commit: str, cache: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(ROOT / "src")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(PYTHONUNBUFFERED="1", RAGDOT_COMMIT=commit, RAGDOT_CACHE_DIR=str(cache))
+    return env
+
+
+def pack(work: Path, dest: Path, run: Run) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest / "results.tgz", "w:gz") as tar:
+        for path in sorted(work.iterdir()):
+            if path.name != "cache":  # the tune cache is kept as <suite>/tune.json where it matters
+                tar.add(path, arcname=path.name)
+    for name in ("suite-log.txt", "suite-summary.json"):
+        shutil.copy2(work / name, dest / name)
+
+
+def _cuda_visible(env: dict[str, str]) -> bool:
+    return _capture([PY, "-c", "import torch; print(torch.cuda.is_available())"], env) == "True"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.list:
+        print(list_suites())
+        return 0
+    unknown = [s for s in args.suites if s not in SUITES]
+    if not args.suites or unknown:
+        what = f"unknown suite {unknown[0]!r}" if unknown else "name at least one suite"
+        parser.exit(2, f"benchmarks/suite.py: error: {what} (one of: {', '.join(SUITES)}; --list shows them)\n")
+    try:
+        budgets = parse_seconds(args.seconds, args.suites)
+    except ValueError as exc:
+        parser.exit(2, f"benchmarks/suite.py: error: {exc}\n")
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    dest = args.out or Path(os.environ.get("OUT") or f"out/suite-{stamp}")
+    if dest.exists() and not dest.is_dir():
+        parser.exit(2, f"benchmarks/suite.py: error: --out: {dest} is a file, not a folder\n")
+    if args.dry_run:
+        for name in args.suites:
+            scale = budgets[name] / SUITES[name].seconds if name in budgets else 1.0
+            for step in SUITES[name].steps:
+                cmd, env = resolve(step, dest / name, dest / "cache")
+                prefix = " ".join(f"{k}={v}" for k, v in env.items())
+                print(f"{name}/{step.name} [{step.seconds * scale:.0f} s] {prefix + ' ' if prefix else ''}"
+                      f"{' '.join(cmd)}")
+        return 0
+    dest = dest.resolve()
+    work = Path(tempfile.mkdtemp(prefix="ragdot-suite-")) if args.pack else dest
+    work.mkdir(parents=True, exist_ok=True)
+    cache = work / "cache"
+    if cache.exists():
+        shutil.rmtree(cache)  # a run starts from the shipped tune file only
+    cache.mkdir()
+    commit = _commit(args.commit)
+    run = Run(work, cache, work / "suite-log.txt", _environment(commit, cache))
+    for line in machine_lines(run.env):
+        run.log(line)
+    gpu = args.no_gpu_check or not any(SUITES[s].gpu for s in args.suites) or _cuda_visible(run.env)
+    ok, interrupted = True, False
+    try:
+        for name in args.suites:
+            if SUITES[name].gpu and not gpu:
+                run.log(f"suite {name}: skipped: it needs a CUDA GPU and torch sees none (--no-gpu-check runs it)")
+                ok = False
+                continue
+            ok &= run_suite(run, name, budgets.get(name))
+    except KeyboardInterrupt:
+        run.log("interrupted: the finished steps' results are kept")
+        ok, interrupted = False, True
+    run.log(f"done: {'every step passed' if ok else 'some steps FAILED or were skipped'}")
+    (work / "suite-summary.json").write_text(json.dumps(
+        {"commit": commit, "suites": args.suites, "date": stamp, "ok": ok, "steps": run.records}, indent=1))
+    if args.pack:
+        pack(work, dest, run)
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"packed into {dest / 'results.tgz'}")
+    return 130 if interrupted else (0 if ok else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
