@@ -5,8 +5,8 @@
     batch:     c = a . b             da = batch(dc, b^T)           db = batch(a^T, dc)
 
 Every problem takes the raw group sizes ([G], any integer dtype) and `scale`, the rows per unit of size
-(1 unless the caller merged contracting dimensions); the backends clamp them (DESIGN.md: negatives count as
-0, ends clamped to the ragged extent), and ragdot's kernels form the prefix sums themselves.
+(1 unless the caller merged contracting dimensions); the backends clamp them (negatives count as 0, ends
+clamped to the ragged extent), and ragdot's kernels form the prefix sums themselves.
 
 A *runner* is one problem prepared for one static signature (shapes, strides, dtypes, device, output dtype,
 requested backend, scale and the state a choice depends on): the backend and its config are chosen and

@@ -2,7 +2,7 @@
 
 Every generator returns an int32 tensor of E sizes that sum to exactly M:
 
-- ``balanced``: the seed's rule, ``M // E`` each and one more for the first ``M % E`` experts;
+- ``balanced``: ``M // E`` each and one more for the first ``M % E`` experts;
 - ``skewed``: a linear ramp, the busiest expert at 1.5x the mean and the least busy at 0.5x, rounded so
   the sum stays exact (largest remainders get the leftover tokens);
 - ``empty``: every eighth expert (indices 7, 15, ...) gets no tokens, the others the skewed ramp, the
@@ -63,7 +63,7 @@ def _finish(units: list[int], round_to: int, device: torch.device | str | None) 
 
 
 def balanced(m: int, e: int, *, device: torch.device | str | None = None, round_to: int = 1) -> torch.Tensor:
-    """The seed's partition: M // E tokens each, the first M % E experts one more."""
+    """The balanced partition: M // E tokens each, the first M % E experts one more."""
     units = _check(m, e, round_to)
     return _finish(_split_even(units, e), round_to, device)
 

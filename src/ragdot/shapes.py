@@ -4,8 +4,9 @@ Each row is one expert-GEMM problem of an MoE layer: M routed tokens (batch x se
 dimension), K the embedding (contraction) width, N the expert MLP width and E the number of experts.
 
 Tags:
-- ``seed``: every distinct (M, K, N, E) of the seed micro-benchmark (its Table 12), named by model;
-- ``anchor``: the eight shapes with reference numbers measured on an H200 (``anchors-h200.md``);
+- ``seed``: every distinct (M, K, N, E) of the MaxText ragged-dot micro-benchmark over MoE models, named by model;
+- ``anchor``: the eight shapes with reference numbers measured on an H200 on 2026-11-29 (``bench/report.py``
+  holds the vendor's);
 - ``tiny``: small shapes for ``--quick`` runs and CI on a CPU.
 
 Look a shape up by name (``"mixtral-8x7b"``) or give it inline as ``"M,K,N,E"``.

@@ -1,6 +1,6 @@
 """`ragdot bench`: the six ragged-dot classes over the MoE shapes, every backend, checked then timed.
 
-    ragdot bench                          # CPU: the quick set; CUDA: all 11 seed shapes, bf16
+    ragdot bench                          # CPU: the quick set; CUDA: all 11 MoE shapes (tag seed), bf16
     ragdot bench --anchors --routing balanced skewed --out benchmarks/results
     ragdot bench --shapes mixtral-8x7b 4096,1024,512,8 --classes fwd_wi wgrad_wi --backends torch auto
     ragdot bench --anchors --clocks graph # device time only (--cuda-graphs says the same)
@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ragdot.routing import ROUTINGS
 
     add_shapes(parser, "tag:seed on CUDA, tag:tiny on a CPU")
-    parser.add_argument("--anchors", action="store_true", help="only the 8 shapes of the H200 anchor page")
+    parser.add_argument("--anchors", action="store_true",
+                        help="only the 8 shapes with reference numbers measured on an H200")
     parser.add_argument(
         "--classes",
         nargs="+",

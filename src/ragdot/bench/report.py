@@ -69,7 +69,7 @@ COLUMNS: tuple[str, ...] = (
 
 PASSES = {"fwd": ("fwd_wi", "fwd_wo"), "dgrad": ("dgrad_wi", "dgrad_wo"), "wgrad": ("wgrad_wi", "wgrad_wo")}
 
-#: torch._grouped_mm TFLOP/s (fwd, dgrad, wgrad) on one H200, bf16, from the project's anchor page.
+#: torch._grouped_mm TFLOP/s (fwd, dgrad, wgrad) on one H200, bf16, measured on an H200 on 2026-11-29.
 ANCHOR_TORCH: dict[str, dict[str, tuple[float, float, float]]] = {
     "balanced": {
         "deepseek2-16b": (160, 163, 116),
@@ -271,13 +271,14 @@ def _summary_table(results: Sequence[Result], rows: list[summary.Row], shown: Se
 
 
 def _print_anchor_check(results: Sequence[Result], console: Console, view: str) -> None:
-    """`vendor` and `torch` TFLOP/s per pass against the anchor page (the shapes and routings it has)."""
+    """`vendor` and `torch` TFLOP/s per pass against the reference numbers of 2026-11-29 (the shapes and
+    routings they cover)."""
     mine: dict[tuple[str, str, str], dict[str, float]] = {}
     for r in results:
         if r.backend in ("vendor", "torch") and r.tflops and r.shape.name in ANCHOR_TORCH.get(r.routing, {}):
             mine.setdefault((r.shape.name, r.routing, r.backend), {})[r.cls] = r.tflops
-    table = Table(title=f"vendor and torch vs the H200 anchor page, {summary.view_title(view)}: TFLOP/s per pass, "
-                        "ours/anchor (ratio)")
+    table = Table(title=f"vendor and torch vs the H200 reference numbers of 2026-11-29, {summary.view_title(view)}: "
+                        "TFLOP/s per pass, ours/reference (ratio)")
     for col in ("shape", "routing", "system", "fwd", "dgrad", "wgrad"):
         table.add_column(col, justify="left" if col in ("shape", "routing", "system") else "right")
     ratios: dict[str, list[float]] = {}

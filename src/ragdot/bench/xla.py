@@ -1,7 +1,7 @@
 """The `xla` system: `jax.lax.ragged_dot_general` on the same device as the torch inputs.
 
-This measures XLA's own lowering of ragged dot (on NVIDIA GPUs today: the padded rewrite that the seed
-calls the default baseline) in the same process and on the same GPU as ragdot's backends. Inputs are
+This measures XLA's own lowering of ragged dot (on NVIDIA GPUs today: the padded rewrite, XLA's default
+baseline) in the same process and on the same GPU as ragdot's backends. Inputs are
 shared with torch through DLPack (no copy); calls are asynchronous, so they are timed by wall clock around
 a batch ending in `block_until_ready`. The extra device memory of a call is XLA's own account of the
 compiled program (temporaries + output).

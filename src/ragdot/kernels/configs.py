@@ -114,7 +114,7 @@ def _padded_rows(rows: float, block_m: int) -> float:
 
 
 def _ragged_m_config(m: int, k: int, n: int, g: int) -> TileConfig:
-    rows = m / max(g, 1)  # average rows per group: the seed's compile-time estimate M / G
+    rows = m / max(g, 1)  # average rows per group: the compile-time estimate M / G
     if rows <= 64:
         # weight-bandwidth bound: one 64-row tile covers a group, each weight tile is read once
         return TileConfig(64, 128, 64, group_m=1, num_warps=4, num_stages=4)

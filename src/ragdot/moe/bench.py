@@ -6,8 +6,8 @@
     ragdot moe-bench --routing-only --configs qwen3-30b-a3b  # permute + unpermute alone, against argsort
     ragdot moe-bench --layer                           # one MoE layer's fwd+bwd against the plain `peer` layer
 
-Per (config, variant): step time (median of steps 5-10, as the seed's Tables 8/9), tokens/s, model TFLOP/s,
-peak and temporary memory of a step (Tables 10/11: temporary = peak minus what was allocated before the step,
+Per (config, variant): step time (median of steps 5-10), tokens/s, model TFLOP/s,
+peak and temporary memory of a step (temporary = peak minus what was allocated before the step,
 i.e. gradients and activations), and, in a separate profiled forward+backward of one MoE layer, the split of
 its kernel time into routing (permute + unpermute), grouped GEMMs (ragdot's ops) and the rest.
 On CUDA the whole step (forward, backward, AdamW) is captured in a CUDA graph and the replays are timed, as a
@@ -51,7 +51,7 @@ from ragdot.cli_common import (
 from ragdot.moe.layer_bench import LAYER_VARIANTS, add_layer_arguments
 from ragdot.moe.variants import VARIANTS
 
-HELP = "end-to-end MoE train-step benchmark: paths x backends over the seed's model configs"
+HELP = "end-to-end MoE train-step benchmark: paths x backends over the model configs"
 LAYER_STEPS = 20  # timed steps per row of --layer
 
 ROUTING_OPS = frozenset({"ragdot::moe_permute", "ragdot::moe_combine", "ragdot::moe_combine_backward"})
@@ -362,7 +362,7 @@ def _run_config_in_subprocess(cfg, args, device, dtype) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------ routing only
 def _argsort_routing(x, experts, weights, num_experts):
-    """The seed's sparse-path pre/post-processing: argsort + gather, then inverse argsort + weighted sum."""
+    """The usual sparse-path pre/post-processing: argsort + gather, then inverse argsort + weighted sum."""
     from ragdot.moe.router import expert_counts
 
     tokens, k = experts.shape

@@ -1,4 +1,4 @@
-"""The MoE layer: top-k router, SwiGLU experts, three compute paths (the seed's MaxText paths).
+"""The MoE layer: top-k router, SwiGLU experts, three compute paths (MaxText's sparse, dense dropless and dense drop).
 
     layer = MoELayer(dim, hidden_dim, num_experts, top_k, path="sparse")
     y = layer(x)                                 # x [..., dim] -> y [..., dim]

@@ -1,8 +1,8 @@
-"""A small MoE decoder stack for the end-to-end train-step benchmark, and the seed's model configurations.
+"""A small MoE decoder stack for the end-to-end train-step benchmark, and the model configurations.
 
 Each block is pre-norm: ``x + attn(norm(x))`` with causal ``scaled_dot_product_attention``, then
-``x + moe(norm(x))``. The configs keep the expert-GEMM shapes of the seed's MaxText models (its Tables 4 and
-5: embedding width, expert MLP width, experts, top-k, shared experts) and shrink layers and sequence so
+``x + moe(norm(x))``. The configs keep the expert-GEMM shapes of MaxText's MoE models (embedding width, expert MLP
+width, experts, top-k, shared experts) and shrink layers and sequence so
 that one train step fits one GPU and runs in well under a second.
 """
 
@@ -64,7 +64,7 @@ class ModelConfig:
         return 3.0 * self.layers * 2 * self.tokens * self.top_k * self.dim * 3 * self.moe_hidden
 
 
-# name, dim, moe_hidden, experts, top_k, shared, layers, seq_len, batch: the seed's shapes, reduced in depth
+# name, dim, moe_hidden, experts, top_k, shared, layers, seq_len, batch: the models' expert shapes, reduced in depth
 # and tokens per step (4096; 2048 for the widest) so that one step of every path fits an H200 and takes
 # seconds at most (mixtral-8x7b-large's expert weights alone exceed one GPU: the bench reports it skipped).
 MODEL_CONFIGS: dict[str, ModelConfig] = {

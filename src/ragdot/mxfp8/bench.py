@@ -1,4 +1,4 @@
-"""`ragdot bench-mxfp8`: the MXFP8 weight gradient against bf16 grouped GEMMs at the seed's MoE shapes.
+"""`ragdot bench-mxfp8`: the MXFP8 weight gradient against bf16 grouped GEMMs at the MoE shapes.
 
 Per shape and routing it times, interleaved in one process with sustained back-to-back launches (a CUDA event
 pair around each window, no per-call synchronisation, several passes in rotated order):
@@ -44,7 +44,7 @@ from ragdot.cli_common import (
 
 HELP = "benchmark the MXFP8 grouped weight gradient against bf16 grouped GEMMs (GPU)"
 
-#: (N, K, experts, total tokens): the seed's 16B shape and its two 671B shapes
+#: (N, K, experts, total tokens): the DeepSeek 16B shape and two 671B shapes
 SHAPES: dict[str, tuple[int, int, int, int]] = {
     "16B": (1408, 2048, 8, 195_840),
     "671B-4096": (4096, 7168, 32, 258_304),

@@ -40,7 +40,7 @@ PATHS: dict[str, int] = {
     "dequant-gmm": -1,  # not a kernel step: exact bf16 dequantization pass + torch._grouped_mm (vendor bf16)
 }
 TIMING_ONLY = frozenset({"fp8-noscale", "upcast-noscale"})
-#: block-order rule (the seed's): longest window first below this many programs, plain order from it on.
+#: block-order rule: longest window first below this many programs, plain order from it on.
 #: On the H200 the two orders differ by less than run-to-run noise at 1,408 and 57,344 programs (docs/mxfp8.md).
 LONGEST_FIRST_MAX_BLOCKS = 1024
 #: the rank computation is a [G, G] comparison in every program: only for modest expert counts

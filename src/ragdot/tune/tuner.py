@@ -1,6 +1,6 @@
 """Measuring candidates on seeded group sizes and picking winners.
 
-Group sizes are seeded as the seed's autotuner does: balanced with the sum exactly equal to the ragged
+Group sizes are seeded: balanced with the sum exactly equal to the ragged
 extent (every pointer in bounds, every output written), and skewed routing as a second measurement. The
 winner minimises the summed median time over both, so it does not win on balanced routing alone. On CUDA
 the candidates are timed as CUDA-graph replays (device time), so Python dispatch cost cannot pick a kernel. Every
