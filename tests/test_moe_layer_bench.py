@@ -166,14 +166,22 @@ def test_layer_options_are_checked(argv, needle, tmp_path, capsys):
 
 def test_table_without_rich(monkeypatch, capsys):
     """rich is optional: a plain table, also for a run cut short before its first row."""
+    import importlib
     import sys
 
-    monkeypatch.setitem(sys.modules, "rich", None)
-    monkeypatch.setitem(sys.modules, "rich.console", None)
-    monkeypatch.setitem(sys.modules, "rich.table", None)
-    lb.print_table([], torch.device("cpu"))
-    row = {"config": "c", "tokens": 8, "mode": "eager", "variant": "peer", "status": "ok", "ms": 1.5,
-           "host_ms": 1.5, "vs_peer": 1.0}  # fmt: skip
-    lb.print_table([row, {**row, "variant": "sparse-torch", "status": "OOM", "ms": None}], torch.device("cpu"))
+    import ragdot.bench.text as text
+
+    for name in ("rich", "rich.console", "rich.progress", "rich.table"):
+        monkeypatch.setitem(sys.modules, name, None)
+    importlib.reload(text)  # as in a process without rich: the plain-text stand-ins
+    try:
+        assert not text.HAVE_RICH
+        lb.print_table([], torch.device("cpu"))
+        row = {"config": "c", "tokens": 8, "mode": "eager", "variant": "peer", "status": "ok", "ms": 1.5,
+               "host_ms": 1.5, "vs_peer": 1.0}  # fmt: skip
+        lb.print_table([row, {**row, "variant": "sparse-torch", "status": "OOM", "ms": None}], torch.device("cpu"))
+    finally:
+        monkeypatch.undo()
+        importlib.reload(text)
     out = capsys.readouterr().out
     assert "wall clock" in out and "1.500" in out and "1.00x" in out and "OOM" in out

@@ -193,13 +193,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import torch
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ragdot.bench import plan, plots, report
     from ragdot.bench.ceilings import Ceilings, measure_ceilings
     from ragdot.bench.classes import CLASSES, parse_classes
     from ragdot.bench.runner import BenchConfig, run_cell
+    from ragdot.bench.text import HAVE_RICH, Console, Progress, progress_columns
     from ragdot.bench.timing import EAGER_BATCH
     from ragdot.shapes import shapes_with_tag
 
@@ -295,14 +294,9 @@ def _run(args: argparse.Namespace) -> int:
     results = []
     start = time.perf_counter()
     done_est = 0.0
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    if not HAVE_RICH:
+        console.print("rich is not installed: plain-text tables and progress (pip install rich for the full view)")
+    with Progress(*progress_columns(), console=console, transient=True) as progress:
         task = progress.add_task("cells", total=n_cells)
         for i, shape in enumerate(shapes):
             t0 = time.perf_counter()

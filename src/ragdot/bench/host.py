@@ -405,7 +405,7 @@ def summary_lines(rows: Sequence[dict[str, Any]], phase: str) -> list[str]:
 
 def _print_grid(grid: list[list[str]], title: str, console: Any) -> None:
     if console is not None:
-        from rich.table import Table
+        from ragdot.bench.text import Table
 
         table = Table(title=title, title_justify="left")
         for i, name in enumerate(grid[0]):
@@ -562,7 +562,7 @@ def measure_shape(
 
 def _console() -> Any:
     try:
-        from rich.console import Console
+        from ragdot.bench.text import Console
     except ImportError:
         return None
     return Console(width=None if sys.stdout.isatty() else 200)

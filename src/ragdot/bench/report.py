@@ -17,11 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from ragdot.bench import summary
 from ragdot.bench.runner import Result
+from ragdot.bench.text import Console, Table
 from ragdot.bench.timing import EAGER, GRAPH, HOST_BOUND_SHARE, view_of
 
 __all__ = ["COLUMNS", "result_rows", "write_csv", "write_json", "write_markdown", "summary_rows", "file_stem",

@@ -29,12 +29,12 @@ fewer than MIN_ITERS), fast ones the full count.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 __all__ = [
@@ -95,6 +95,15 @@ def parse_clocks(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(c for c in CLOCKS if c in names)
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile with linear interpolation between the nearest ranks (numpy's default rule)."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+
+
 @dataclass
 class Timed:
     """One system to time: a zero-argument call per input set, and for asynchronous ones a sync."""
@@ -116,19 +125,19 @@ class Timing:
 
     @property
     def host(self) -> float | None:
-        return float(np.median(self.host_ms)) if self.host_ms else None
+        return float(statistics.median(self.host_ms)) if self.host_ms else None
 
     @property
     def median(self) -> float:
-        return float(np.median(self.samples_ms))
+        return float(statistics.median(self.samples_ms))
 
     @property
     def p20(self) -> float:
-        return float(np.percentile(self.samples_ms, 20))
+        return percentile(self.samples_ms, 20)
 
     @property
     def p80(self) -> float:
-        return float(np.percentile(self.samples_ms, 80))
+        return percentile(self.samples_ms, 80)
 
     @property
     def host_bound(self) -> bool:

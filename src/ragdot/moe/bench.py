@@ -458,7 +458,7 @@ def check_targets(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None, st
 
 
 def _print_table(rows: list[dict[str, Any]], console) -> None:
-    from rich.table import Table
+    from ragdot.bench.text import Table
 
     table = Table(title="MoE train step")
     cols = [
@@ -580,9 +580,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "layer", False):
         return _run_layer(args)
     _reject_layer_options(args)
-    from rich.console import Console
-    from rich.progress import Progress
-
+    from ragdot.bench.text import Console, Progress
     from ragdot.moe.model import MODEL_CONFIGS, QUICK_CONFIG
 
     console = Console(quiet=args.quiet)
@@ -627,7 +625,10 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{mark} {text}: {numbers}")
     files = [out / f"{stem}.csv", out / f"{stem}.json"]
     if not args.no_plots:
-        files += _plot(rows, out, stem)
+        try:
+            files += _plot(rows, out, stem)
+        except ImportError as exc:  # matplotlib (and numpy) are optional: the tables are written anyway
+            console.print(f"plots skipped: {exc.name or exc} is not installed (it comes with ragdot's bench extra)")
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
@@ -670,7 +671,7 @@ def _run_layer(args: argparse.Namespace) -> int:
 
 
 def _run_routing(configs, device, dtype, meta, out: Path, stem: str, console) -> int:
-    from rich.table import Table
+    from ragdot.bench.text import Table
 
     rows = [r for cfg in configs for r in _routing_rows(cfg, device, dtype)]
     _save(rows, meta, out, stem)

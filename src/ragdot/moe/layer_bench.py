@@ -261,15 +261,8 @@ def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
     title = f"MoE layer forward+backward, median ms ({clock})"
     head = ("config", "tokens", "mode", "variant", "ms", "host ms", "vs peer", "compile s", "graphs", "status")
     body = [_cells(r) for r in rows]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max([len(h), *(len(c[i]) for c in body)]) for i, h in enumerate(head)]
-        print(title)
-        for line in (head, *body):
-            print("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
-        return
+    from ragdot.bench.text import Console, Table  # plain text where rich is not installed
+
     table = Table(title=title)
     for i, h in enumerate(head):
         table.add_column(h, justify="left" if i < 4 or h == "status" else "right")

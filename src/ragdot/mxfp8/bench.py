@@ -283,8 +283,7 @@ def bench_shape(shape: str, args, variants: list[Variant], rows: list[dict], dim
 
 
 def _table(rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from ragdot.bench.text import Console, Table
 
     table = Table(title="MXFP8 weight gradient vs bf16 (ms per call; speedup over torch._grouped_mm bf16)")
     for col in ("shape", "routing", "variant", "ms", "TFLOP/s", "x torch", "max rel err"):

@@ -69,10 +69,7 @@ def _out_path(args: argparse.Namespace, device: torch.device) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import track
-    from rich.table import Table
-
+    from ragdot.bench.text import Console, Table, track
     from ragdot.dimension_numbers import canonicalize
     from ragdot.tune.cache import CACHE
     from ragdot.tune.key import device_name, key_for
