@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from ragdot.moe.model import MODEL_CONFIGS, QUICK_CONFIG, get_config
+import pytest
+
+from ragdot import catalog
+from ragdot.catalog import MODELS, MoEModel, TrainStep, WgradProblem
+from ragdot.moe.model import LAYER_CONFIGS, MODEL_CONFIGS, QUICK_CONFIG, configs_from, get_config
 from ragdot.mxfp8 import bench as mx
-from ragdot.shapes import SHAPES, TAGS, get_shape, shapes_with_tag
+from ragdot.shapes import SHAPES, TAGS, get_shape, shapes_from, shapes_with_tag
 
 _SEED, _ANCHOR, _TINY = ("seed",), ("seed", "anchor"), ("tiny",)
 
@@ -70,3 +74,64 @@ def test_model_configs_are_the_pinned_table():
 def test_mxfp8_problems_are_the_pinned_table():
     assert mx.SHAPES == PINNED_MXFP8 and list(mx.SHAPES) == list(PINNED_MXFP8)
     assert mx.DEFAULT_SHAPES == PINNED_MXFP8_DEFAULT
+
+
+# ---------------------------------------------------------------------------------------------- the catalog
+def test_a_model_added_to_a_copy_of_the_catalog_appears_in_every_derived_table():
+    new = MoEModel("new-moe", 1024, 512, 64, 4, 1, (4096,), train=TrainStep(2, 256, 4),
+                   tags=("seed", "moe", "mxfp8"), mxfp8=(WgradProblem("new-wgrad", 512, 1024, 8, 8192),))  # fmt: skip
+    models = catalog.check_catalog((*MODELS, new))
+    shapes = shapes_from(models)
+    assert shapes[:-1] == SHAPES and (shapes[-1].name, shapes[-1].dims, shapes[-1].tags) == (
+        "new-moe", (4096, 1024, 512, 64), ("seed",))  # fmt: skip
+    configs = configs_from(models)
+    assert list(configs) == [*MODEL_CONFIGS, "new-moe"]
+    assert dataclasses.astuple(configs["new-moe"]) == ("new-moe", 1024, 512, 64, 4, 1, 2, 256, 4, 4096, 128)
+    assert [p.name for p in catalog.mxfp8_problems(models, tiny=False)] == [*mx.DEFAULT_SHAPES, "new-wgrad"]
+    # and the tables of the shipped catalog do not see it
+    assert "new-moe" not in MODEL_CONFIGS and "new-moe" not in {s.name for s in SHAPES}
+
+
+def test_gpt_oss_like_is_a_layer_config_outside_the_train_step_set():
+    cfg = get_config("gpt-oss-like")
+    assert (cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k, cfg.num_shared) == (2880, 2880, 128, 4, 0)
+    assert "gpt-oss-like" not in MODEL_CONFIGS and list(LAYER_CONFIGS) == [*MODEL_CONFIGS, "gpt-oss-like"]
+    gemm = get_shape("gpt-oss-120b-like")
+    assert (cfg.dim, cfg.moe_hidden, cfg.num_experts) == (gemm.K, gemm.N, gemm.E)
+
+
+def test_every_catalog_config_matches_its_gemm_shape():
+    for model in MODELS:
+        for name, m, k, n, e in model.shapes():
+            assert get_shape(name).dims == (m, k, n, e)
+        if model.name in LAYER_CONFIGS:
+            c = LAYER_CONFIGS[model.name]
+            assert (c.dim, c.moe_hidden, c.num_experts) == (model.dim, model.moe_hidden, model.experts)
+
+
+def test_several_token_counts_name_their_shapes_by_count():
+    model = MoEModel("two-m", 64, 32, 8, gemm_tokens=(128, 256))
+    assert [s.name for s in shapes_from([model])] == ["two-m-m128", "two-m-m256"]
+
+
+@pytest.mark.parametrize(
+    ("build", "needle"),
+    [
+        (lambda: MoEModel("x", 0, 32, 8), "dim"),
+        (lambda: MoEModel("x", 64, 32, 8, gemm_tokens=(0,)), "gemm_tokens"),
+        (lambda: MoEModel("x", 64, 32, 8, 2, -1), "shared"),
+        (lambda: MoEModel("x", 64, 32, 8, tags=("big",)), "unknown"),
+        (lambda: MoEModel("x", 64, 32, 8, 2, 0, tags=("moe",)), "train"),
+        (lambda: MoEModel("x", 64, 32, 8, tags=("layer",)), "top_k"),
+        (lambda: MoEModel("x", 64, 32, 8, tags=("seed",)), "gemm_tokens"),
+        (lambda: MoEModel("x", 64, 32, 8, tags=("mxfp8",)), "mxfp8"),
+        (lambda: TrainStep(2, 0, 1), "seq_len"),
+        (lambda: catalog.check_catalog((*MODELS, MODELS[0])), "more than once"),
+        (lambda: catalog.check_catalog(m for m in MODELS if "quick" not in m.tags), "quick"),
+        (lambda: catalog.with_tag("big"), "tag"),
+        (lambda: catalog.get_model("nope"), "nope"),
+    ],
+)
+def test_catalog_errors_name_the_field(build, needle):
+    with pytest.raises(ValueError, match=needle):
+        build()
