@@ -9,6 +9,7 @@ Tags:
   holds the vendor's);
 - ``tiny``: small shapes for ``--quick`` runs and CI on a CPU.
 
+The rows are derived from the models of `ragdot.catalog` (add a model there, not here).
 Look a shape up by name (``"mixtral-8x7b"``) or give it inline as ``"M,K,N,E"``.
 """
 
@@ -17,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Shape", "SHAPES", "TAGS", "get_shape", "parse_shapes", "shapes_with_tag"]
+from ragdot.catalog import MODELS, MoEModel
+
+__all__ = ["Shape", "SHAPES", "TAGS", "get_shape", "parse_shapes", "shapes_from", "shapes_with_tag"]
 
 
 @dataclass(frozen=True)
@@ -47,28 +50,19 @@ class Shape:
         return f"{self.M},{self.K},{self.N},{self.E}"
 
 
-_SEED = ("seed",)
-_ANCHOR = ("seed", "anchor")
-_TINY = ("tiny",)
-
-SHAPES: tuple[Shape, ...] = (
-    Shape("deepseek2-16b", 3840, 2048, 1408, 64, _ANCHOR),
-    Shape("deepseek3-test", 5120, 512, 512, 256, _ANCHOR),
-    Shape("gemma4-26b", 10240, 2816, 704, 128, _ANCHOR),
-    Shape("qwen3-30b-a3b", 10240, 2048, 768, 128, _ANCHOR),
-    Shape("qwen3-235b-a22b", 20480, 4096, 1536, 128, _ANCHOR),
-    Shape("llama4-17b-16e", 1280, 5120, 8192, 16, _ANCHOR),
-    Shape("mixtral-8x7b", 15360, 6144, 20480, 32, _ANCHOR),
-    Shape("gpt-oss-120b-like", 10240, 2880, 2880, 128, _ANCHOR),
-    Shape("mixtral-8x7b-large", 40960, 8192, 28672, 64, _SEED),
-    Shape("deepseek-v2-like", 1920, 5120, 1536, 160, _SEED),
-    Shape("qwen3-next-like", 6400, 2048, 512, 512, _SEED),
-    # Small problems that keep the structure (many experts, uneven sizes, odd widths) for CPU runs.
-    Shape("tiny-8e", 192, 64, 96, 8, _TINY),
-    Shape("tiny-odd", 200, 48, 72, 10, _TINY),
-)
-
 TAGS: tuple[str, ...] = ("seed", "anchor", "tiny")
+
+
+def shapes_from(models: Iterable[MoEModel]) -> tuple[Shape, ...]:
+    """The GEMM shapes of catalog `models` (their gemm_tokens), in catalog order, tagged with their TAGS."""
+    return tuple(
+        Shape(name, m, k, n, e, tuple(t for t in model.tags if t in TAGS))
+        for model in models
+        for name, m, k, n, e in model.shapes()
+    )
+
+
+SHAPES: tuple[Shape, ...] = shapes_from(MODELS)
 
 _BY_NAME: dict[str, Shape] = {s.name: s for s in SHAPES}
 

@@ -3,20 +3,26 @@
 Each block is pre-norm: ``x + attn(norm(x))`` with causal ``scaled_dot_product_attention``, then
 ``x + moe(norm(x))``. The configs keep the expert-GEMM shapes of MaxText's MoE models (embedding width, expert MLP
 width, experts, top-k, shared experts) and shrink layers and sequence so
-that one train step fits one GPU and runs in well under a second.
+that one train step fits one GPU and runs in well under a second; they are derived from `ragdot.catalog`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ragdot import catalog
+from ragdot.catalog import MoEModel
 from ragdot.moe.layer import MoELayer
 
-__all__ = ["ModelConfig", "MODEL_CONFIGS", "QUICK_CONFIG", "MoEDecoder", "get_config"]
+__all__ = [
+    "ModelConfig", "MODEL_CONFIGS", "LAYER_CONFIGS", "QUICK_CONFIG", "MoEDecoder", "config_from", "configs_from",
+    "get_config",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -64,30 +70,29 @@ class ModelConfig:
         return 3.0 * self.layers * 2 * self.tokens * self.top_k * self.dim * 3 * self.moe_hidden
 
 
-# name, dim, moe_hidden, experts, top_k, shared, layers, seq_len, batch: the models' expert shapes, reduced in depth
-# and tokens per step (4096; 2048 for the widest) so that one step of every path fits an H200 and takes
-# seconds at most (mixtral-8x7b-large's expert weights alone exceed one GPU: the bench reports it skipped).
-MODEL_CONFIGS: dict[str, ModelConfig] = {
-    c.name: c
-    for c in (
-        ModelConfig("deepseek2-16b", 2048, 1408, 64, 6, 2, layers=4, seq_len=512, batch=8),
-        ModelConfig("deepseek3-test", 512, 512, 256, 8, 1, layers=4, seq_len=512, batch=8),
-        ModelConfig("deepseek3-671b-reduced", 7168, 2048, 32, 8, 1, layers=2, seq_len=512, batch=4),
-        ModelConfig("gemma4-26b", 2816, 704, 128, 8, 1, layers=2, seq_len=1024, batch=4),
-        ModelConfig("qwen3-30b-a3b", 2048, 768, 128, 8, 0, layers=2, seq_len=1024, batch=4),
-        ModelConfig("qwen3-235b-a22b", 4096, 1536, 128, 8, 0, layers=2, seq_len=2048, batch=1),
-        ModelConfig("llama4-17b-16e", 5120, 8192, 16, 1, 1, layers=2, seq_len=1024, batch=4),
-        ModelConfig("mixtral-8x7b", 6144, 20480, 32, 4, 0, layers=1, seq_len=1024, batch=2),
-        ModelConfig("mixtral-8x7b-large", 8192, 28672, 64, 8, 0, layers=1, seq_len=1024, batch=2),
-    )
-}
+def config_from(model: MoEModel) -> ModelConfig:
+    """The decoder config of a catalog model (a model without a train step gets ModelConfig's depth and batch)."""
+    if model.top_k is None or model.shared is None:
+        raise ValueError(f"model {model.name!r} has no layer config: top_k and shared are not given")
+    train = {} if model.train is None else asdict(model.train)
+    return ModelConfig(model.name, model.dim, model.moe_hidden, model.experts, model.top_k, model.shared, **train)
 
-QUICK_CONFIG = ModelConfig("tiny", 64, 32, 8, 2, 1, layers=2, seq_len=32, batch=2, vocab=128, head_dim=16)
+
+def configs_from(models: Iterable[MoEModel], tag: str = "moe") -> dict[str, ModelConfig]:
+    """Decoder configs by name of the catalog `models` tagged `tag`, in catalog order."""
+    return {m.name: config_from(m) for m in catalog.with_tag(tag, models)}
+
+
+# The train-step set (catalog tag "moe"): the models' expert shapes, reduced in depth and tokens per step.
+MODEL_CONFIGS: dict[str, ModelConfig] = configs_from(catalog.MODELS)
+#: every config `moe-bench --layer` may take by default: the train-step set, then the layer-only ones
+LAYER_CONFIGS: dict[str, ModelConfig] = {**MODEL_CONFIGS, **configs_from(catalog.MODELS, "layer")}
+(QUICK_CONFIG,) = configs_from(catalog.MODELS, "quick").values()
 
 
 def get_config(name: str, **overrides: int) -> ModelConfig:
-    """A named config (``MODEL_CONFIGS`` or ``"tiny"``), with fields replaced by non-None overrides."""
-    table = {**MODEL_CONFIGS, QUICK_CONFIG.name: QUICK_CONFIG}
+    """A named config (``LAYER_CONFIGS`` or ``"tiny"``), with fields replaced by non-None overrides."""
+    table = {**LAYER_CONFIGS, QUICK_CONFIG.name: QUICK_CONFIG}
     if name not in table:
         raise ValueError(f"model config {name!r} is unknown; expected one of {', '.join(table)}")
     return replace(table[name], **{k: v for k, v in overrides.items() if v is not None})

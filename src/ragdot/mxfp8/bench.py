@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ragdot import catalog
 from ragdot.cli_common import (
     UsageError,
     add_device,
@@ -44,14 +45,10 @@ from ragdot.cli_common import (
 
 HELP = "benchmark the MXFP8 grouped weight gradient against bf16 grouped GEMMs (GPU)"
 
-#: (N, K, experts, total tokens): the DeepSeek 16B shape and two 671B shapes
-SHAPES: dict[str, tuple[int, int, int, int]] = {
-    "16B": (1408, 2048, 8, 195_840),
-    "671B-4096": (4096, 7168, 32, 258_304),
-    "671B-7168": (7168, 7168, 32, 126_976),
-    "tiny": (128, 192, 4, 2_048),  # smoke runs
-}
-DEFAULT_SHAPES: tuple[str, ...] = ("16B", "671B-4096", "671B-7168")
+#: (N, K, experts, total tokens) by name: the MXFP8 problems of `ragdot.catalog` (the DeepSeek 16B shape and two
+#: 671B shapes, the default set; and a tiny one for smoke runs)
+SHAPES: dict[str, tuple[int, int, int, int]] = {p.name: p.dims for p in catalog.mxfp8_problems()}
+DEFAULT_SHAPES: tuple[str, ...] = tuple(p.name for p in catalog.mxfp8_problems(tiny=False))
 ROUTINGS: tuple[str, ...] = ("aligned", "shifted")
 #: measured ceilings of one H200 (docs/mxfp8.md, ../anchors): bf16 and fp8 dense GEMM, copy bandwidth
 BF16_PEAK, FP8_PEAK, HBM = 720e12, 1440e12, 4.2e12
