@@ -142,11 +142,11 @@ def test_speedups_per_config_tokens_and_mode():
 
 
 def test_default_configs_are_model_configs_with_many_experts():
-    from ragdot.moe.model import MODEL_CONFIGS
+    from ragdot.moe.model import LAYER_CONFIGS
 
     names = lb.default_configs()
-    assert names[:2] == ["qwen3-30b-a3b", "deepseek2-16b"]
-    assert all(MODEL_CONFIGS[n].num_experts >= 64 for n in names) and len(set(names)) == len(names)
+    assert names == ["qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like"]
+    assert all(LAYER_CONFIGS[n].num_experts >= 64 for n in names) and len(set(names)) == len(names)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@
 
 A step is ``y = layer(x); y.backward(dy)`` on x [tokens, dim] (gradients of x, the router and the expert
 weights; all set to None before each step, outside the clock). The layer shapes are the expert shapes (dim,
-expert hidden width, experts, top-k) of ``ragdot.moe.model.MODEL_CONFIGS``, without shared experts.
+expert hidden width, experts, top-k) of ``ragdot.moe.model.LAYER_CONFIGS``, without shared experts.
 Variants: ``peer`` (``ragdot.moe.peer``: the plain layer on ``torch._grouped_mm``, on the very parameters of
 the ragdot layer) and ragdot's ``MoELayer(path="sparse")`` per backend (``sparse-torch``, ``sparse-triton``,
 ``sparse-auto``); ragdot's layer also computes its router losses in the forward (not back-propagated here).
@@ -77,7 +77,7 @@ def add_layer_arguments(parser: argparse.ArgumentParser) -> None:
 
 def default_configs() -> list[str]:
     """qwen3-30b-a3b, deepseek2-16b and gpt-oss-like where present, else every config with 64+ experts."""
-    from ragdot.moe.model import MODEL_CONFIGS
+    from ragdot.moe.model import LAYER_CONFIGS as MODEL_CONFIGS
 
     if all(n in MODEL_CONFIGS for n in PREFERRED_CONFIGS):
         return list(PREFERRED_CONFIGS)
