@@ -142,7 +142,7 @@ class _Call:
     whole call as one node, `_CallFunction`)."""
 
     __slots__ = ("plan", "mode", "out_dtype", "backend", "validate", "device", "groups", "runner", "state",
-                 "lhs_shape", "rhs_shape", "lperm_shape", "rperm_shape", "out_shape", "inv_perm", "direct")
+                 "lperm_shape", "rperm_shape", "out_shape", "inv_perm", "inv_lperm", "inv_rperm", "direct")
 
     def __init__(self, lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, dimension_numbers: object,
                  preferred_element_type: torch.dtype | None, backend: str | None, validate: bool):
@@ -158,7 +158,6 @@ class _Call:
         self.device = lhs.device
         self.runner: ops.Runner | None = None
         self.state: tuple | None = None
-        self.lhs_shape, self.rhs_shape = tuple(lhs.shape), tuple(rhs.shape)
         self.lperm_shape = tuple(lhs.shape[p] for p in plan.lperm)
         self.rperm_shape = tuple(rhs.shape[p] for p in plan.rperm)
         ls, rs = plan.lshape, plan.rshape
@@ -169,6 +168,9 @@ class _Call:
         else:
             self.out_shape = (ls[0], ls[1], rs[2])
         self.inv_perm = None if plan.perm is None else _inverse(plan.perm)
+        lperm, rperm = plan._perms
+        self.inv_lperm = None if lperm is None else _inverse(lperm)
+        self.inv_rperm = None if rperm is None else _inverse(rperm)
         self.direct = _direct_kind(plan, lhs, rhs)
 
     def _runner(self, lhs: torch.Tensor, rhs: torch.Tensor) -> ops.Runner:
@@ -199,13 +201,13 @@ class _Call:
 
     def grad_lhs(self, da: torch.Tensor) -> torch.Tensor:
         da = da.reshape(self.lperm_shape)
-        return da if self.plan._perms[0] is None else da.permute(_inverse(self.plan.lperm))
+        return da if self.inv_lperm is None else da.permute(self.inv_lperm)
 
     def grad_rhs(self, db: torch.Tensor) -> torch.Tensor:
         if self.plan.broadcast > 1:  # rhs was repeated over extra lhs slices: their gradients add up
             db = db.reshape(-1, self.plan.broadcast, *db.shape[1:]).sum(1)
         db = db.reshape(self.rperm_shape)
-        return db if self.plan._perms[1] is None else db.permute(_inverse(self.plan.rperm))
+        return db if self.inv_rperm is None else db.permute(self.inv_rperm)
 
     def __call__(self, lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
         plan = self.plan
