@@ -251,3 +251,30 @@ def test_unusable_backend_says_why_and_how(monkeypatch):
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1|not installed"):  # a signature no other test uses
         ragdot.ragged_dot(torch.randn(5, 3), torch.randn(1, 3, 7), torch.tensor([5]), backend="triton")
     assert "_grouped_mm" in unusable_reason("torch")
+
+
+def test_interleaved_signatures_never_share_a_cached_result():
+    """Calls that differ in layout, dtypes, group-size dtype, backend and grad mode, interleaved in random
+    order, each equal the oracle: a cached call or runner never serves another signature."""
+    gen = torch.Generator().manual_seed(26)
+    base = rand((40, 16), torch.float32, DEV, gen)
+    wide = rand((40, 24), torch.float32, DEV, gen)
+    w = rand((4, 16, 8), torch.float32, DEV, gen)
+    variants = []
+    for backend in BACKENDS:
+        for lhs in (base, base.t().contiguous().t(), wide[:, 4:20]):  # row-major, column-major, strided view
+            for sizes_dtype in (torch.int32, torch.int64):
+                for grad in (False, True):
+                    variants.append((backend, lhs, sizes_dtype, grad))
+    order = torch.randperm(len(variants) * 2, generator=gen) % len(variants)
+    for i in order.tolist():
+        backend, lhs, sizes_dtype, grad = variants[i]
+        sizes = torch.randint(0, 12, (4,), generator=gen).to(device=DEV, dtype=sizes_dtype)
+        x = lhs.detach().requires_grad_(grad)
+        out = ragdot.ragged_dot(x, w, sizes, backend=backend)
+        ref = ragged_dot_general_oracle(lhs.cpu().double(), w.cpu().double(), sizes.cpu(), CASES["fwd_wi"][2])
+        assert nerr(out, ref) <= TOL[torch.float32], (backend, sizes_dtype, grad)
+        assert (out[int(sizes.clamp(min=0).sum()):] == 0).all()
+        if grad:
+            (dx,) = torch.autograd.grad(out.sum(), x)
+            assert (dx[int(sizes.sum()):] == 0).all()
