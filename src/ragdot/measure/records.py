@@ -18,7 +18,7 @@ from typing import Any
 
 from ragdot.cli_common import new_stem, safe_name
 
-__all__ = ["commit", "gpu_name", "triton_version", "run_meta", "write_csv", "write_json", "RowWriter",
+__all__ = ["commit", "gpu_name", "triton_version", "run_meta", "write_csv", "write_json", "write_document", "RowWriter",
            "new_stem", "safe_name"]  # fmt: skip
 
 Row = Mapping[str, Any]
@@ -90,8 +90,13 @@ def write_json(
     if columns is not None:
         doc["columns"] = list(columns)
     doc["rows"] = list(rows)
+    return write_document(path, doc, newline=newline)
+
+
+def write_document(path: Path, doc: Any, indent: int | None = 1, newline: bool = False) -> Path:
+    """`doc` as JSON, replacing `path` whole (values JSON lacks become str)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + ("\n" if newline else ""))
+    tmp.write_text(json.dumps(doc, indent=indent, default=str) + ("\n" if newline else ""))
     tmp.replace(path)  # whole or not at all, even when interrupted
     return path
 

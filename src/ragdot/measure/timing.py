@@ -345,28 +345,25 @@ def _round(
         sync(out)
         mean = (time.perf_counter() - t0) * 1e3 / count
         return [mean], [mean]
-    n = len(calls)
     if device.type == "cuda":
         events = [torch.cuda.Event(enable_timing=True) for _ in range(count + 1)]
         hosts = []
         events[0].record()
         for i in range(count):
-            first = start + i * batch
-            t0 = time.perf_counter()
-            for k in range(first, first + batch):
-                calls[k % n]()
-            hosts.append((time.perf_counter() - t0) * 1e3 / batch)  # issue time only: no wait for the GPU
+            hosts.append(_issue(calls, start + i * batch, batch))  # issue time only: no wait for the GPU
             events[i + 1].record()
         events[-1].synchronize()
         return [events[i].elapsed_time(events[i + 1]) / batch for i in range(count)], hosts
-    samples = []
-    for i in range(count):
-        first = start + i * batch
-        t0 = time.perf_counter()
-        for k in range(first, first + batch):
-            calls[k % n]()
-        samples.append((time.perf_counter() - t0) * 1e3 / batch)
+    samples = [_issue(calls, start + i * batch, batch) for i in range(count)]
     return samples, list(samples)
+
+
+def _issue(calls: Sequence[Callable[[], Any]], first: int, batch: int) -> float:
+    """Wall ms per call of issuing calls[first], ... (`batch` of them, rotating over the input sets)."""
+    t0 = time.perf_counter()
+    for k in range(first, first + batch):
+        calls[k % len(calls)]()
+    return (time.perf_counter() - t0) * 1e3 / batch
 
 
 @dataclass
