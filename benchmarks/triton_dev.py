@@ -31,7 +31,7 @@ from ragdot.kernels import batch as batch_mod
 from ragdot.kernels import ragged_k as rk_mod
 from ragdot.kernels import ragged_m as rm_mod
 from ragdot.measure.checks import normalised_error
-from ragdot.measure.records import new_stem, write_document
+from ragdot.measure.records import gpu_name, new_stem, write_document
 from ragdot.measure.timing import capture_graph, span, spans_ms
 from ragdot.routing import group_sizes as routing_sizes
 from ragdot.shapes import shapes_with_tag
@@ -313,7 +313,7 @@ def main() -> int:
         small_cases()
         return 0
     torch.manual_seed(0)
-    dev = torch.cuda.get_device_name()
+    dev = gpu_name()
     print(f"{dev} torch {torch.__version__} sms {torch.cuda.get_device_properties(0).multi_processor_count}")
     shapes = [s for s in args.shapes.split(",") if s]
     classes = [c for c in args.classes.split(",") if c]
