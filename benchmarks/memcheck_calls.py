@@ -21,13 +21,14 @@ import torch
 
 import ragdot
 from ragdot import RaggedDotDimensionNumbers as DN
+from ragdot.measure.checks import TOLERANCE, normalised_error
 from ragdot.routing import skewed
 
 FWD = DN((((1,), (1,)), ((), ())), (0,), (0,))  # [M, K] x [G, K, N] -> [M, N]
 DGRAD = DN((((1,), (2,)), ((), ())), (0,), (0,))  # [M, N] x [G, K, N] -> [M, K]
 WGRAD = DN((((0,), (0,)), ((), ())), (0,), ())  # [R, K] x [R, N] -> [G, K, N]
 BATCH = DN((((2,), (1,)), ((0,), (0,))), (0,), ())  # [B, M, K] x [B, K, N] -> [B, M, N]
-TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-4}
+TOL = TOLERANCE | {torch.float16: 3e-3}  # fp16 stricter than the shared table, as these small cases always were
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,6 @@ CASES: tuple[Case, ...] = (
     Case("fp16, NaN tail", "m", (333, 200), (5, 200, 264), (0, 37, 0, 150, 0), FWD, torch.float16),
     Case("fp32, NaN tail", "k", (333, 136), (333, 72), (5, 0, 145, 151, 0), WGRAD, torch.float32),
 )
-
-
-def _nerr(out: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = (out.double() - ref.double()).norm().item()
-    denom = ref.double().norm().item()
-    return diff / denom if denom > 0 else diff
 
 
 def _inputs(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -130,7 +125,7 @@ def run_case(case: Case, gen: torch.Generator) -> list[str]:
     bad = [f"{what} has NaN" for what, t in zip(("output", "lhs gradient", "rhs gradient"), got) if t.isnan().any()]
     bad += _zeros_problems(case, *got)
     for what, g, r in zip(("output", "lhs gradient", "rhs gradient"), got, ref):
-        err = _nerr(g, r)
+        err = normalised_error(g, r)
         if not err <= TOL[case.dtype]:
             bad.append(f"{what}: normalised error {err:.2e} against the reference")
     return bad

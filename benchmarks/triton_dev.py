@@ -7,14 +7,14 @@ first in parallel worker processes (ragdot.kernels.compile_only) so the timed pr
 
     python benchmarks/triton_dev.py --out results_dir [--sweep] [--shapes deepseek2-16b,...] [--classes ...]
 
-Writes <out>/triton_dev.json (one record per cell and variant) and prints summary tables. The `sweep` suite of
+Writes a new <out>/triton_dev-<date>.json per run (triton_dev_graph-<date>.json with --graph; one record per
+cell and variant, rewritten after every cell) and prints summary tables. The `sweep` suite of
 benchmarks/suite.py runs the sweeps behind the shipped heuristic; `--small-cases` runs a few small checks only.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing as mp
 import os
@@ -22,6 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -29,6 +30,9 @@ from ragdot.kernels import TileConfig, pick_config
 from ragdot.kernels import batch as batch_mod
 from ragdot.kernels import ragged_k as rk_mod
 from ragdot.kernels import ragged_m as rm_mod
+from ragdot.measure.checks import normalised_error
+from ragdot.measure.records import gpu_name, new_stem, write_document
+from ragdot.measure.timing import capture_graph, span, spans_ms
 from ragdot.routing import group_sizes as routing_sizes
 from ragdot.shapes import shapes_with_tag
 
@@ -176,10 +180,6 @@ def reference(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: list[int]) 
     return torch.cat(out, 0)
 
 
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.float() - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
 def time_variants(
     fns: list[Callable[[int], object]], nsets: int, reps: int, graph: bool = False
 ) -> list[float]:
@@ -200,26 +200,12 @@ def time_variants(
     graph = graph and est < 2e-3  # a call of milliseconds gains nothing from a graph, whose pool holds its output
     runs: list[Callable[[], object]] = []
     for fn in fns:
-        if graph:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for j in range(inner):
-                    fn(j % nsets)
-            runs.append(g.replay)
-        else:
-            runs.append(lambda fn=fn: [fn(j % nsets) for j in range(inner)])
+        batch = lambda fn=fn: [fn(j % nsets) for j in range(inner)]  # noqa: E731
+        runs.append(capture_graph(batch) if graph else batch)
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        events = []
-        for run in runs:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            events.append((start, end))
-        torch.cuda.synchronize()
-        for i, (start, end) in enumerate(events):
-            times[i].append(start.elapsed_time(end) * 1e3 / inner)
+        for i, ms in enumerate(spans_ms([span(run) for run in runs])):
+            times[i].append(ms * 1e3 / inner)
     return [statistics.median(t) for t in times]
 
 
@@ -239,10 +225,10 @@ def bench_cell(
     if routing == "balanced":
         _, a, b, targs = sets[0]
         ref = reference(problem, a, b, sizes)
-        errs["torch"] = rel_err(torch._grouped_mm(*targs, offs=ends), ref)
+        errs["torch"] = normalised_error(torch._grouped_mm(*targs, offs=ends), ref)
         for cfg in cfgs:
             out = run_triton(problem, a, b, ends, cfg)
-            errs[cfg.short()] = rel_err(out[:, 0] if problem == "ragged_k" else out[0], ref)
+            errs[cfg.short()] = normalised_error(out[:, 0] if problem == "ragged_k" else out[0], ref)
     fns: list[Callable[[int], object]] = [lambda i: torch._grouped_mm(*sets[i][3], offs=ends)]
     for cfg in cfgs:
         fns.append(lambda i, cfg=cfg: run_triton(problem, sets[i][1], sets[i][2], ends, cfg))
@@ -327,13 +313,15 @@ def main() -> int:
         small_cases()
         return 0
     torch.manual_seed(0)
-    dev = torch.cuda.get_device_name()
+    dev = gpu_name()
     print(f"{dev} torch {torch.__version__} sms {torch.cuda.get_device_properties(0).multi_processor_count}")
     shapes = [s for s in args.shapes.split(",") if s]
     classes = [c for c in args.classes.split(",") if c]
     cells = [(c, SHAPES[s]) for s in shapes for c in classes]
     warm_cache(cells, args.sweep, args.workers)
     records = []
+    out = Path(args.out)
+    path = out / f"{new_stem(out, 'triton_dev_graph' if args.graph else 'triton_dev', ('.json',))}.json"
     t_start = time.time()
     for routing in args.routing.split(","):
         sweep = args.sweep and routing in args.sweep_routing.split(",")
@@ -348,17 +336,16 @@ def main() -> int:
             for cls in classes:
                 records += bench_cell(sname, cls, routing, sizes, ends, sol_us, flops, sweep, args.reps, args.graph)
                 torch.cuda.empty_cache()
-                save(args.out, args.graph, dev, records)  # after every cell: a later failure keeps these
+                save(str(path), dev, records)  # after every cell: a later failure keeps these
     print(f"timing phase {time.time() - t_start:.0f}s")
     aux_timings()
     summarize(records)
     return 0
 
 
-def save(out: str, graph: bool, dev: str, records: list[dict]) -> None:
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "triton_dev_graph.json" if graph else "triton_dev.json"), "w") as f:
-        json.dump(dict(device=dev, torch=torch.__version__, records=records), f)
+def save(path: str, dev: str, records: list[dict]) -> None:
+    """The records so far, replacing this run's file whole."""
+    write_document(Path(path), dict(device=dev, torch=torch.__version__, records=records), indent=None)
 
 
 def summarize(records: list[dict]) -> None:

@@ -1,5 +1,6 @@
-"""`ragdot bench`: shape table, routing generators, counting, timing plan and clocks, the vendor baseline,
-correctness guard, CSV, summaries and plots, CLI."""
+"""`ragdot bench`: shape table, routing generators, counting, the vendor baseline, correctness guard, CSV, CLI.
+
+The clocks and checks are in test_measure.py, the summaries, tables and plots in test_bench_summary.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import dataclasses
 import json
 import math
 import sys
-import time
 
 import pytest
 import torch
@@ -18,14 +18,14 @@ from hypothesis import strategies as st
 
 import ragdot
 from ragdot import routing
-from ragdot.bench import runner, summary, timing
+from ragdot.bench import runner
 from ragdot.bench.ceilings import Ceilings, speed_of_light_s
 from ragdot.bench.classes import CLASS_NAMES, CLASSES, flops, get_class, min_bytes
-from ragdot.bench.report import ANCHOR_TORCH, COLUMNS, print_tables, result_rows, write_csv
-from ragdot.bench.runner import BenchConfig, Result, make_operands, normalised_error, run_cell
+from ragdot.bench.report import COLUMNS, result_rows, write_csv
+from ragdot.bench.runner import BenchConfig, make_operands, normalised_error, run_cell
 from ragdot.bench.systems import FunctionSystem, Operands, RagdotSystem, VendorSystem
-from ragdot.bench.timing import MIN_ITERS, Timed, Timing, measure, measure_clocks, plan_counts
 from ragdot.cli import main
+from ragdot.measure import timing
 from ragdot.shapes import SHAPES, Shape, get_shape, parse_shapes, shapes_with_tag
 
 CPU = torch.device("cpu")
@@ -194,29 +194,6 @@ def test_flop_and_byte_counts():
         get_class("fwd_up")
 
 
-# ------------------------------------------------------------------------------------------ timing plan
-
-
-def test_plan_counts_bound_slow_calls_and_keep_fast_ones():
-    assert plan_counts(1e-4, 10, 50, 1.0) == (10, 50)
-    warm, iters = plan_counts(0.2, 10, 50, 1.0)  # the padded baseline on a big shape
-    assert warm == 1 and iters == 4
-    assert plan_counts(5.0, 10, 50, 1.0) == (1, MIN_ITERS)  # never skipped
-    assert plan_counts(5.0, 10, 50, None) == (10, 50)
-    with pytest.raises(ValueError, match="iters"):
-        plan_counts(1.0, 1, 0, 1.0)
-
-
-def test_measure_rotates_inputs_and_counts_calls():
-    seen: list[int] = []
-    calls = [lambda i=i: seen.append(i) for i in range(3)]
-    timings = measure([Timed("a", calls), Timed("b", [lambda: None])], CPU, warmup=2, iters=7, rounds=3)
-    assert timings["a"].iters == 7 and len(timings["a"].samples_ms) == 7
-    assert len(seen) == 1 + 1 + 7  # estimate, one more warm-up, the iterations
-    assert set(seen) == {0, 1, 2}
-    assert timings["a"].p20 <= timings["a"].median <= timings["a"].p80
-
-
 # ----------------------------------------------------------------------- correctness guard, CSV schema
 
 
@@ -329,35 +306,6 @@ def test_csv_schema_and_speedups(tmp_path):
     assert by["wrong"]["status"] == "wrong" and by["wrong"]["ms"] == "" and by["wrong"]["tflops"] == ""
 
 
-def test_normalised_error_edge_cases():
-    a = torch.ones(3, 4)
-    assert normalised_error(a, a) == 0.0
-    assert normalised_error(a, torch.ones(4, 3)) == math.inf
-    assert math.isclose(normalised_error(a * 1.5, a), 0.5)
-    assert normalised_error(torch.ones(10) * 2, torch.ones(10), chunk=3) == pytest.approx(1.0)
-    assert normalised_error(torch.zeros(2), torch.zeros(2)) == 0.0
-
-
-def test_tables_flag_host_bound_cells_and_compare_with_the_anchors():
-    from rich.console import Console
-
-    shape = get_shape("deepseek2-16b")
-    anchor = ANCHOR_TORCH["balanced"][shape.name]
-    results = []
-    for cls in CLASSES:
-        tflops = anchor[CLASS_NAMES.index(cls.name) // 2] * 1.1  # 10% above the page in every pass
-        ms = flops(shape) / (tflops * 1e12) * 1e3
-        results.append(Result(shape, cls.name, "balanced", "torch", "ok", flops(shape), 1, 1e-6, ms=ms, host_ms=ms,
-                              clock="eager"))
-    results.append(Result(shape, "fwd_wi", "balanced", "padded", "OOM", flops(shape), 1, 1e-6))
-    console = Console(record=True, width=200)
-    print_tables(results, console, "t", anchors=True)
-    text = console.export_text()
-    assert "(1.10)" in text and "torch: geometric mean ratio 1.10 over 3 passes" in text
-    line = next(line for line in text.splitlines() if line.startswith("│ torch"))
-    assert line.rstrip("│ ").endswith("6")  # all six cells host-bound
-    assert "OOM:1" in text
-
 
 # -------------------------------------------------------------------------------------- vendor baseline
 
@@ -433,229 +381,6 @@ def test_vendor_check_compares_only_the_rows_inside_groups():
     wgrad = get_class("wgrad_wi")
     assert VendorSystem().compared(out, ref, wgrad, ops) == (out, ref)  # no uninitialised part there
 
-
-# -------------------------------------------------------------------------------------------- clocks
-
-CUDA = torch.device("cuda")  # only a name here: the tests below never touch a GPU
-
-
-def test_clock_names_batches_and_lanes():
-    graphable, eager_only = Timed("a", []), Timed("b", [], graphable=False)
-    asynchronous = Timed("x", [], sync=lambda out: None)
-    assert timing.lane_clocks(graphable, CUDA, timing.CLOCKS) == ["eager", "graph"]
-    assert timing.lane_clocks(graphable, CUDA, ("graph",)) == ["graph"]
-    assert timing.lane_clocks(eager_only, CUDA, timing.CLOCKS) == ["eager"]
-    assert timing.lane_clocks(eager_only, CUDA, ("graph",)) == ["eager"]  # timed eagerly; its clock says so
-    assert timing.lane_clocks(asynchronous, CUDA, timing.CLOCKS) == ["batch"]
-    assert timing.lane_clocks(graphable, CPU, timing.CLOCKS) == ["wall"]
-    assert [timing.eager_batch(n) for n in (50, 30, 9, 4, 1)] == [10, 10, 3, 1, 1]
-    assert timing.parse_clocks(["graph", "eager", "graph"]) == ("eager", "graph")
-    with pytest.raises(ValueError, match="--clocks: device"):
-        timing.parse_clocks(["device"])
-    assert [timing.view_of(c) for c in ("eager", "event", "batch", "graph", "wall", "")] == [
-        "eager", "eager", "eager", "graph", "wall", "eager"]
-    assert [sum(timing._share(3, 5, r) for r in range(5)), timing._share(3, 5, 0)] == [3, 0]
-
-
-def test_host_bound_flag():
-    share = timing.HOST_BOUND_SHARE
-    assert timing.is_host_bound("eager", 1.0, share) and timing.is_host_bound("graph", 0.01, 0.02)
-    assert not timing.is_host_bound("eager", 1.0, 0.99 * share)
-    assert not timing.is_host_bound("wall", 1.0, 1.0) and not timing.is_host_bound("batch", 1.0, 1.0)
-    assert not timing.is_host_bound("eager", None, 1.0) and not timing.is_host_bound("eager", 1.0, None)
-    r = Result(TINY, "fwd_wi", "balanced", "x", "ok", 1, 1, 1e-6, ms=0.1, host_ms=0.2, clock="eager")
-    assert r.host_bound and not dataclasses.replace(r, clock="wall").host_bound
-
-
-class _HostEvent:
-    """A stand-in for torch.cuda.Event on the host clock (a device that runs each call as it is issued)."""
-
-    def __init__(self, enable_timing: bool = False) -> None:
-        self.t = 0.0
-
-    def record(self) -> None:
-        self.t = time.perf_counter()
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, end: _HostEvent) -> float:
-        return (end.t - self.t) * 1e3
-
-
-def _stand_in_cuda(monkeypatch, replays: list[str]) -> None:
-    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
-    monkeypatch.setattr(timing, "synchronize", lambda device: None)
-
-    def capture(system):
-        return None if system.name == "nocapture" else [lambda: replays.append(system.name)] * len(system.calls)
-
-    monkeypatch.setattr(timing, "_capture", capture)
-
-
-def test_cuda_clocks_interleave_batches_and_replays(monkeypatch):
-    replays: list[str] = []
-    _stand_in_cuda(monkeypatch, replays)
-    calls: list[str] = []
-
-    def call(name):
-        def run():
-            calls.append(name)
-            time.sleep(2e-4)  # the host's cost of the call: the stand-in device is idle otherwise
-
-        return run
-
-    systems = [Timed("a", [call("a")] * 2), Timed("b", [call("b")], graphable=False),
-               Timed("nocapture", [call("n")])]
-    got = measure_clocks(systems, CUDA, clocks=timing.CLOCKS, warmup=2, iters=30, rounds=5)
-    assert set(got) == {("a", "eager"), ("a", "graph"), ("b", "eager"), ("nocapture", "eager")}
-    eager, graph = got[("a", "eager")], got[("a", "graph")]
-    assert (eager.clock, eager.batch, eager.iters, len(eager.samples_ms), len(eager.host_ms)) == ("eager", 10, 30, 3, 3)
-    assert (graph.clock, graph.batch, graph.iters, len(graph.samples_ms)) == ("graph", 1, 30, 30)
-    assert calls.count("a") == 1 + 1 + 30 and replays.count("a") == 30  # estimate, warm-up, eager iterations
-    assert eager.host_bound and eager.median >= eager.host > 0  # events on the host clock: host-bound by design
-    # the tuner's single-clock view: a graph where it can be captured, eager calls where not
-    one = measure(systems, CUDA, warmup=1, iters=6, graphs=True)
-    assert {n: t.clock for n, t in one.items()} == {"a": "graph", "b": "eager", "nocapture": "eager"}
-
-
-def test_cpu_has_one_clock_whatever_is_asked():
-    got = measure_clocks([Timed("a", [lambda: None])], CPU, clocks=timing.CLOCKS, warmup=1, iters=4, rounds=2)
-    assert list(got) == [("a", "wall")]
-    assert got[("a", "wall")].host_ms == got[("a", "wall")].samples_ms and not got[("a", "wall")].host_bound
-
-
-# Simulated CUDA timings (ms, host ms per call) for the row logic: two clocks per system.
-_TIMES = {
-    ("vendor", "eager"): (2.0, 0.5), ("vendor", "graph"): (1.0, 0.01),
-    ("fast", "eager"): (1.0, 0.95), ("fast", "graph"): (0.5, 0.01),
-    ("nograph", "eager"): (4.0, 0.1),
-    ("lost", "eager"): (2.0, 0.1),  # its graph could not be captured
-}
-
-
-def _simulated_cell(monkeypatch):
-    def lanes(system, device, clocks):
-        return timing.lane_clocks(system, CUDA, clocks)
-
-    def fake_measure(timed, device, *, clocks, **kwargs):
-        out = {}
-        for t in timed:
-            for clock in lanes(t, device, clocks):
-                if (t.name, clock) in _TIMES:
-                    ms, host = _TIMES[(t.name, clock)]
-                    out[(t.name, clock)] = Timing([ms] * 3, 1, 30, clock, [host] * 3, 10 if clock == "eager" else 1)
-        return out
-
-    monkeypatch.setattr(runner, "lane_clocks", lanes)
-    monkeypatch.setattr(runner, "measure_clocks", fake_measure)
-    nograph = FunctionSystem("nograph", _right)
-    nograph.graphable = False
-    systems = [VendorSystem(), FunctionSystem("fast", _right), nograph, FunctionSystem("lost", _right),
-               FunctionSystem("wrong", _off_by_a_percent)]
-    return run_cell(SMALL, get_class("dgrad_wo"), "balanced", systems, _cfg())
-
-
-def test_rows_per_clock_ratios_to_vendor_and_host_bound(monkeypatch, tmp_path):
-    results = _simulated_cell(monkeypatch)
-    assert [r.clock for r in results] == ["eager"] * 5 + ["graph"] * 4  # eager rows first, nograph has one
-    by = {(r.backend, r.clock): r for r in results}
-    assert by[("vendor", "eager")].speedup_vs_vendor == 1.0 and by[("fast", "eager")].speedup_vs_vendor == 2.0
-    assert by[("fast", "graph")].speedup_vs_vendor == 2.0  # 1.0 / 0.5: never across clocks
-    assert by[("nograph", "eager")].speedup_vs_vendor == 0.5 and ("nograph", "graph") not in by
-    assert by[("lost", "graph")].status == "n/a" and "graph" in by[("lost", "graph")].note
-    assert by[("wrong", "eager")].status == by[("wrong", "graph")].status == "wrong"
-    assert by[("fast", "eager")].host_bound and not by[("vendor", "eager")].host_bound
-    assert by[("fast", "eager")].batch == 10 and by[("fast", "graph")].batch == 1
-    meta = {"gpu": "sim", "commit": "c", "date": "d", "dtype": "float32", "torch": "t", "peak_tflops": 1.0,
-            "bandwidth_gbs": 1.0}
-    path = write_csv(result_rows(results, meta), tmp_path / "sim.csv")
-    with open(path) as f:
-        rows = {(r["backend"], r["clock"]): r for r in csv.DictReader(f)}
-    fast = rows[("fast", "eager")]
-    assert (fast["host_ms"], fast["host_bound"], fast["speedup_vs_vendor"], fast["batch"]) == ("0.95", "1", "2.0", "10")
-    assert rows[("vendor", "graph")]["host_bound"] == "0" and rows[("wrong", "eager")]["host_bound"] == ""
-
-
-# --------------------------------------------------------------------------------------------- summary
-
-
-def _summary_rows(monkeypatch) -> list[summary.Row]:
-    from ragdot.bench.report import summary_rows
-
-    return summary_rows(_simulated_cell(monkeypatch))
-
-
-def test_summary_shows_both_clocks_side_by_side(monkeypatch):
-    rows = _summary_rows(monkeypatch)
-    ratio_of = summary.ratios(rows)
-    fast = summary.stats([r for r in rows if r.system == "fast" and r.view == "eager"], ratio_of)
-    assert (fast.timed, fast.ratio, fast.min_ratio, fast.host_bound) == (1, 2.0, 2.0, 1)
-    lost = summary.stats([r for r in rows if r.system == "lost" and r.view == "graph"], ratio_of)
-    assert (lost.timed, lost.not_timed) == (0, {"n/a": 1})
-    text = summary.markdown(rows, "sim")
-    tables = [line for line in text.splitlines() if line.startswith("### ")]
-    assert tables and all("clock: eager | graph" in line for line in tables)  # every title states its clocks
-    assert "| system | eager timed | eager not timed |" in text and "| graph timed |" in text
-    assert "| eager x vendor |" in text and "| graph min x vendor (cell) | graph host-bound |" in text
-    assert "| nograph | 1 | 0 |" in text  # eager: one timed cell ...
-    assert "| fast | dgrad | " in text and "2.000x" in text and "0.500x" in text
-    assert "| small (40,16,24,5) |" in text and "vendor eager | vendor graph" in text
-    assert "host-bound" in text and "`graph` = graph clock (CUDA-graph replays: device time)" in text
-
-
-def test_terminal_tables_show_every_clock(monkeypatch):
-    from rich.console import Console
-
-    results = _simulated_cell(monkeypatch)
-    console = Console(record=True, width=250)
-    print_tables(results, console, "sim")
-    text = console.export_text()
-    assert "TFLOP/s, eager clock" in text and "TFLOP/s, graph clock" in text
-    fast = [line for line in text.splitlines() if line.startswith("│ fast")]
-    assert len(fast) == 2 and "eager" in fast[0] and "graph" in fast[1]
-    assert fast[0].rstrip("│ ").endswith("1") and fast[1].rstrip("│ ").endswith("0")  # host-bound cells
-
-
-def test_legacy_rows_and_summarize_script(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("summarize", "benchmarks/summarize.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    base = {"shape": "s", "M": 4, "K": 4, "N": 4, "E": 2, "routing": "balanced", "status": "ok",
-            "sol_tflops": 1.0, "pct_sol": 50, "host_ms": 0.01}
-    old = [dict(base, cls=c, backend=b, clock="event" if i else "graph", ms=ms, tflops=1 / ms)
-           for c in ("fwd_wi", "fwd_wo") for i in (0, 1) for b, ms in (("torch", 2.0), ("triton", 1.0))]
-    assert {r.clock for r in summary.parse_rows(old)} == {"graph", "eager"}
-    path = tmp_path / "old.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(old[0]))
-        writer.writeheader()
-        writer.writerows(old)
-    prefix = tmp_path / "summary-old"
-    assert script.main([str(path), "--out", str(prefix), "--baseline", "torch"]) == 0
-    text = (tmp_path / "summary-old.md").read_text()
-    assert "triton/torch geomean 2.000x over 2 cells" in text and "- eager: " in text and "- graph: " in text
-    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert pngs == [f"summary-old-{m}-balanced-{v}.png" for m in ("sol", "speedup") for v in ("eager", "graph")]
-    for png in tmp_path.glob("*.png"):
-        png.unlink()
-    assert script.main([str(path), "--out", str(prefix)]) == 0  # no vendor rows: no ratios, no speedup plots
-    assert sorted(p.name.split("-")[2] for p in tmp_path.glob("*.png")) == ["sol", "sol"]
-
-
-def test_no_plot_without_data(tmp_path):
-    rows = [summary.Row("s", "4,4,4,2", "fwd_wi", "balanced", b, "graph", "OOM", None, None, None, 1.0, None)
-            for b in ("vendor", "triton")]
-    assert summary.plot(rows, tmp_path / "x", "t") == [] and not list(tmp_path.iterdir())
-    timed = [dataclasses.replace(rows[0], status="ok", ms=1.0, tflops=1.0, pct_sol=10.0),
-             dataclasses.replace(rows[1], status="ok", ms=0.5, tflops=2.0, pct_sol=20.0)]
-    files = summary.plot(timed, tmp_path / "x", "t")
-    assert sorted(p.name for p in files) == ["x-sol-balanced-graph.png", "x-speedup-balanced-graph.png"]
-    assert len({p.read_bytes() for p in files}) == 2
-    only_vendor = summary.plot(timed[:1], tmp_path / "y", "t")  # nothing to compare: no speedup figure
-    assert [p.name for p in only_vendor] == ["y-sol-balanced-graph.png"]
 
 
 # ------------------------------------------------------------------------------------------------- CLI

@@ -8,11 +8,12 @@ bytes written. On a CPU both are small so that a quick run stays quick.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from ragdot.measure.timing import event_ms
 
 __all__ = ["Ceilings", "measure_ceilings", "speed_of_light_s"]
 
@@ -41,19 +42,7 @@ def _best_seconds(fn: Callable[[], object], device: torch.device, reps: int) -> 
     """Fastest seconds of `fn` in `reps` timed calls after three warm-up calls (a ceiling is a best case)."""
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+    times = [event_ms(fn, device) / 1e3 for _ in range(reps)]
     return min(times)
 
 

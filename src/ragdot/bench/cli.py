@@ -19,12 +19,8 @@ each shape as it finishes, so an interrupted run keeps them. An earlier run's fi
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ragdot.cli_common import (
@@ -41,6 +37,7 @@ from ragdot.cli_common import (
     parse_shape_args,
     safe_name,
 )
+from ragdot.measure import records
 
 HELP = "micro-benchmark: six ragged-dot classes x MoE shapes x backends (checked, then timed)"
 
@@ -49,7 +46,7 @@ _ORDER = ("vendor", "padded", "torch", "triton", "auto", "xla", "reference")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ragdot.bench.classes import CLASS_NAMES
-    from ragdot.bench.timing import CLOCKS, DEFAULT_ROUNDS, EAGER_BATCH
+    from ragdot.measure.timing import CLOCKS, DEFAULT_ROUNDS, EAGER_BATCH
     from ragdot.routing import ROUTINGS
 
     add_shapes(parser, "tag:seed on CUDA, tag:tiny on a CPU")
@@ -119,22 +116,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _commit() -> str:
-    if os.environ.get("RAGDOT_COMMIT"):
-        return os.environ["RAGDOT_COMMIT"]
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,
-        )
-        return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def _systems(args: argparse.Namespace, device: Any, console: Any) -> list[Any]:
     import torch
 
@@ -176,7 +157,7 @@ def _systems(args: argparse.Namespace, device: Any, console: Any) -> list[Any]:
 
 def _clocks(args: argparse.Namespace, cuda: bool) -> tuple[str, ...]:
     """The clocks asked for: --clocks, --cuda-graphs (graph only), else both; ("wall",) on a CPU."""
-    from ragdot.bench.timing import CLOCKS, GRAPH, WALL, parse_clocks
+    from ragdot.measure.timing import CLOCKS, GRAPH, WALL, parse_clocks
 
     if args.cuda_graphs and args.clocks and tuple(args.clocks) != (GRAPH,):
         raise ValueError("--cuda-graphs means --clocks graph; give one of them")
@@ -199,7 +180,7 @@ def _run(args: argparse.Namespace) -> int:
     from ragdot.bench.classes import CLASSES, parse_classes
     from ragdot.bench.runner import BenchConfig, run_cell
     from ragdot.bench.text import HAVE_RICH, Console, Progress, progress_columns
-    from ragdot.bench.timing import EAGER_BATCH
+    from ragdot.measure.timing import EAGER_BATCH
     from ragdot.shapes import shapes_with_tag
 
     console = Console(width=None if sys.stdout.isatty() else 180, quiet=args.quiet)
@@ -234,7 +215,7 @@ def _run(args: argparse.Namespace) -> int:
         ceilings = Ceilings((720e12 if cuda else 1e11), (4.2e12 if cuda else 1e10), source="assumed")
     else:
         ceilings = measure_ceilings(device, dtype)
-    gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
+    gpu = records.gpu_name(device)
     memory = torch.cuda.get_device_properties(device).total_memory if cuda else None
     n_cells = len(shapes) * len(classes) * len(args.routing)
 
@@ -269,14 +250,14 @@ def _run(args: argparse.Namespace) -> int:
         args.seed,
         clocks=clocks,
     )
-    now = datetime.datetime.now()
-    commit = args.commit or _commit()
+    base = records.run_meta(device, commit_id=args.commit)
+    commit = base["commit"]
     meta = {
         "gpu": gpu,
         "commit": commit,
-        "date": now.isoformat(timespec="seconds"),
+        "date": base["date"],
         "dtype": dtype_name,
-        "torch": torch.__version__,
+        "torch": base["torch"],
         "device": str(device),
         "peak_tflops": ceilings.peak_tflops,
         "bandwidth_gbs": ceilings.bandwidth_gbs,

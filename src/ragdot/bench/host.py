@@ -32,15 +32,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
-import re
-import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +55,11 @@ from ragdot.cli_common import (
     parse_dtype,
     parse_shape_args,
 )
+from ragdot.measure import records
+from ragdot.measure.host import MIN_CALLS, HostTiming, time_host
+from ragdot.measure.host import budgeted_calls as _budgeted_calls  # noqa: F401 - part of this module's surface
+from ragdot.measure.host import chunk_sizes as _chunk_sizes  # noqa: F401
+from ragdot.measure.records import safe_name
 
 HELP = "host time per call: ragdot.ragged_dot against the raw torch._grouped_mm call, fwd and fwd+bwd"
 
@@ -78,121 +79,6 @@ DEFAULT_CALLS = {"cuda": 300, "cpu": 100}
 DEFAULT_WARMUP = {"cuda": 20, "cpu": 5}
 DEFAULT_SECONDS = {"cuda": 1.0, "cpu": 0.5}
 DEFAULT_CHUNK = 16  # calls per chunk on CUDA: 16 fwd+bwd calls stay far below the ~1000 pending launches
-MIN_CALLS = 10  # the time budget never cuts a pass below this many calls
-PILOT_CALLS = 10
-DEVICE_REPEATS = 3  # at most this many device-time passes (device time varies less than host time)
-HOLD_CYCLES_PER_US = 2000  # spin-kernel cycles per microsecond (about the SM clock of current GPUs)
-
-
-# ------------------------------------------------------------------------------------------------ timing
-
-
-@dataclass(frozen=True)
-class HostTiming:
-    """Per-call times of one system in one phase, microseconds (eager and device: CUDA only)."""
-
-    host_us: float
-    calls: int
-    eager_us: float | None = None
-    device_us: float | None = None
-
-    @property
-    def host_bound(self) -> bool | None:
-        return None if self.device_us is None else self.host_us >= self.device_us
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _chunk_sizes(calls: int, chunk: int) -> Iterator[int]:
-    step = chunk if chunk > 0 else calls
-    for start in range(0, calls, step):
-        yield min(step, calls - start)
-
-
-def _pass(
-    call: Callable[[], Any], calls: int, chunk: int, device: torch.device, hold_cycles: int = 0
-) -> tuple[float, float | None, bool]:
-    """(host µs per call, event µs per call or None, whether a hold covered every chunk's launches)."""
-    cuda = device.type == "cuda"
-    events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
-    host_s, event_ms, covered = 0.0, 0.0, True
-    for n in _chunk_sizes(calls, chunk):
-        _sync(device)
-        if events is not None:
-            if hold_cycles:
-                torch.cuda._sleep(hold_cycles)
-            events[0].record()
-        start = time.perf_counter()
-        for _ in range(n):
-            call()
-        host_s += time.perf_counter() - start
-        if events is not None:
-            if hold_cycles and events[0].query():  # the GPU got to the calls before all were queued
-                covered = False
-            events[1].record()
-            events[1].synchronize()
-            event_ms += events[0].elapsed_time(events[1])
-    return host_s * 1e6 / calls, (event_ms * 1e3 / calls if cuda else None), covered
-
-
-def _budgeted_calls(per_call_us: float, calls: int, passes: int, max_seconds: float) -> int:
-    """The call count per pass that keeps `passes` passes within `max_seconds` (0: no bound)."""
-    if max_seconds <= 0 or per_call_us <= 0:
-        return calls
-    fit = int(max_seconds * 1e6 / (passes * per_call_us))
-    return max(min(calls, fit), min(MIN_CALLS, calls))
-
-
-def _device_us(call: Callable[[], Any], calls: int, chunk: int, device: torch.device, host_us: float) -> float | None:
-    """Device time per call: chunks issued behind a spin kernel long enough to cover their launches."""
-    if not hasattr(torch.cuda, "_sleep"):
-        return None
-    chunk_calls = min(chunk if chunk > 0 else calls, calls)
-    hold_us = 1.5 * host_us * chunk_calls + 100.0
-    for _ in range(4):
-        _, event_us, covered = _pass(call, calls, chunk, device, int(hold_us * HOLD_CYCLES_PER_US))
-        if covered:
-            return event_us
-        hold_us *= 4
-    return None
-
-
-def time_host(
-    call: Callable[[], Any],
-    device: torch.device,
-    *,
-    calls: int,
-    repeats: int,
-    warmup: int,
-    chunk: int = 0,
-    max_seconds: float = 0.0,
-) -> HostTiming:
-    """Host time per call of `call` and, on CUDA, its eager and device time per call (medians over passes).
-
-    Warm-up calls and a sync first, then a short pilot pass whose time per call sets the calls per pass so
-    that all passes fit `max_seconds` (0: no bound), then `repeats` passes (host and eager time) and on CUDA
-    up to DEVICE_REPEATS passes with the GPU held (device time).
-    """
-    for _ in range(warmup):
-        call()
-    _sync(device)
-    device_repeats = min(repeats, DEVICE_REPEATS) if device.type == "cuda" else 0
-    passes = repeats + device_repeats
-    pilot_host, pilot_event, _ = _pass(call, min(calls, PILOT_CALLS), chunk, device)
-    calls = _budgeted_calls(max(pilot_host, pilot_event or 0.0), calls, passes, max_seconds)
-    samples = [_pass(call, calls, chunk, device) for _ in range(repeats)]
-    host_us = statistics.median(s[0] for s in samples)
-    if device.type != "cuda":
-        return HostTiming(host_us, calls)
-    eager_us = statistics.median(s[1] for s in samples)
-    device_samples = [_device_us(call, calls, chunk, device, host_us) for _ in range(device_repeats)]
-    device_us = None if None in device_samples else statistics.median(device_samples)
-    return HostTiming(host_us, calls, eager_us, device_us)
-
-
 # ------------------------------------------------------------------------------------------------ systems
 
 
@@ -321,40 +207,12 @@ def result_rows(measured: Sequence[Measured], meta: dict[str, Any]) -> list[dict
     return rows
 
 
-def _commit() -> str:
-    if os.environ.get("RAGDOT_COMMIT"):
-        return os.environ["RAGDOT_COMMIT"]
-    try:
-        here = Path(__file__).resolve().parent
-        cmd = ["git", "rev-parse", "--short", "HEAD"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=here)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
-
-
-def _new_stem(out: Path, gpu: str, commit: str, stamp: str) -> Path:
-    safe = lambda s: re.sub(r"[^A-Za-z0-9.]+", "-", s).strip("-") or "unknown"
-    stem = out / f"ragdot-host-{safe(gpu)}-{safe(commit)}-{stamp}"
-    n = 1
-    while stem.with_suffix(".csv").exists() or stem.with_suffix(".json").exists():
-        n += 1
-        stem = out / f"ragdot-host-{safe(gpu)}-{safe(commit)}-{stamp}-{n}"
-    return stem
-
-
 def write_files(rows: Sequence[dict[str, Any]], meta: dict[str, Any], out: Path) -> list[Path]:
     """<out>/ragdot-host-<gpu>-<commit>-<date>.csv and .json (a new file each run)."""
-    import csv
-
-    out.mkdir(parents=True, exist_ok=True)
-    stem = _new_stem(out, meta["gpu"], meta["commit"], meta["stamp"])
-    csv_path, json_path = stem.with_suffix(".csv"), stem.with_suffix(".json")
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
-        writer.writeheader()
-        writer.writerows(rows)
-    json_path.write_text(json.dumps({"meta": meta, "rows": list(rows)}, indent=1) + "\n")
+    stem = records.new_stem(out, f"ragdot-host-{safe_name(meta['gpu'])}-{safe_name(meta['commit'])}")
+    csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
+    records.write_csv(rows, csv_path, COLUMNS)
+    records.write_json(json_path, meta, rows, newline=True)
     return [csv_path, json_path]
 
 
@@ -576,17 +434,17 @@ def _say(console: Any, text: str) -> None:
 
 
 def _meta(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
-    cuda = plan.device.type == "cuda"
     now = datetime.datetime.now()
+    base = records.run_meta(plan.device, commit_id=args.commit)
     return {
-        "gpu": torch.cuda.get_device_name(plan.device) if cuda else "cpu",
-        "commit": args.commit or _commit(),
+        "gpu": base["gpu"],
+        "commit": base["commit"],
         "date": now.isoformat(timespec="seconds"),
         "stamp": now.strftime("%Y%m%d-%H%M%S"),
         "dtype": str(plan.dtype).removeprefix("torch."),
         "routing": plan.routing,
         "device": str(plan.device),
-        "torch": torch.__version__,
+        "torch": base["torch"],
         "calls": plan.calls,
         "repeats": plan.repeats,
         "warmup": plan.warmup,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ragdot.bench.ceilings import Ceilings, speed_of_light_s
 from ragdot.bench.classes import RaggedClass, flops, min_bytes
-from ragdot.bench.timing import plan_counts
+from ragdot.measure.timing import plan_counts
 from ragdot.shapes import Shape
 
 __all__ = ["call_seconds", "cell_seconds", "run_seconds"]

@@ -1,6 +1,6 @@
 """Benchmark output: CSV and JSON records, the markdown summary, and the terminal tables (rich).
 
-Columns worth knowing: `clock` (eager | graph | wall | batch, see `ragdot.bench.timing`), `host_ms` (host
+Columns worth knowing: `clock` (eager | graph | wall | batch, see `ragdot.measure.timing`), `host_ms` (host
 time per call: wall time of a sample's calls without waiting for the device, over their number),
 `host_bound` (1 when host_ms >= timing.HOST_BOUND_SHARE x ms; empty where the clock cannot say: wall,
 batch), `batch` (calls per sample), `speedup_vs_vendor` (the baseline: vendor's ms over this row's, same
@@ -9,10 +9,7 @@ cell and clock view; also `speedup_vs_padded` and `speedup_vs_torch`).
 
 from __future__ import annotations
 
-import csv
-import json
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,9 @@ from typing import Any
 from ragdot.bench import summary
 from ragdot.bench.runner import Result
 from ragdot.bench.text import Console, Table
-from ragdot.bench.timing import EAGER, GRAPH, HOST_BOUND_SHARE, view_of
+from ragdot.measure import records
+from ragdot.measure.records import safe_name
+from ragdot.measure.timing import EAGER, GRAPH, HOST_BOUND_SHARE, view_of
 
 __all__ = ["COLUMNS", "result_rows", "write_csv", "write_json", "write_markdown", "summary_rows", "file_stem",
            "print_tables", "ANCHOR_TORCH"]
@@ -157,21 +156,15 @@ def result_rows(results: Sequence[Result], meta: dict[str, Any]) -> list[dict[st
 
 def file_stem(gpu: str, commit: str, stamp: str) -> str:
     """``ragdot-bench-<gpu>-<commit>-<date>`` with only file-name-safe characters."""
-    safe = lambda s: re.sub(r"[^A-Za-z0-9.]+", "-", s).strip("-") or "unknown"
-    return f"ragdot-bench-{safe(gpu)}-{safe(commit)}-{safe(stamp)}"
+    return f"ragdot-bench-{safe_name(gpu)}-{safe_name(commit)}-{safe_name(stamp)}"
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+    return records.write_csv(rows, path, COLUMNS)
 
 
 def write_json(rows: Sequence[dict[str, Any]], meta: dict[str, Any], path: Path) -> Path:
-    path.write_text(json.dumps({"meta": meta, "columns": list(COLUMNS), "rows": list(rows)}, indent=1))
-    return path
+    return records.write_json(path, meta, rows, columns=COLUMNS)
 
 
 def write_markdown(rows: Sequence[dict[str, Any]], title: str, path: Path) -> Path:

@@ -12,7 +12,6 @@ tolerance); a wrong system is reported as "wrong" and never timed. A system that
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import zlib
 from collections.abc import Callable, Sequence
@@ -24,11 +23,13 @@ import torch
 from ragdot.bench.ceilings import Ceilings, speed_of_light_s
 from ragdot.bench.classes import RaggedClass, flops, min_bytes
 from ragdot.bench.systems import VENDOR, Operands, RagdotSystem, System
-from ragdot.bench.timing import (
+from ragdot.measure.checks import failure_status, normalised_error, tolerance
+from ragdot.measure.timing import (
     CLOCKS,
     DEFAULT_ROUNDS,
     Timed,
     Timing,
+    free_memory,
     is_host_bound,
     lane_clocks,
     measure_clocks,
@@ -38,9 +39,8 @@ from ragdot.bench.timing import (
 from ragdot.routing import group_sizes
 from ragdot.shapes import Shape
 
-__all__ = ["TOLERANCE", "BenchConfig", "Result", "normalised_error", "make_operands", "run_cell"]
+__all__ = ["BenchConfig", "Result", "normalised_error", "make_operands", "run_cell"]
 
-TOLERANCE: dict[torch.dtype, float] = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 L2_BYTES = 60 * 2**20  # rotate input sets when one set fits in L2 (H200: 60 MB)
 MAX_SETS = 32
 
@@ -79,7 +79,7 @@ class Result:
     note: str = ""
     speedup_vs_padded: float | None = None
     speedup_vs_torch: float | None = None
-    clock: str = ""  # eager | graph | wall | batch (see ragdot.bench.timing)
+    clock: str = ""  # eager | graph | wall | batch (see ragdot.measure.timing)
     speedup_vs_vendor: float | None = None  # vendor's time / this one's, same cell and view
     batch: int = 0  # calls per timing sample
     extra: dict[str, Any] = field(default_factory=dict)
@@ -96,47 +96,6 @@ class Result:
     @property
     def pct_sol(self) -> float | None:
         return None if not self.ms else 100.0 * self.sol_s / (self.ms * 1e-3)
-
-
-def normalised_error(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 24) -> float:
-    """||out - ref|| / ||ref|| in float64 sums, chunked so huge outputs need little extra memory.
-
-    NaN when out holds NaN/Inf; inf when shapes differ or ref is zero but out is not.
-    """
-    if tuple(out.shape) != tuple(ref.shape):
-        return math.inf
-    o, r = out.reshape(-1), ref.reshape(-1)
-    num = den = 0.0
-    for i in range(0, o.numel(), chunk):
-        oc, rc = o[i : i + chunk].float(), r[i : i + chunk].to(device=o.device).float()
-        num += float((oc - rc).double().square().sum())
-        den += float(rc.double().square().sum())
-    if math.isnan(num) or math.isinf(num):
-        return math.nan
-    if den == 0.0:
-        return 0.0 if num == 0.0 else math.inf
-    return math.sqrt(num / den)
-
-
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc)
-    return "out of memory" in text.lower() or "RESOURCE_EXHAUSTED" in text
-
-
-def _classify(exc: BaseException) -> tuple[str, str]:
-    if _is_oom(exc):
-        return "OOM", ""
-    if isinstance(exc, NotImplementedError):
-        return "n/a", str(exc)[:200]
-    return "error", f"{type(exc).__name__}: {exc}"[:300]
-
-
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def make_operands(cls: RaggedClass, shape: Shape, routing: str, cfg: BenchConfig, index: int = 0) -> Operands:
@@ -186,10 +145,10 @@ def _check(
             return "unchecked", None, peak_mb, ""
         err = normalised_error(*system.compared(out, ref, cls, sets[0]))
         del out
-        ok = err <= TOLERANCE.get(cfg.dtype, 1e-4)  # False for NaN
+        ok = err <= tolerance(cfg.dtype)  # False for NaN
         return ("ok" if ok else "wrong"), err, peak_mb, ""
     except Exception as exc:
-        status, note = _classify(exc)
+        status, note = failure_status(exc)
         return status, None, None, note
 
 
@@ -201,8 +160,8 @@ def _cell_inputs(
     try:
         return sets, reference.to_torch(reference.prepare(cls, sets[:1], cfg.dtype)[0]()), ""
     except Exception as exc:  # its systems are then timed as "unchecked"
-        _free(cfg.device)
-        return sets, None, "reference: " + " ".join(_classify(exc)).strip()
+        free_memory(cfg.device)
+        return sets, None, "reference: " + " ".join(failure_status(exc)).strip()
 
 
 def _time(timed: list[Timed], cfg: BenchConfig, failed: dict[str, tuple[str, str]]) -> dict[tuple[str, str], Timing]:
@@ -211,14 +170,14 @@ def _time(timed: list[Timed], cfg: BenchConfig, failed: dict[str, tuple[str, str
     try:
         return measure_clocks(timed, cfg.device, **args)
     except Exception:  # one system failed while timing: time them one by one to find which
-        _free(cfg.device)
+        free_memory(cfg.device)
     timings: dict[tuple[str, str], Timing] = {}
     for t in timed:
         try:
             timings.update(measure_clocks([t], cfg.device, **args))
         except Exception as exc:
-            failed[t.name] = _classify(exc)
-            _free(cfg.device)
+            failed[t.name] = failure_status(exc)
+            free_memory(cfg.device)
     return timings
 
 
@@ -276,17 +235,17 @@ def run_cell(
     try:
         sets, ref, ref_note = _cell_inputs(shape, cls, routing, cfg, reference or RagdotSystem("reference"))
     except Exception as exc:  # the inputs themselves do not fit
-        status, note = _classify(exc)
+        status, note = failure_status(exc)
         for r in checked.values():
             r.status, r.note = status, f"inputs: {note or status}"
-        _free(cfg.device)
+        free_memory(cfg.device)
         return _ordered([row for s in systems for row in _rows(checked[s.name], lanes[s.name], {}, None)])
     for system in systems:
         r = checked[system.name]
         try:
             calls[system.name] = system.prepare(cls, sets, cfg.dtype)
         except Exception as exc:
-            r.status, r.note = _classify(exc)
+            r.status, r.note = failure_status(exc)
             continue
         r.status, r.err, r.peak_mem_mb, r.note = _check(system, calls[system.name][0], ref, cfg, cls, sets)
         if r.status == "unchecked":
@@ -295,7 +254,7 @@ def run_cell(
             r.note = system.describe(cls, sets, cfg.dtype)
         if r.status not in ("ok", "unchecked"):
             calls.pop(system.name)
-            _free(cfg.device)
+            free_memory(cfg.device)
     del ref
     timed = [Timed(s.name, calls[s.name], s.sync, s.graphable) for s in systems if s.name in calls]
     failed: dict[str, tuple[str, str]] = {}
@@ -307,7 +266,7 @@ def run_cell(
     for system in systems:
         system.release()
     del sets, calls, timed, timings
-    _free(cfg.device)
+    free_memory(cfg.device)
     return results
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ragdot.bench.timing import HOST_BOUND_SHARE, is_host_bound, view_of
+from ragdot.measure.timing import HOST_BOUND_SHARE, is_host_bound, view_of
 
 __all__ = ["Row", "Stats", "PASSES", "BASELINE", "parse_rows", "merge", "ratios", "stats", "geomean",
            "views", "view_title", "markdown", "plot", "TIMED"]

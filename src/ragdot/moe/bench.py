@@ -22,10 +22,7 @@ plain-PyTorch ``peer`` layer); see ``ragdot.moe.layer_bench``.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
 import functools
-import json
 import math
 import statistics
 import time
@@ -48,6 +45,9 @@ from ragdot.cli_common import (
     quiet_native_stderr,
     safe_name,
 )
+from ragdot.measure import records
+from ragdot.measure.checks import failure_status
+from ragdot.measure.timing import capture_graph, event_ms, free_memory, median_ms, synchronize
 from ragdot.moe.layer_bench import LAYER_VARIANTS, add_layer_arguments
 from ragdot.moe.variants import VARIANTS
 
@@ -107,11 +107,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ------------------------------------------------------------------------------------------ measuring
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _train_step(model, opt, tokens) -> None:
     model.loss(tokens).backward()
     opt.step()
@@ -126,11 +121,7 @@ def _time_steps(model, opt, tokens, args, device) -> tuple[list[float], float | 
     that cannot be captured is timed eagerly instead, and the mode says so.
     """
     if device.type != "cuda":
-        times = []
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            _train_step(model, opt, tokens)
-            times.append(time.perf_counter() - t0)
+        times = [event_ms(lambda: _train_step(model, opt, tokens), device) / 1e3 for _ in range(args.steps)]
         return times, None, None, "eager"
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -148,55 +139,18 @@ def _time_steps(model, opt, tokens, args, device) -> tuple[list[float], float | 
     if not args.eager:
         torch.cuda.empty_cache()  # the graph's private pool cannot reuse blocks cached by the eager steps
         try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                _train_step(model, opt, tokens)
-            step, mode = graph.replay, "graph"
+            step, mode = capture_graph(lambda: _train_step(model, opt, tokens)), "graph"
         except Exception as exc:  # a host sync or too little memory for the graph: time eager steps
             opt.zero_grad(set_to_none=True)
-            graph = None
             torch.cuda.empty_cache()
             mode = f"eager (capture failed: {str(exc).splitlines()[0][:80]})"
     times: list[float] = []
     start_all = time.perf_counter()
     for _ in range(args.steps):
-        times.append(_event_ms(step, device) / 1e3)
+        times.append(event_ms(step, device) / 1e3)
         if len(times) >= 3 and time.perf_counter() - start_all > args.max_seconds:
             break
     return times, peak, temp, mode
-
-
-def _event_ms(fn, device: torch.device) -> float:
-    """Milliseconds of one fn() call: CUDA events around it on GPUs, the host clock otherwise."""
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t0)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize(device)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def _median_ms(fn, device: torch.device, graph: bool, reps: int = 20) -> float:
-    """Median milliseconds of fn() after two warm-up calls; with graph=True, of CUDA-graph replays of it."""
-    side = torch.cuda.Stream(device) if device.type == "cuda" else None
-    if side is not None:
-        side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        for _ in range(2):
-            fn()
-    if side is not None:
-        torch.cuda.current_stream(device).wait_stream(side)
-    if graph and device.type == "cuda":
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        fn = g.replay
-    return statistics.median(_event_ms(fn, device) for _ in range(reps))
 
 
 def _kernel_split(prof, device: torch.device) -> dict[str, float]:
@@ -236,7 +190,7 @@ def _profile_layer(layer, cfg, dtype, device, share: bool) -> dict[str, float | 
 
     def once() -> None:
         layer(x).backward(grad)
-        _sync(device)
+        synchronize(device)
 
     once()
     layer.zero_grad(set_to_none=True)  # as in a train step: the profiled backward writes fresh gradients
@@ -262,7 +216,6 @@ def _persistent_gb(cfg, itemsize: int) -> float:
 
 def _run_variant(model, opt, tokens, cfg, name, args, device, dtype) -> dict[str, Any]:
     import ragdot
-    from ragdot.bench.runner import _classify
 
     path, backend = VARIANTS[name]
     row: dict[str, Any] = {"variant": name, "path": path, "backend": backend or ""}
@@ -287,7 +240,7 @@ def _run_variant(model, opt, tokens, cfg, name, args, device, dtype) -> dict[str
             with quiet_native_stderr(device.type == "cpu"):  # the CPU profiler logs its start and stop there
                 row.update(_profile_layer(model.moe_layers[0], cfg, dtype, device, share=path == "sparse"))
     except Exception as exc:  # one variant's failure (OOM, a backend that cannot serve) must not end the run
-        status, note = _classify(exc)
+        status, note = failure_status(exc)
         row.update(status=status, note=note)
         opt.state.clear()  # a step cut short can leave AdamW state half made; the next variant starts afresh
     finally:
@@ -296,7 +249,6 @@ def _run_variant(model, opt, tokens, cfg, name, args, device, dtype) -> dict[str
 
 
 def _run_config(cfg, args, device, dtype, progress, task) -> list[dict[str, Any]]:
-    from ragdot.bench.runner import _free
     from ragdot.moe.model import MoEDecoder
 
     base = {
@@ -326,10 +278,10 @@ def _run_config(cfg, args, device, dtype, progress, task) -> list[dict[str, Any]
     for name in args.variants:
         progress.update(task, description=f"{cfg.name} {name}")
         rows.append({**base, **_run_variant(model, opt, tokens, cfg, name, args, device, dtype)})
-        _free(device)
+        free_memory(device)
         progress.advance(task)
     del model, opt
-    _free(device)
+    free_memory(device)
     return rows
 
 
@@ -398,8 +350,8 @@ def _routing_rows(cfg, device, dtype) -> list[dict[str, Any]]:
         def step(fwd=fwd) -> None:
             fwd().backward(grad)
 
-        fwd_ms, step_ms = _median_ms(fwd, device, graph=True), _median_ms(step, device, graph=True)
-        eager_ms = _median_ms(step, device, graph=False)
+        fwd_ms, step_ms = median_ms(fwd, device, graph=True), median_ms(step, device, graph=True)
+        eager_ms = median_ms(step, device, graph=False)
         rows.append(
             {
                 "config": cfg.name,
@@ -552,22 +504,7 @@ def _plot(rows: list[dict[str, Any]], out: Path, stem: str) -> list[Path]:
 
 
 def _meta(args, device, dtype) -> dict[str, Any]:
-    from ragdot.bench.cli import _commit
-
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {
-        "gpu": gpu,
-        "commit": _commit(),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "dtype": str(dtype).removeprefix("torch."),
+    return records.run_meta(device, dtype, with_triton=True) | {
         "steps": args.steps,
         "measure_from": args.measure_from,
         "capacity_factor": 1.25,
@@ -692,15 +629,5 @@ def _run_routing(configs, device, dtype, meta, out: Path, stem: str, console) ->
 
 
 def _save(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, stem: str) -> None:
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-    _write_csv(rows, out / f"{stem}.csv")
-
-
-def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    import csv
-
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
+    records.write_json(out / f"{stem}.json", meta, rows)
+    records.write_csv(rows, out / f"{stem}.csv")

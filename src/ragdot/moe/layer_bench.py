@@ -28,8 +28,6 @@ interrupted run (Ctrl-C) keeps what it measured.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import statistics
 import sys
@@ -40,6 +38,9 @@ from typing import Any
 import torch
 
 from ragdot.cli_common import UsageError
+from ragdot.measure import records
+from ragdot.measure.checks import failure_status
+from ragdot.measure.timing import free_memory, synchronize, timed_call
 
 __all__ = ["LAYER_VARIANTS", "DEFAULT_TOKENS", "MODES", "add_layer_arguments", "default_configs", "run_layer"]
 
@@ -93,14 +94,14 @@ def time_step(step, reset, device: torch.device, warmup: int, steps: int, max_se
         reset()
         t0 = time.perf_counter()
         step()
-        _sync(device)
+        synchronize(device)
         if i == 0:
             first = time.perf_counter() - t0
     ms, host = [], []
     begin = time.perf_counter()
     for _ in range(steps):
         reset()
-        ms_i, host_i = _one_step(step, device)
+        ms_i, host_i = timed_call(step, device)
         ms.append(ms_i)
         host.append(host_i)
         if len(ms) >= 3 and time.perf_counter() - begin > max_seconds:
@@ -110,30 +111,6 @@ def time_step(step, reset, device: torch.device, warmup: int, steps: int, max_se
             "first_s": first}  # fmt: skip
 
 
-def _one_step(step, device: torch.device) -> tuple[float, float]:
-    """(ms on the row's clock, host ms of the call without a sync)."""
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        step()
-        ms = 1e3 * (time.perf_counter() - t0)
-        return ms, ms
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize(device)
-    start.record()
-    t0 = time.perf_counter()
-    step()
-    host = 1e3 * (time.perf_counter() - t0)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end), host
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# ------------------------------------------------------------------------------------------ one row
 def _forward(layer, variant: str):
     """The x [T, dim] -> y [T, dim] callable of a variant (peer on the layer's own parameters)."""
     from ragdot.moe.peer import peer_moe
@@ -161,7 +138,6 @@ def measure_row(layer, x, dy, variant: str, mode: str, args: argparse.Namespace)
     """Time one (variant, mode) on x [T, dim] with cotangent dy [T, dim]; a failure becomes the row's status."""
     from torch._dynamo.utils import counters
 
-    from ragdot.bench.runner import _classify
 
     reason = _unavailable(variant)
     if reason is not None:
@@ -183,7 +159,7 @@ def measure_row(layer, x, dy, variant: str, mode: str, args: argparse.Namespace)
     try:
         t = time_step(step, reset, x.device, args.warmup, args.steps, args.max_seconds)
     except Exception as exc:  # OOM, a backend that cannot serve, a compile failure: report it, run on
-        status, note = _classify(exc)
+        status, note = failure_status(exc)
         return {"status": status, "note": _root_cause(exc) if status == "error" else note}
     finally:
         reset()
@@ -208,40 +184,11 @@ def _root_cause(exc: BaseException) -> str:
 
 
 # ------------------------------------------------------------------------------------------ output
-class RowWriter:
-    """CSV and JSON of one run in new files named by the start time (an earlier run is never overwritten)."""
+class RowWriter(records.RowWriter):
+    """CSV and JSON of one run in new files ``layer-<date>`` (an earlier run is never overwritten)."""
 
     def __init__(self, out: Path, meta: dict[str, Any]) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        stem = "layer-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        for n in range(1, 1000):
-            name = stem if n == 1 else f"{stem}_{n}"
-            self.csv, self.json = out / f"{name}.csv", out / f"{name}.json"
-            if self.json.exists():
-                continue
-            try:
-                with open(self.csv, "x") as f:  # exclusive: two runs started in one second get two names
-                    f.write(",".join(COLUMNS) + "\n")
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise FileExistsError(f"no free name for {stem} under {out}")
-        self.meta, self.rows = meta, []
-        self._write_json()
-
-    def add(self, row: dict[str, Any]) -> None:
-        import csv
-
-        self.rows.append(row)
-        with open(self.csv, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore").writerow(row)
-        self._write_json()
-
-    def _write_json(self) -> None:
-        tmp = self.json.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"meta": self.meta, "rows": self.rows}, indent=1, default=str))
-        tmp.replace(self.json)  # whole or not at all, even when interrupted
+        super().__init__(out, "layer", meta, COLUMNS)
 
 
 def speedups(rows: list[dict[str, Any]]) -> None:
@@ -306,7 +253,6 @@ def _weights_gb(cfg, itemsize: int) -> float:
 
 
 def _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit) -> None:
-    from ragdot.bench.runner import _free
     from ragdot.moe.layer import MoELayer
 
     info = {**base, "config": cfg.name, "dim": cfg.dim, "hidden": cfg.moe_hidden, "experts": cfg.num_experts,
@@ -330,24 +276,21 @@ def _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit) 
         for m in modes:
             for v in variants:
                 emit({**info, "tokens": t, "mode": m, "variant": v, **measure_row(layer, x, dy, v, m, args)})
-                _free(device)
+                free_memory(device)
         del x, dy
     del layer
     torch._dynamo.reset()
-    _free(device)
+    free_memory(device)
 
 
 def _meta(device: torch.device, dtype: torch.dtype, args: argparse.Namespace) -> dict[str, Any]:
-    from ragdot.bench.cli import _commit
-
-    return {
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "commit": _commit(),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "dtype": str(dtype).removeprefix("torch."),
-    } | {"warmup": args.warmup, "steps": args.steps, "compile_backend": args.compile_backend,
-         "fullgraph": not args.allow_graph_breaks, "routing_impl": args.routing_impl}  # fmt: skip
+    return records.run_meta(device, dtype) | {
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "compile_backend": args.compile_backend,
+        "fullgraph": not args.allow_graph_breaks,
+        "routing_impl": args.routing_impl,
+    }
 
 
 def run_layer(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> int:

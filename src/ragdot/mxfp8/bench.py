@@ -16,8 +16,6 @@ Quantization is timed separately. Results go to new files per run, <out>/mxfp8-b
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
 import multiprocessing
 import platform
@@ -42,6 +40,9 @@ from ragdot.cli_common import (
     parse_shape_args,
     safe_name,
 )
+from ragdot.measure import records
+from ragdot.measure.checks import max_abs_error
+from ragdot.measure.timing import sustained_ms
 
 HELP = "benchmark the MXFP8 grouped weight gradient against bf16 grouped GEMMs (GPU)"
 
@@ -167,26 +168,6 @@ def precompile(jobs: int, shapes: list[str], variants: list[Variant], problems: 
     print(f"precompile: {len(todo)} kernels in {time.perf_counter() - t0:.1f}s", flush=True)
 
 
-def sustained_ms(fn, seconds: float) -> float:
-    """Mean ms per call over back-to-back launches filling about `seconds` (no per-call sync)."""
-    if not torch.cuda.is_available():  # smoke runs on the CPU: wall clock
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    reps = max(3, min(200, int(seconds / max(time.perf_counter() - t0, 1e-5))))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def _oracle(mx: tuple, sizes: list[int], experts: list[int]) -> dict[int, torch.Tensor]:
     """FP32 oracle (dequantize, matmul without TF32) of the weight gradient of a few experts."""
     from ragdot.mxfp8 import dequantize
@@ -204,13 +185,7 @@ def _oracle(mx: tuple, sizes: list[int], experts: list[int]) -> dict[int, torch.
 
 def _max_rel_err(out: torch.Tensor, refs: dict[int, torch.Tensor]) -> float:
     """max over the checked experts of max|out - ref| / max|ref| (inf for any NaN or a wrong empty slab)."""
-    worst = 0.0
-    for g, ref in refs.items():
-        scale = ref.abs().max().item()
-        diff = (out[g].float() - ref).abs().max().item()
-        err = diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
-        worst = max(worst, err if math.isfinite(err) else math.inf)
-    return worst
+    return max((max_abs_error(out[g], ref) for g, ref in refs.items()), default=0.0)
 
 
 def bench_shape(shape: str, args, variants: list[Variant], rows: list[dict], dims: tuple | None = None) -> None:
@@ -330,22 +305,15 @@ def _check_device(spec: str | None) -> torch.device:
 
 
 def _write(rows: list[dict], variants: list[Variant], args: argparse.Namespace, out: Path) -> list[Path]:
-    stem = new_stem(out, f"mxfp8-bench-{safe_name(_gpu())}")
+    stem = new_stem(out, f"mxfp8-bench-{safe_name(records.gpu_name())}")
     csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["shape"])
-        writer.writeheader()
-        writer.writerows(rows)
-    meta = dict(gpu=_gpu(), torch=torch.__version__, python=platform.python_version(),
+    records.write_csv(rows, csv_path, None if rows else ["shape"])
+    meta = dict(gpu=records.gpu_name(), torch=torch.__version__, python=platform.python_version(),
                 date=time.strftime("%Y-%m-%d %H:%M:%S"),
                 args={k: v for k, v in vars(args).items() if not k.startswith("_")},
                 variants=[asdict(v) for v in variants])
-    json_path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str))
+    records.write_json(json_path, meta, rows)
     return [csv_path, json_path]
-
-
-def _gpu() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,12 +17,12 @@ import torch
 
 from ragdot.backends import available_backends, get_backend
 from ragdot.groups import group_ends_from_sizes
+from ragdot.measure.checks import normalised_error, within_tolerance
 from ragdot.tune.key import TuneKey, key_for
 
 __all__ = ["Candidate", "candidates_for", "pick_winner", "measure_problem", "tune_key", "ROUTINGS"]
 
 ROUTINGS: tuple[str, ...] = ("balanced", "skewed")
-TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 
 Candidate = tuple[str, Any]  # (backend name, that backend's config or None)
 
@@ -78,7 +78,7 @@ def measure_problem(
     iters: int = 20,
 ) -> dict[str, dict[str, float]]:
     """Median ms per candidate label and routing; wrong or failing candidates are left out."""
-    from ragdot.bench.timing import Timed, measure
+    from ragdot.measure.timing import Timed, measure
     from ragdot.routing import group_sizes
 
     extent = a.shape[1]
@@ -97,8 +97,7 @@ def measure_problem(
                 out = fn(sizes_arg)
             except (NotImplementedError, RuntimeError):
                 continue  # cannot run this case (e.g. shared memory): not a candidate here
-            err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-            if not err <= TOLERANCE.get(a.dtype, 2e-2):
+            if not within_tolerance(normalised_error(out, ref), a.dtype, default=2e-2):
                 continue
             systems.append(Timed(label(cand), [lambda fn=fn, sizes=sizes_arg: fn(sizes)]))
         # Device time (CUDA-graph replays): host dispatch overhead must not decide between kernels.

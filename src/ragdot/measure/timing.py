@@ -1,4 +1,8 @@
-"""Timing of several systems on one problem: warm-up, interleaved rounds, median and spread.
+"""Timing: one call on the device clock, CUDA-graph capture, and several systems on one problem
+(warm-up, interleaved rounds, median and spread).
+
+Single calls (`timed_call`, `event_ms`, `median_ms`, `sustained_ms`, `capture_graph`, `spans_ms`) serve the
+MoE, MXFP8 and kernel benchmarks; `measure_clocks` / `measure` serve ``ragdot bench`` and the tuner.
 
 Clocks (the `clock` of every timing; each one also records the host time per call, see below):
 - ``eager`` (CUDA): CUDA events around a batch of back-to-back eager calls (EAGER_BATCH, fewer when the
@@ -29,6 +33,8 @@ fewer than MIN_ITERS), fast ones the full count.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +52,15 @@ __all__ = [
     "measure",
     "measure_clocks",
     "synchronize",
+    "free_memory",
+    "timed_call",
+    "event_ms",
+    "median_ms",
+    "sustained_ms",
+    "capture_graph",
+    "warm_off_stream",
+    "span",
+    "spans_ms",
     "is_host_bound",
     "view_of",
     "parse_clocks",
@@ -149,6 +164,107 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def free_memory(device: torch.device) -> None:
+    """Collect garbage and, on CUDA, return cached blocks: the next measurement starts from a clean pool."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+Span = tuple[Any, Any]  # (start, end) CUDA events around some calls, not yet waited for
+
+
+def span(fn: Callable[[], Any]) -> Span:
+    """Record CUDA events around fn() without waiting: read them with `spans_ms` once all are issued."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    return start, end
+
+
+def spans_ms(spans: Sequence[Span]) -> list[float]:
+    """Milliseconds of every span, after waiting for the last one."""
+    if spans:
+        spans[-1][1].synchronize()
+    return [start.elapsed_time(end) for start, end in spans]
+
+
+def timed_call(fn: Callable[[], Any], device: torch.device) -> tuple[float, float]:
+    """(ms, host ms) of one fn() call: CUDA events around it on a GPU (host ms: issuing it, without a
+    wait), the wall clock elsewhere (both values the same)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        ms = 1e3 * (time.perf_counter() - t0)
+        return ms, ms
+    host: list[float] = []
+
+    def issue() -> None:
+        t0 = time.perf_counter()
+        fn()
+        host.append(1e3 * (time.perf_counter() - t0))
+
+    torch.cuda.synchronize(device)
+    (ms,) = spans_ms([span(issue)])
+    return ms, host[0]
+
+
+def event_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    """Milliseconds of one fn() call: CUDA events around it on GPUs, the host clock otherwise."""
+    return timed_call(fn, device)[0]
+
+
+def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """fn() captured once in a CUDA graph; returns the graph's replay. Raises where fn cannot be captured
+    (a host synchronisation inside, too little memory)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def warm_off_stream(fn: Callable[[], Any], device: torch.device, calls: int = 2) -> None:
+    """`calls` warm-up calls of fn(), on a side stream on CUDA (as graph capture wants)."""
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        for _ in range(calls):
+            fn()
+    if side is not None:
+        torch.cuda.current_stream(device).wait_stream(side)
+
+
+def median_ms(fn: Callable[[], Any], device: torch.device, graph: bool, reps: int = 20) -> float:
+    """Median milliseconds of fn() after two warm-up calls; with graph=True, of CUDA-graph replays of it."""
+    warm_off_stream(fn, device)
+    if graph and device.type == "cuda":
+        fn = capture_graph(fn)
+    return statistics.median(event_ms(fn, device) for _ in range(reps))
+
+
+def sustained_ms(fn: Callable[[], Any], seconds: float) -> float:
+    """Mean ms per call over back-to-back launches filling about `seconds` (no per-call sync); one call on
+    the wall clock without CUDA."""
+    if not torch.cuda.is_available():  # smoke runs on the CPU: wall clock
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    reps = max(3, min(200, int(seconds / max(time.perf_counter() - t0, 1e-5))))
+
+    def batch() -> None:
+        for _ in range(reps):
+            fn()
+
+    (ms,) = spans_ms([span(batch)])
+    return ms / reps
+
+
 def plan_counts(t_call: float, warmup: int, iters: int, max_seconds: float | None) -> tuple[int, int]:
     """(warm-up, iterations) for a call of `t_call` seconds within `max_seconds` (None: no bound).
 
@@ -199,20 +315,15 @@ def _call_once(system: Timed, index: int, device: torch.device) -> float:
 def _capture(system: Timed) -> list[Callable[[], Any]] | None:
     """One CUDA graph per input set, as replay calls (each replayed once, untimed); None when a call
     cannot be captured."""
-    graphs = []
     try:
-        for call in system.calls:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call()
-            graphs.append(graph)
+        replays = [capture_graph(call) for call in system.calls]
     except Exception:  # e.g. a host synchronisation inside the call
         torch.cuda.synchronize()
         return None
-    for graph in graphs:
-        graph.replay()
+    for replay in replays:
+        replay()
     torch.cuda.synchronize()
-    return [g.replay for g in graphs]
+    return replays
 
 
 def _round(
@@ -234,28 +345,25 @@ def _round(
         sync(out)
         mean = (time.perf_counter() - t0) * 1e3 / count
         return [mean], [mean]
-    n = len(calls)
     if device.type == "cuda":
         events = [torch.cuda.Event(enable_timing=True) for _ in range(count + 1)]
         hosts = []
         events[0].record()
         for i in range(count):
-            first = start + i * batch
-            t0 = time.perf_counter()
-            for k in range(first, first + batch):
-                calls[k % n]()
-            hosts.append((time.perf_counter() - t0) * 1e3 / batch)  # issue time only: no wait for the GPU
+            hosts.append(_issue(calls, start + i * batch, batch))  # issue time only: no wait for the GPU
             events[i + 1].record()
         events[-1].synchronize()
         return [events[i].elapsed_time(events[i + 1]) / batch for i in range(count)], hosts
-    samples = []
-    for i in range(count):
-        first = start + i * batch
-        t0 = time.perf_counter()
-        for k in range(first, first + batch):
-            calls[k % n]()
-        samples.append((time.perf_counter() - t0) * 1e3 / batch)
+    samples = [_issue(calls, start + i * batch, batch) for i in range(count)]
     return samples, list(samples)
+
+
+def _issue(calls: Sequence[Callable[[], Any]], first: int, batch: int) -> float:
+    """Wall ms per call of issuing calls[first], ... (`batch` of them, rotating over the input sets)."""
+    t0 = time.perf_counter()
+    for k in range(first, first + batch):
+        calls[k % len(calls)]()
+    return (time.perf_counter() - t0) * 1e3 / batch
 
 
 @dataclass

@@ -1,0 +1,127 @@
+"""Host time per call: back-to-back calls on the wall clock, and on CUDA their eager and device time.
+
+A pass issues `calls` calls in chunks (all at once with chunk 0), a sync before each chunk. Host time is the
+wall time of issuing them; eager time, CUDA events around each chunk; device time, the same events with the
+GPU held by a spin kernel long enough that every launch of the chunk is queued before the first one runs
+(a pass whose hold ran out early is retried with a longer hold, and given up after four tries).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ragdot.measure.timing import synchronize
+
+__all__ = ["HostTiming", "time_host", "budgeted_calls", "chunk_sizes", "MIN_CALLS"]
+
+MIN_CALLS = 10  # the time budget never cuts a pass below this many calls
+PILOT_CALLS = 10
+DEVICE_REPEATS = 3  # at most this many device-time passes (device time varies less than host time)
+HOLD_CYCLES_PER_US = 2000  # spin-kernel cycles per microsecond (about the SM clock of current GPUs)
+
+
+@dataclass(frozen=True)
+class HostTiming:
+    """Per-call times of one system in one phase, microseconds (eager and device: CUDA only)."""
+
+    host_us: float
+    calls: int
+    eager_us: float | None = None
+    device_us: float | None = None
+
+    @property
+    def host_bound(self) -> bool | None:
+        return None if self.device_us is None else self.host_us >= self.device_us
+
+
+def chunk_sizes(calls: int, chunk: int) -> Iterator[int]:
+    step = chunk if chunk > 0 else calls
+    for start in range(0, calls, step):
+        yield min(step, calls - start)
+
+
+def _pass(
+    call: Callable[[], Any], calls: int, chunk: int, device: torch.device, hold_cycles: int = 0
+) -> tuple[float, float | None, bool]:
+    """(host µs per call, event µs per call or None, whether a hold covered every chunk's launches)."""
+    cuda = device.type == "cuda"
+    events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+    host_s, event_ms, covered = 0.0, 0.0, True
+    for n in chunk_sizes(calls, chunk):
+        synchronize(device)
+        if events is not None:
+            if hold_cycles:
+                torch.cuda._sleep(hold_cycles)
+            events[0].record()
+        start = time.perf_counter()
+        for _ in range(n):
+            call()
+        host_s += time.perf_counter() - start
+        if events is not None:
+            if hold_cycles and events[0].query():  # the GPU got to the calls before all were queued
+                covered = False
+            events[1].record()
+            events[1].synchronize()
+            event_ms += events[0].elapsed_time(events[1])
+    return host_s * 1e6 / calls, (event_ms * 1e3 / calls if cuda else None), covered
+
+
+def budgeted_calls(per_call_us: float, calls: int, passes: int, max_seconds: float) -> int:
+    """The call count per pass that keeps `passes` passes within `max_seconds` (0: no bound)."""
+    if max_seconds <= 0 or per_call_us <= 0:
+        return calls
+    fit = int(max_seconds * 1e6 / (passes * per_call_us))
+    return max(min(calls, fit), min(MIN_CALLS, calls))
+
+
+def _device_us(call: Callable[[], Any], calls: int, chunk: int, device: torch.device, host_us: float) -> float | None:
+    """Device time per call: chunks issued behind a spin kernel long enough to cover their launches."""
+    if not hasattr(torch.cuda, "_sleep"):
+        return None
+    chunk_calls = min(chunk if chunk > 0 else calls, calls)
+    hold_us = 1.5 * host_us * chunk_calls + 100.0
+    for _ in range(4):
+        _, event_us, covered = _pass(call, calls, chunk, device, int(hold_us * HOLD_CYCLES_PER_US))
+        if covered:
+            return event_us
+        hold_us *= 4
+    return None
+
+
+def time_host(
+    call: Callable[[], Any],
+    device: torch.device,
+    *,
+    calls: int,
+    repeats: int,
+    warmup: int,
+    chunk: int = 0,
+    max_seconds: float = 0.0,
+) -> HostTiming:
+    """Host time per call of `call` and, on CUDA, its eager and device time per call (medians over passes).
+
+    Warm-up calls and a sync first, then a short pilot pass whose time per call sets the calls per pass so
+    that all passes fit `max_seconds` (0: no bound), then `repeats` passes (host and eager time) and on CUDA
+    up to DEVICE_REPEATS passes with the GPU held (device time).
+    """
+    for _ in range(warmup):
+        call()
+    synchronize(device)
+    device_repeats = min(repeats, DEVICE_REPEATS) if device.type == "cuda" else 0
+    passes = repeats + device_repeats
+    pilot_host, pilot_event, _ = _pass(call, min(calls, PILOT_CALLS), chunk, device)
+    calls = budgeted_calls(max(pilot_host, pilot_event or 0.0), calls, passes, max_seconds)
+    samples = [_pass(call, calls, chunk, device) for _ in range(repeats)]
+    host_us = statistics.median(s[0] for s in samples)
+    if device.type != "cuda":
+        return HostTiming(host_us, calls)
+    eager_us = statistics.median(s[1] for s in samples)
+    device_samples = [_device_us(call, calls, chunk, device, host_us) for _ in range(device_repeats)]
+    device_us = None if None in device_samples else statistics.median(device_samples)
+    return HostTiming(host_us, calls, eager_us, device_us)

@@ -1,0 +1,258 @@
+"""ragdot.measure: the timing plan and the clocks (on stand-in CUDA events), single-call timing, the
+correctness checks and tolerances, run records and their files."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import time
+
+import pytest
+import torch
+
+from ragdot.bench.runner import Result
+from ragdot.measure import checks, records, timing
+from ragdot.measure.checks import normalised_error
+from ragdot.measure.timing import MIN_ITERS, Timed, measure, measure_clocks, plan_counts
+from ragdot.shapes import get_shape
+
+CPU = torch.device("cpu")
+TINY = get_shape("tiny-8e")
+CUDA = torch.device("cuda")  # only a name here: nothing below touches a GPU
+
+
+# ------------------------------------------------------------------------------------------ timing plan
+
+
+def test_plan_counts_bound_slow_calls_and_keep_fast_ones():
+    assert plan_counts(1e-4, 10, 50, 1.0) == (10, 50)
+    warm, iters = plan_counts(0.2, 10, 50, 1.0)  # the padded baseline on a big shape
+    assert warm == 1 and iters == 4
+    assert plan_counts(5.0, 10, 50, 1.0) == (1, MIN_ITERS)  # never skipped
+    assert plan_counts(5.0, 10, 50, None) == (10, 50)
+    with pytest.raises(ValueError, match="iters"):
+        plan_counts(1.0, 1, 0, 1.0)
+
+
+def test_measure_rotates_inputs_and_counts_calls():
+    seen: list[int] = []
+    calls = [lambda i=i: seen.append(i) for i in range(3)]
+    timings = measure([Timed("a", calls), Timed("b", [lambda: None])], CPU, warmup=2, iters=7, rounds=3)
+    assert timings["a"].iters == 7 and len(timings["a"].samples_ms) == 7
+    assert len(seen) == 1 + 1 + 7  # estimate, one more warm-up, the iterations
+    assert set(seen) == {0, 1, 2}
+    assert timings["a"].p20 <= timings["a"].median <= timings["a"].p80
+
+
+
+def test_normalised_error_edge_cases():
+    a = torch.ones(3, 4)
+    assert normalised_error(a, a) == 0.0
+    assert normalised_error(a, torch.ones(4, 3)) == math.inf
+    assert math.isclose(normalised_error(a * 1.5, a), 0.5)
+    assert normalised_error(torch.ones(10) * 2, torch.ones(10), chunk=3) == pytest.approx(1.0)
+    assert normalised_error(torch.zeros(2), torch.zeros(2)) == 0.0
+
+
+
+# -------------------------------------------------------------------------------------------- clocks
+
+def test_clock_names_batches_and_lanes():
+    graphable, eager_only = Timed("a", []), Timed("b", [], graphable=False)
+    asynchronous = Timed("x", [], sync=lambda out: None)
+    assert timing.lane_clocks(graphable, CUDA, timing.CLOCKS) == ["eager", "graph"]
+    assert timing.lane_clocks(graphable, CUDA, ("graph",)) == ["graph"]
+    assert timing.lane_clocks(eager_only, CUDA, timing.CLOCKS) == ["eager"]
+    assert timing.lane_clocks(eager_only, CUDA, ("graph",)) == ["eager"]  # timed eagerly; its clock says so
+    assert timing.lane_clocks(asynchronous, CUDA, timing.CLOCKS) == ["batch"]
+    assert timing.lane_clocks(graphable, CPU, timing.CLOCKS) == ["wall"]
+    assert [timing.eager_batch(n) for n in (50, 30, 9, 4, 1)] == [10, 10, 3, 1, 1]
+    assert timing.parse_clocks(["graph", "eager", "graph"]) == ("eager", "graph")
+    with pytest.raises(ValueError, match="--clocks: device"):
+        timing.parse_clocks(["device"])
+    assert [timing.view_of(c) for c in ("eager", "event", "batch", "graph", "wall", "")] == [
+        "eager", "eager", "eager", "graph", "wall", "eager"]
+    assert [sum(timing._share(3, 5, r) for r in range(5)), timing._share(3, 5, 0)] == [3, 0]
+
+
+def test_host_bound_flag():
+    share = timing.HOST_BOUND_SHARE
+    assert timing.is_host_bound("eager", 1.0, share) and timing.is_host_bound("graph", 0.01, 0.02)
+    assert not timing.is_host_bound("eager", 1.0, 0.99 * share)
+    assert not timing.is_host_bound("wall", 1.0, 1.0) and not timing.is_host_bound("batch", 1.0, 1.0)
+    assert not timing.is_host_bound("eager", None, 1.0) and not timing.is_host_bound("eager", 1.0, None)
+    r = Result(TINY, "fwd_wi", "balanced", "x", "ok", 1, 1, 1e-6, ms=0.1, host_ms=0.2, clock="eager")
+    assert r.host_bound and not dataclasses.replace(r, clock="wall").host_bound
+
+
+class _HostEvent:
+    """A stand-in for torch.cuda.Event on the host clock (a device that runs each call as it is issued)."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _HostEvent) -> float:
+        return (end.t - self.t) * 1e3
+
+
+def _stand_in_cuda(monkeypatch, replays: list[str]) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(timing, "synchronize", lambda device: None)
+
+    def capture(system):
+        return None if system.name == "nocapture" else [lambda: replays.append(system.name)] * len(system.calls)
+
+    monkeypatch.setattr(timing, "_capture", capture)
+
+
+def test_cuda_clocks_interleave_batches_and_replays(monkeypatch):
+    replays: list[str] = []
+    _stand_in_cuda(monkeypatch, replays)
+    calls: list[str] = []
+
+    def call(name):
+        def run():
+            calls.append(name)
+            time.sleep(2e-4)  # the host's cost of the call: the stand-in device is idle otherwise
+
+        return run
+
+    systems = [Timed("a", [call("a")] * 2), Timed("b", [call("b")], graphable=False),
+               Timed("nocapture", [call("n")])]
+    got = measure_clocks(systems, CUDA, clocks=timing.CLOCKS, warmup=2, iters=30, rounds=5)
+    assert set(got) == {("a", "eager"), ("a", "graph"), ("b", "eager"), ("nocapture", "eager")}
+    eager, graph = got[("a", "eager")], got[("a", "graph")]
+    assert (eager.clock, eager.batch, eager.iters, len(eager.samples_ms), len(eager.host_ms)) == ("eager", 10, 30, 3, 3)
+    assert (graph.clock, graph.batch, graph.iters, len(graph.samples_ms)) == ("graph", 1, 30, 30)
+    assert calls.count("a") == 1 + 1 + 30 and replays.count("a") == 30  # estimate, warm-up, eager iterations
+    assert eager.host_bound and eager.median >= eager.host > 0  # events on the host clock: host-bound by design
+    # the tuner's single-clock view: a graph where it can be captured, eager calls where not
+    one = measure(systems, CUDA, warmup=1, iters=6, graphs=True)
+    assert {n: t.clock for n, t in one.items()} == {"a": "graph", "b": "eager", "nocapture": "eager"}
+
+
+def test_cpu_has_one_clock_whatever_is_asked():
+    got = measure_clocks([Timed("a", [lambda: None])], CPU, clocks=timing.CLOCKS, warmup=1, iters=4, rounds=2)
+    assert list(got) == [("a", "wall")]
+    assert got[("a", "wall")].host_ms == got[("a", "wall")].samples_ms and not got[("a", "wall")].host_bound
+
+
+
+# ---------------------------------------------------------------------------------------- single calls
+
+
+def test_single_call_helpers_on_the_wall_clock():
+    log: list[int] = []
+    ms, host = timing.timed_call(lambda: log.append(1), CPU)
+    assert ms == host >= 0 and log == [1]
+    assert timing.event_ms(lambda: time.sleep(1e-3), CPU) >= 1.0
+    assert timing.median_ms(lambda: log.append(2), CPU, graph=True, reps=3) >= 0  # no graph off CUDA
+    assert log.count(2) == 2 + 3  # two warm-up calls, then the timed ones
+
+
+def test_single_call_helpers_on_stand_in_cuda_events(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    log: list[int] = []
+    ms, host = timing.timed_call(lambda: (log.append(1), time.sleep(2e-3)), CUDA)
+    assert ms >= host >= 2.0 and log == [1]
+    per_call = timing.sustained_ms(lambda: (log.append(2), time.sleep(1e-4)), seconds=0.0)
+    assert per_call >= 0.1 and log.count(2) == 1 + 3  # the estimate, then at least three timed calls
+    spans = [timing.span(lambda: time.sleep(1e-3)) for _ in range(2)]
+    assert all(ms >= 1.0 for ms in timing.spans_ms(spans)) and timing.spans_ms([]) == []
+
+
+def test_sustained_ms_without_cuda_times_one_call(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    log: list[int] = []
+    assert timing.sustained_ms(lambda: log.append(1), seconds=10.0) >= 0 and log == [1]
+
+
+def test_a_call_that_cannot_be_captured_has_no_graph(monkeypatch):
+    def refuse(fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(timing, "capture_graph", refuse)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    assert timing._capture(Timed("a", [lambda: None])) is None
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def test_one_tolerance_table():
+    assert {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4} == checks.TOLERANCE
+    assert checks.tolerance(torch.float64) == 1e-4 and checks.tolerance(torch.float64, default=2e-2) == 2e-2
+    assert checks.within_tolerance(1e-2, torch.bfloat16) and not checks.within_tolerance(1e-2, torch.float16)
+    assert not checks.within_tolerance(math.nan, torch.bfloat16)
+
+
+def test_max_abs_error_and_failure_status():
+    ref = torch.tensor([1.0, -4.0])
+    assert checks.max_abs_error(ref, ref) == 0.0
+    assert checks.max_abs_error(ref + torch.tensor([0.0, 0.4]), ref) == pytest.approx(0.1)
+    assert checks.max_abs_error(torch.tensor([math.nan, 0.0]), ref) == math.inf
+    assert checks.max_abs_error(torch.ones(2), torch.zeros(2)) == math.inf
+    assert checks.max_abs_error(torch.zeros(2), torch.zeros(2)) == 0.0
+    assert checks.failure_status(torch.OutOfMemoryError("CUDA out of memory")) == ("OOM", "")
+    assert checks.failure_status(RuntimeError("RESOURCE_EXHAUSTED: 2 GB"))[0] == "OOM"
+    assert checks.failure_status(NotImplementedError("not here")) == ("n/a", "not here")
+    assert checks.failure_status(ValueError("bad")) == ("error", "ValueError: bad")
+
+
+# --------------------------------------------------------------------------------------------- records
+
+
+def test_run_meta_and_commit(monkeypatch):
+    monkeypatch.setenv("RAGDOT_COMMIT", "abc123")
+    assert records.commit() == "abc123"
+    meta = records.run_meta(CPU, torch.bfloat16, with_triton=True)
+    assert list(meta) == ["gpu", "commit", "date", "torch", "triton", "dtype"]
+    assert (meta["gpu"], meta["commit"], meta["dtype"]) == ("cpu", "abc123", "bfloat16")
+    assert meta["torch"] == torch.__version__
+    assert records.run_meta("cpu", commit_id="given")["commit"] == "given" and records.gpu_name(CPU) == "cpu"
+
+
+def test_csv_and_json_writers(tmp_path):
+    rows = [{"a": 1, "b": 2}, {"a": 3, "c": 4}]
+    path = records.write_csv(rows, tmp_path / "x.csv")
+    with open(path) as f:
+        assert list(csv.DictReader(f)) == [{"a": "1", "b": "2", "c": ""}, {"a": "3", "b": "", "c": "4"}]
+    records.write_csv([], tmp_path / "e.csv", ["shape"])
+    assert (tmp_path / "e.csv").read_text().strip() == "shape"
+    doc = tmp_path / "x.json"
+    records.write_json(doc, {"m": 1}, rows, columns=("a", "b"), newline=True)
+    assert json.loads(doc.read_text()) == {"meta": {"m": 1}, "columns": ["a", "b"], "rows": rows}
+    assert doc.read_text().endswith("\n") and not list(tmp_path.glob("*.tmp"))
+    records.write_json(doc, {"when": dataclasses}, [])  # what JSON lacks becomes text
+    assert list(json.loads(doc.read_text())) == ["meta", "rows"]
+
+
+def test_row_writer_never_overwrites_a_run(tmp_path):
+    first = records.RowWriter(tmp_path, "run", {"n": 1}, ("a", "b"))
+    first.add({"a": 1, "b": 2, "extra": 3})
+    second = records.RowWriter(tmp_path, "run", {"n": 2}, ("a", "b"))
+    assert {first.csv, first.json}.isdisjoint({second.csv, second.json})
+    assert first.csv.read_text().splitlines() == ["a,b", "1,2"]
+    assert json.loads(first.json.read_text()) == {"meta": {"n": 1}, "rows": [{"a": 1, "b": 2, "extra": 3}]}
+
+
+def test_measurement_needs_no_optional_dependency_and_the_library_no_benchmark_code():
+    from pathlib import Path
+
+    src = Path(timing.__file__).resolve().parents[1]
+    for path in (src / "measure").glob("*.py"):
+        text = path.read_text()
+        assert not any(f"import {m}" in text for m in ("numpy", "rich", "matplotlib")), path.name
+    for path in [src / "tune" / "tuner.py", *(src / "moe").glob("*.py")]:
+        text = path.read_text()
+        assert not any(f"ragdot.bench.{m}" in text for m in ("timing", "runner", "cli")), path.name
