@@ -419,10 +419,8 @@ def measure_shape(
 
 
 def _console() -> Any:
-    try:
-        from ragdot.bench.text import Console
-    except ImportError:
-        return None
+    from ragdot.bench.text import Console  # plain text where rich is not installed
+
     return Console(width=None if sys.stdout.isatty() else 200)
 
 
