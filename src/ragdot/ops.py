@@ -35,7 +35,7 @@ from ragdot.backends import get_backend
 from ragdot.tune.cache import CACHE
 from ragdot.tune.select import plan
 
-__all__ = ["run", "runner", "RaggedProblem", "ragged_m_op", "ragged_k_op", "batch_op", "clear_runners"]
+__all__ = ["run", "runner", "RaggedProblem", "ragged_m_op", "ragged_k_op", "batch_op"]
 
 _LIB = "ragdot"
 _MAX_RUNNERS = 4096
@@ -138,11 +138,6 @@ class Runner:
 _RUNNERS: dict[tuple, Runner] = {}
 
 
-def clear_runners() -> None:
-    """Forget every prepared runner (the next call of each signature prepares it again)."""
-    _RUNNERS.clear()
-
-
 def _state(a: torch.Tensor) -> tuple:
     """What a choice depends on beyond the signature: the tuning cache's content, TF32 for float32
     (torch's matmul setting, as torch.matmul reads it) and, on CUDA, whether a graph is being captured."""
@@ -183,19 +178,16 @@ def plain_call(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def run(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, out_dtype: torch.dtype,
-        backend: str, scale: int = 1, prepared: Runner | None = None) -> torch.Tensor:
-    """One canonical problem, differentiable in a and b. `prepared` may pass the runner of exactly these
-    operands' signature when the caller already holds it."""
+        backend: str, scale: int = 1) -> torch.Tensor:
+    """One canonical problem, differentiable in a and b."""
     spec = (problem, out_dtype, backend, scale)
     if _transformed():
         return RaggedProblem.apply(a, b, sizes, spec)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return _EagerProblem.apply(a, b, sizes, spec, prepared)
+        return _EagerProblem.apply(a, b, sizes, spec)
     if _wrapped(a) or _wrapped(b) or (sizes is not None and _wrapped(sizes)):
-        a, b, sizes, prepared = _plain(a), _plain(b), _plain(sizes), None
-    if prepared is None:
-        prepared = runner(problem, backend, a, b, 0 if sizes is None else sizes.shape[0], out_dtype, scale)
-    return prepared(a, b, sizes)
+        a, b, sizes = _plain(a), _plain(b), _plain(sizes)
+    return _forward(a, b, sizes, spec)
 
 
 def _transformed() -> bool:
@@ -246,11 +238,9 @@ def jvp(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | No
     return total.to(out_dtype)
 
 
-def _forward(a, b, sizes, spec, prepared: Runner | None = None) -> torch.Tensor:
+def _forward(a, b, sizes, spec) -> torch.Tensor:
     problem, out_dtype, backend, scale = spec
-    if prepared is None:
-        prepared = runner(problem, backend, a, b, 0 if sizes is None else sizes.shape[0], out_dtype, scale)
-    return prepared(a, b, sizes)
+    return runner(problem, backend, a, b, 0 if sizes is None else sizes.shape[0], out_dtype, scale)(a, b, sizes)
 
 
 def _backward(ctx, dc):
@@ -261,17 +251,17 @@ def _backward(ctx, dc):
 
 class _EagerProblem(torch.autograd.Function):
     """One canonical problem in eager autograd (inputs that require grad, no transform active).
-    spec = (problem, out_dtype, backend, scale); `prepared`: the forward's runner, when the caller holds it."""
+    spec = (problem, out_dtype, backend, scale)."""
 
     @staticmethod
-    def forward(ctx, a, b, sizes, spec, prepared):
+    def forward(ctx, a, b, sizes, spec):
         ctx.spec = spec
         ctx.save_for_backward(a, b, sizes)
-        return _forward(a, b, sizes, spec, prepared)
+        return _forward(a, b, sizes, spec)
 
     @staticmethod
     def backward(ctx, dc):
-        return *_backward(ctx, dc), None, None, None
+        return *_backward(ctx, dc), None, None
 
 
 class RaggedProblem(torch.autograd.Function):
