@@ -1,11 +1,19 @@
-"""Where the host time of one eager ragdot call goes: each piece of the call path timed alone, then cProfile.
+"""Where the host time of one eager ragdot call goes: each piece of the call path timed alone, then profiles.
 
-    PYTHONPATH=src python3 benchmarks/host_profile.py [--shape M,K,N,E] [--calls 300]
+    PYTHONPATH=src python3 benchmarks/host_profile.py [--shapes SPEC ...] [--calls 300] [--no-profiles]
 
-Clock: host (wall time of N back-to-back calls without a sync, after warm-up and a sync, divided by N;
-median of 5 passes). The default problem is small, so the GPU never becomes the bottleneck of the loop.
-It times private pieces of the call path (`ragdot.ops`, `ragdot.api`) and follows them as they change; the
-`host` suite of benchmarks/suite.py runs it after `ragdot host-bench`. CUDA only.
+SPEC is a catalog shape name (e.g. gemma4-26b) or M,K,N,E; default one small problem (1024,512,512,8), where
+the GPU never becomes the bottleneck of the loop. Clock: host, from `ragdot.measure.host.time_host` (wall
+time of back-to-back calls without a sync, chunks of 16 with a sync between them, median of 5 passes);
+the eager column is CUDA events around the same chunks. It times private pieces of the call path
+(`ragdot.ops`, `ragdot.api`) and follows them as they change; the `host` suite of benchmarks/suite.py runs
+it after `ragdot host-bench`. CUDA only.
+
+Forward+backward rows are split three ways to tell the autograd engine's share from ragdot's:
+`raw+cumsum` (torch._grouped_mm's own C++ autograd), `py-function raw` (a minimal Python
+autograd.Function whose forward and backward call torch._grouped_mm directly: the floor for any
+Python-level op), and ragdot per backend; `vjp` rows call ragdot's backward products on the main thread
+without the engine.
 """
 
 from __future__ import annotations
@@ -14,84 +22,104 @@ import argparse
 import cProfile
 import io
 import pstats
-import statistics
-import time
 
 import torch
 
 import ragdot
 from ragdot import api, ops
 from ragdot.groups import group_ends_from_sizes
+from ragdot.measure.host import time_host
+from ragdot.shapes import get_shape
+
+DEV = torch.device("cuda")
 
 
-def host_us(fn, calls: int) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    passes = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        passes.append((time.perf_counter() - t0) / calls * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(passes)
+class _PyRaw(torch.autograd.Function):
+    """The smallest Python-level grouped GEMM op: torch._grouped_mm forward and backward, offsets given."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs):
+        ctx.save_for_backward(x, w, offs)
+        return torch._grouped_mm(x, w, offs=offs)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, offs = ctx.saved_tensors
+        dx = torch._grouped_mm(dy, w.transpose(-1, -2), offs=offs)
+        dw = torch._grouped_mm(x.transpose(0, 1), dy, offs=offs)
+        return dx, dw, None
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="1024,512,512,8")
-    p.add_argument("--calls", type=int, default=300)
-    args = p.parse_args()
-    m, k, n, e = (int(x) for x in args.shape.split(","))
-    dev = torch.device("cuda")
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    w = torch.randn(e, k, n, device=dev, dtype=torch.bfloat16)
-    gs = torch.full((e,), m // e, device=dev, dtype=torch.int32)
+def _us(fn, calls: int) -> tuple[float, float | None]:
+    t = time_host(fn, DEV, calls=calls, repeats=5, warmup=20, chunk=16)
+    return t.host_us, t.eager_us
+
+
+def pieces(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tuple[float, float | None]]:
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(e, k, n, device=DEV, dtype=torch.bfloat16).mul_(k**-0.5)
+    gs = torch.full((e,), m // e, device=DEV, dtype=torch.int32)
     offs = torch.cumsum(gs, 0, dtype=torch.int32)
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
-    a, b = x.unsqueeze(0), w.unsqueeze(0)
+    dy = torch.randn(m, n, device=DEV, dtype=torch.bfloat16)
+    a, b, dc = x.unsqueeze(0), w.unsqueeze(0), dy.unsqueeze(0)
     ends = group_ends_from_sizes(gs, m)  # what the tail kernel reads
-    rows = {}
-    rows["torch.empty"] = host_us(lambda: torch.empty((m, n), device=dev, dtype=torch.bfloat16), args.calls)
-    rows["torch.cumsum"] = host_us(lambda: torch.cumsum(gs, 0, dtype=torch.int32), args.calls)
-    rows["raw _grouped_mm"] = host_us(lambda: torch._grouped_mm(x, w, offs=offs), args.calls)
-    rows["group_ends_from_sizes"] = host_us(lambda: group_ends_from_sizes(gs, m), args.calls)
-    rows["ops._state"] = host_us(lambda: ops._state(a), args.calls)
-    rows["ops.plain_call"] = host_us(lambda: ops.plain_call(a, b), args.calls)
+    rows: dict[str, tuple[float, float | None]] = {}
+    rows["torch.empty"] = _us(lambda: torch.empty((m, n), device=DEV, dtype=torch.bfloat16), calls)
+    rows["torch.cumsum"] = _us(lambda: torch.cumsum(gs, 0, dtype=torch.int32), calls)
+    rows["raw _grouped_mm"] = _us(lambda: torch._grouped_mm(x, w, offs=offs), calls)
+    rows["group_ends_from_sizes"] = _us(lambda: group_ends_from_sizes(gs, m), calls)
+    rows["ops._state"] = _us(lambda: ops._state(a), calls)
     for backend in ("torch", "triton"):
         r = ops.runner("ragged_m", backend, a, b, e, torch.bfloat16)
-        rows[f"runner ragged_m {backend} ({r.label})"] = host_us(lambda r=r: r(a, b, gs), args.calls)
-        rk = ops.runner("ragged_k", backend, a, dy.unsqueeze(0), e, torch.bfloat16)
-        rows[f"runner ragged_k {backend} ({rk.label})"] = host_us(lambda r=rk: r(a, dy.unsqueeze(0), gs), args.calls)
-        rows[f"ragged_dot {backend}"] = host_us(lambda b_=backend: ragdot.ragged_dot(x, w, gs, backend=b_), args.calls)
+        rows[f"runner ragged_m {backend} ({r.label})"] = _us(lambda r=r: r(a, b, gs), calls)
+        bt = b.transpose(-1, -2)
+        rd = ops.runner("ragged_m", backend, dc, bt, e, torch.bfloat16)
+        rows[f"runner ragged_m dgrad {backend} ({rd.label})"] = _us(lambda r=rd, bt=bt: r(dc, bt, gs), calls)
+        rk = ops.runner("ragged_k", backend, a, dc, e, torch.bfloat16)
+        rows[f"runner ragged_k {backend} ({rk.label})"] = _us(lambda r=rk: r(a, dc, gs), calls)
+        rows[f"vjp main thread {backend}"] = _us(
+            lambda b_=backend: ops.vjp("ragged_m", a, b, gs, dc, b_, 1, (True, True)), calls)
+        rows[f"ragged_dot {backend}"] = _us(lambda b_=backend: ragdot.ragged_dot(x, w, gs, backend=b_), calls)
 
         def fwdbwd(b_=backend):
             xr.grad = wr.grad = None
             ragdot.ragged_dot(xr, wr, gs, backend=b_).backward(dy)
 
-        rows[f"ragged_dot fwd+bwd {backend}"] = host_us(fwdbwd, args.calls // 3)
+        rows[f"ragged_dot fwd+bwd {backend}"] = _us(fwdbwd, calls // 3)
+        with torch.autograd.set_multithreading_enabled(False):
+            rows[f"ragged_dot fwd+bwd {backend}, engine single-threaded"] = _us(fwdbwd, calls // 3)
 
     def raw_fwdbwd():
         xr.grad = wr.grad = None
         torch._grouped_mm(xr, wr, offs=torch.cumsum(gs, 0, dtype=torch.int32)).backward(dy)
 
-    rows["raw+cumsum fwd+bwd"] = host_us(raw_fwdbwd, args.calls // 3)
-    from ragdot.kernels.configs import host_descriptor
+    def py_raw_fwdbwd():
+        xr.grad = wr.grad = None
+        _PyRaw.apply(xr, wr, torch.cumsum(gs, 0, dtype=torch.int32)).backward(dy)
 
-    rows["host_descriptor"] = host_us(lambda: host_descriptor(a, [1, m, k], [m * k, k, 1], [1, 64, 64]), args.calls)
+    rows["raw+cumsum fwd+bwd"] = _us(raw_fwdbwd, calls // 3)
+    rows["py-function raw+cumsum fwd+bwd"] = _us(py_raw_fwdbwd, calls // 3)
+    with torch.autograd.set_multithreading_enabled(False):
+        rows["raw+cumsum fwd+bwd, engine single-threaded"] = _us(raw_fwdbwd, calls // 3)
+        rows["py-function raw+cumsum fwd+bwd, engine single-threaded"] = _us(py_raw_fwdbwd, calls // 3)
+    from ragdot.kernels.configs import host_descriptor
     from ragdot.kernels.tail import zero_tail_rows_
 
-    c3 = torch.empty(1, m, n, device=dev, dtype=torch.bfloat16)
-    rows["zero_tail_rows_"] = host_us(lambda: zero_tail_rows_(c3, ends), args.calls)
-    print(f"host us per call (M,K,N,E = {m},{k},{n},{e}; bf16; {len(api._CALLS)} cached calls)")
-    for name, us in rows.items():
-        print(f"  {name:48s} {us:8.1f}")
+    rows["host_descriptor"] = _us(lambda: host_descriptor(a, [1, m, k], [m * k, k, 1], [1, 64, 64]), calls)
+    c3 = torch.empty(1, m, n, device=DEV, dtype=torch.bfloat16)
+    rows["zero_tail_rows_"] = _us(lambda: zero_tail_rows_(c3, ends), calls)
+    return rows
+
+
+def profiles(m: int, k: int, n: int, e: int) -> None:
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(e, k, n, device=DEV, dtype=torch.bfloat16)
+    gs = torch.full((e,), m // e, device=DEV, dtype=torch.int32)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    dy = torch.randn(m, n, device=DEV, dtype=torch.bfloat16)
     for label, fn in (("fwd triton", lambda: ragdot.ragged_dot(x, w, gs, backend="triton")),
-                      ("fwd torch", lambda: ragdot.ragged_dot(x, w, gs, backend="torch")),
-                      ("fwd+bwd triton", lambda: ragdot.ragged_dot(xr, wr, gs, backend="triton").backward(dy))):
+                      ("fwd torch", lambda: ragdot.ragged_dot(x, w, gs, backend="torch"))):
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(200):
@@ -99,27 +127,40 @@ def main() -> None:
         prof.disable()
         torch.cuda.synchronize()
         text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
         print(f"---- cProfile {label}, 200 calls")
-        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
-    op_table(x, w, gs, dy)
-
-
-def op_table(x, w, gs, dy) -> None:
-    """torch.profiler's CPU-side table of 20 fwd+bwd calls (the backward runs on autograd's device thread,
-    which cProfile does not see)."""
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:5000])
     from torch.profiler import ProfilerActivity, profile
 
-    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-    for _ in range(3):
-        ragdot.ragged_dot(xr, wr, gs, backend="triton").backward(dy)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(20):
-            xr.grad = wr.grad = None
-            ragdot.ragged_dot(xr, wr, gs, backend="triton").backward(dy)
+    for backend in ("triton", "torch"):
+        for _ in range(3):
+            ragdot.ragged_dot(xr, wr, gs, backend=backend).backward(dy)
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(20):
+                xr.grad = wr.grad = None
+                ragdot.ragged_dot(xr, wr, gs, backend=backend).backward(dy)
+            torch.cuda.synchronize()
+        print(f"---- torch.profiler CPU ops, 20 fwd+bwd calls, {backend} (the backward runs on autograd's device "
+              "thread, which cProfile does not see)")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", nargs="+", default=["1024,512,512,8"])
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--no-profiles", action="store_true")
+    args = p.parse_args()
+    for i, spec in enumerate(args.shapes):
+        m, k, n, e = get_shape(spec).dims
+        rows = pieces(m, k, n, e, args.calls)
+        print(f"host µs per call (host clock; eager = CUDA events per call) M,K,N,E = {m},{k},{n},{e}; bf16; "
+              f"{len(api._CALLS)} cached calls")
+        for name, (host, eager) in rows.items():
+            print(f"  {name:58s} {host:8.1f}   eager {eager:8.1f}")
+        if i == 0 and not args.no_profiles:
+            profiles(m, k, n, e)
 
 
 if __name__ == "__main__":
