@@ -278,3 +278,102 @@ def test_interleaved_signatures_never_share_a_cached_result():
         if grad:
             (dx,) = torch.autograd.grad(out.sum(), x)
             assert (dx[int(sizes.sum()):] == 0).all()
+
+
+def _backward_grads(fn, lhs, rhs, cot, needs=(True, True)):
+    a = lhs.detach().requires_grad_(needs[0])
+    b = rhs.detach().requires_grad_(needs[1])
+    fn(a, b).backward(cot)
+    return a.grad, b.grad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_bound_backward_is_bitwise_the_general_path(backend, case):
+    """A signature's first backward runs the general path and binds its products (ragdot.grad_plan); later
+    backwards run the bound products: the same values, bit for bit, and the oracle's."""
+    lshape, rshape, dn = CASES[case]
+    gen = torch.Generator().manual_seed(30)
+    lhs, rhs = rand(lshape, torch.float32, DEV, gen), rand(rshape, torch.float32, DEV, gen)
+    gs = _sizes()
+    ref = ragged_dot_general_oracle(lhs.cpu().double().requires_grad_(), rhs.cpu().double().requires_grad_(),
+                                    gs.cpu(), dn)
+    cot = torch.randn(ref.shape, generator=gen).to(DEV)
+
+    def fn(a, b):
+        return ragdot.ragged_dot_general(a, b, gs, dn, backend=backend)
+
+    runs = [_backward_grads(fn, lhs, rhs, cot) for _ in range(3)]
+    for da, db in runs[1:]:
+        assert torch.equal(da, runs[0][0]) and torch.equal(db, runs[0][1])
+    l64, r64 = lhs.cpu().double().requires_grad_(), rhs.cpu().double().requires_grad_()
+    rda, rdb = torch.autograd.grad(ragged_dot_general_oracle(l64, r64, gs.cpu(), dn), (l64, r64), cot.cpu().double())
+    assert nerr(runs[-1][0], rda) <= TOL[torch.float32] and nerr(runs[-1][1], rdb) <= TOL[torch.float32]
+
+
+def _only_call():
+    from ragdot import api
+
+    assert len(api._CALLS) == 1
+    return next(iter(api._CALLS.values()))
+
+
+@pytest.mark.parametrize("backend", [b for b in ("torch", "triton") if b in ragdot.backends()])
+def test_the_moe_calls_backward_is_bound_and_survives_offsets_and_expanded_cotangents(backend, monkeypatch):
+    from ragdot import api
+
+    monkeypatch.setattr(api, "_CALLS", {})
+    gen = torch.Generator().manual_seed(31)
+    big = rand((50, 16), torch.float32, DEV, gen)
+    rhs = rand((4, 16, 8), torch.float32, DEV, gen)
+    gs = _sizes()
+    w64 = rhs.cpu().double()
+    for start in (0, 3, 7):  # the same signature at other storage offsets: the bound views follow the tensor
+        lhs = big[start:start + 40]
+        da, db = _backward_grads(lambda a, b: ragdot.ragged_dot(a, b, gs, backend=backend), lhs, rhs,
+                                 torch.ones(40, 8, device=DEV))
+        l64, r64 = lhs.cpu().double().requires_grad_(), w64.clone().requires_grad_()
+        rda, rdb = torch.autograd.grad(ragged_dot_general_oracle(l64, r64, gs.cpu(), CASES["fwd_wi"][2]).sum(),
+                                       (l64, r64))
+        assert nerr(da, rda) <= TOL[torch.float32] and nerr(db, rdb) <= TOL[torch.float32]
+    # an expanded cotangent (what .sum().backward() sends) is another backward key, bound as well
+    for _ in range(2):
+        x = big[:40].detach().requires_grad_()
+        ragdot.ragged_dot(x, rhs, gs, backend=backend).sum().backward()
+    call = _only_call()
+    assert len(call.bwd) == 2 and all(bound is not None for bound in call.bwd.values())
+    l64 = big[:40].cpu().double().requires_grad_()
+    (rda,) = torch.autograd.grad(ragged_dot_general_oracle(l64, w64, gs.cpu(), CASES["fwd_wi"][2]).sum(), l64)
+    assert nerr(x.grad, rda) <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bound_backward_with_one_gradient_shared_storage_and_double_backward(backend, monkeypatch):
+    from ragdot import api
+
+    monkeypatch.setattr(api, "_CALLS", {})
+    gen = torch.Generator().manual_seed(32)
+    lhs, rhs = rand((40, 16), torch.float32, DEV, gen), rand((4, 16, 8), torch.float32, DEV, gen)
+    gs = _sizes()
+    cot = rand((40, 8), torch.float32, DEV, gen)
+    fn = lambda a, b: ragdot.ragged_dot(a, b, gs, backend=backend)  # noqa: E731
+    l64, r64 = lhs.cpu().double().requires_grad_(), rhs.cpu().double().requires_grad_()
+    rda, rdb = torch.autograd.grad(ragged_dot_general_oracle(l64, r64, gs.cpu(), CASES["fwd_wi"][2]), (l64, r64),
+                                   cot.cpu().double())
+    for _ in range(2):  # only one gradient needed: its own key
+        _, db = _backward_grads(fn, lhs, rhs, cot, needs=(False, True))
+        assert nerr(db, rdb) <= TOL[torch.float32]
+        da, _ = _backward_grads(fn, lhs, rhs, cot, needs=(True, False))
+        assert nerr(da, rda) <= TOL[torch.float32]
+    # operands that share one storage are never bound; the general path still gives the right values
+    buf = torch.cat([lhs.reshape(-1), rhs.reshape(-1)])
+    a, b = buf[:640].view(40, 16), buf[640:].view(4, 16, 8)
+    for _ in range(2):
+        da, db = _backward_grads(fn, a, b, cot)
+        assert nerr(da, rda) <= TOL[torch.float32] and nerr(db, rdb) <= TOL[torch.float32]
+    # after binding, create_graph still differentiates the backward
+    for _ in range(2):
+        x, w = lhs.detach().requires_grad_(), rhs.detach().requires_grad_()
+        (gx,) = torch.autograd.grad(fn(x, w), x, cot, create_graph=True)
+        (gw,) = torch.autograd.grad(gx.sum(), w)
+        assert gw.abs().sum() > 0

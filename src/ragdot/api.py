@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from ragdot import ops
+from ragdot import grad_plan, ops
 from ragdot.backends import BACKEND_NAMES, available_backends, unusable_reason
 from ragdot.dimension_numbers import RAGGED_DOT_DN, Canonical, RaggedDotDimensionNumbers, canonicalize, plan_views
 from ragdot.groups import group_ends_from_sizes, validate_sizes
@@ -142,7 +142,7 @@ class _Call:
     whole call as one node, `_CallFunction`)."""
 
     __slots__ = ("plan", "mode", "out_dtype", "backend", "validate", "device", "groups", "runner", "state",
-                 "lperm_shape", "rperm_shape", "out_shape", "inv_perm", "inv_lperm", "inv_rperm", "direct")
+                 "lperm_shape", "rperm_shape", "out_shape", "inv_perm", "inv_lperm", "inv_rperm", "direct", "bwd")
 
     def __init__(self, lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, dimension_numbers: object,
                  preferred_element_type: torch.dtype | None, backend: str | None, validate: bool):
@@ -172,6 +172,7 @@ class _Call:
         self.inv_lperm = None if lperm is None else _inverse(lperm)
         self.inv_rperm = None if rperm is None else _inverse(rperm)
         self.direct = _direct_kind(plan, lhs, rhs)
+        self.bwd: dict[tuple, tuple | None] = {}  # backward key -> bound gradient products (grad_plan)
 
     def _runner(self, lhs: torch.Tensor, rhs: torch.Tensor) -> ops.Runner:
         """The forward problem's runner (looked up again only when the state a choice depends on changed)."""
@@ -183,14 +184,39 @@ class _Call:
             self.state = state
         return self.runner
 
-    def forward(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None,
+                keep_ends: list | None = None) -> torch.Tensor:
         """The result, without autograd. Where the canonical operands are pure views and the backend reads
-        only addresses, no view op runs: the output is allocated in the user's layout."""
+        only addresses, no view op runs: the output is allocated in the user's layout. With `keep_ends` (a
+        list), a backend that takes offsets forms them here and appends (offsets, their key) for the backward."""
         runner = self._runner(lhs, rhs)
         if runner.takes(self.direct):
-            return runner.call_direct(lhs, rhs, sizes, self.plan.view_shape)
+            ends = None
+            key = getattr(runner.fn, "ends_key", None)
+            if keep_ends is not None and key is not None and sizes is not None:
+                ends = runner.fn.ends(sizes)
+                keep_ends.append((ends, key))
+            return runner.call_direct(lhs, rhs, sizes, self.plan.view_shape, ends)
         a, b = self.plan.views(lhs, rhs)
         return self.plan.finish(runner(a, b, sizes))
+
+    def backward(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, dout: torch.Tensor,
+                 needs: tuple[bool, bool], fwd_ends: tuple | None) -> tuple:
+        """(grad lhs, grad rhs) in the user's layouts: the key's bound products (`grad_plan`) where they
+        exist; the general path under create_graph (differentiable products) and while profiling."""
+        if not torch.is_grad_enabled() and not ops._profiling():
+            key = (dout.dtype, dout.stride(), needs, ops._state(lhs))
+            bound = self.bwd.get(key, False)
+            if bound:
+                return grad_plan.run(bound, lhs, rhs, dout, sizes, fwd_ends)
+            if bound is False:  # first backward of this key: computed while binding
+                if len(self.bwd) >= 64:
+                    self.bwd.clear()
+                grads, self.bwd[key] = grad_plan.build(self, lhs, rhs, sizes, dout, needs)
+                return grads
+        a, b = self.plan.views(lhs, rhs)
+        da, db = ops.vjp(self.mode, a, b, sizes, self.unfinish(dout), self.backend, self.plan.group_scale, needs)
+        return None if da is None else self.grad_lhs(da), None if db is None else self.grad_rhs(db)
 
     # ---- the inverse maps of the views (for gradients) ---------------------------------------------------
     def unfinish(self, dout: torch.Tensor) -> torch.Tensor:
@@ -234,16 +260,16 @@ class _CallFunction(torch.autograd.Function):
     def forward(ctx, lhs, rhs, sizes, call):
         ctx.call = call
         ctx.save_for_backward(lhs, rhs, sizes)  # the inputs, so that a double backward reaches them
-        return call.forward(lhs, rhs, sizes)
+        kept: list = []
+        out = call.forward(lhs, rhs, sizes, kept)
+        ctx.ends = kept[0] if kept else None
+        return out
 
     @staticmethod
     def backward(ctx, dout):
-        call = ctx.call
         lhs, rhs, sizes = ctx.saved_tensors
-        a, b = call.plan.views(lhs, rhs)
         needs = tuple(ctx.needs_input_grad[:2])
-        da, db = ops.vjp(call.mode, a, b, sizes, call.unfinish(dout), call.backend, call.plan.group_scale, needs)
-        return (None if da is None else call.grad_lhs(da), None if db is None else call.grad_rhs(db), None, None)
+        return (*ctx.call.backward(lhs, rhs, sizes, dout, needs, ctx.ends), None, None)
 
 
 _CALLS: dict[tuple, _Call] = {}

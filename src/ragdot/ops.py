@@ -118,12 +118,13 @@ class Runner:
         return kind is not None and (have == "address" or have == kind)
 
     def call_direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None,
-                    out_shape: tuple[int, ...]) -> torch.Tensor:
-        """The prepared call on the user's tensors, returning the output in `out_shape` (the user's layout)."""
+                    out_shape: tuple[int, ...], ends: torch.Tensor | None = None) -> torch.Tensor:
+        """The prepared call on the user's tensors, returning the output in `out_shape` (the user's layout);
+        `ends`: the offsets `self.fn.ends(sizes)` where the caller formed them already."""
         if _profiling():
             with torch.profiler.record_function(f"{_LIB}::{self.problem}"):
-                return self.fn.direct(a, b, sizes, out_shape)
-        return self.fn.direct(a, b, sizes, out_shape)
+                return self.fn.direct(a, b, sizes, out_shape, ends)
+        return self.fn.direct(a, b, sizes, out_shape, ends)
 
     def _call(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
         try:
@@ -195,31 +196,46 @@ def _transformed() -> bool:
     return _fwad._current_level >= 0 or torch._C._are_functorch_transforms_active()
 
 
+# The backward products of each problem: for (da, db), the problem they are, their operands from the canonical
+# (a, b, dc) in the accumulation dtype, and the view that takes the product's output to the gradient's layout.
+_VJP_PRODUCTS: dict[str, tuple[tuple[str, Callable, Callable | None], tuple[str, Callable, Callable | None]]] = {
+    # a [Bt, M, K], b [Bt, G, K, N], dc [Bt, M, N]
+    "ragged_m": (("ragged_m", lambda a, b, dc: (dc, b.transpose(-1, -2)), None),
+                 ("ragged_k", lambda a, b, dc: (a, dc), lambda g: g.transpose(0, 1))),
+    # a [Bt, R, M], b [Bt, R, N], dc [G, Bt, M, N]
+    "ragged_k": (("ragged_m", lambda a, b, dc: (b, dc.permute(1, 0, 3, 2)), None),
+                 ("ragged_m", lambda a, b, dc: (a, dc.transpose(0, 1)), None)),
+    # a [Bt, M, K], b [Bt, K, N], dc [Bt, M, N]
+    "batch": (("batch", lambda a, b, dc: (dc, b.transpose(-1, -2)), None),
+              ("batch", lambda a, b, dc: (a.transpose(-1, -2), dc), None)),
+}
+
+
+def vjp_products(problem: str) -> tuple[tuple[str, Callable, Callable | None], ...]:
+    """(product problem, operands(a, b, dc), output view or None) for da and db of `problem`."""
+    return _VJP_PRODUCTS[problem]
+
+
+def accumulation_operands(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor):
+    """(a, b, dc) in the accumulation dtype of a gradient: the wider of the cotangent's and the operands'."""
+    acc = torch.promote_types(dc.dtype, a.dtype)
+    return tuple(t if t.dtype == acc else t.to(acc) for t in (a, b, dc))
+
+
 def vjp(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, dc: torch.Tensor,
         backend: str, scale: int, needs: tuple[bool, bool], apply: Callable[..., torch.Tensor] = run):
     """(da, db) of one canonical problem, as canonical problems through `apply(problem, a, b, sizes, dtype,
     backend, scale)`; the cotangent is contracted in the accumulation dtype."""
-    acc = torch.promote_types(dc.dtype, a.dtype)
-    dc = dc if dc.dtype == acc else dc.to(acc)
-    a_acc = a if a.dtype == acc else a.to(acc)
-    b_acc = b if b.dtype == acc else b.to(acc)
-    da = db = None
-    if problem == "ragged_m":  # a [Bt, M, K], b [Bt, G, K, N], dc [Bt, M, N]
-        if needs[0]:
-            da = apply("ragged_m", dc, b_acc.transpose(-1, -2), sizes, a.dtype, backend, scale)
-        if needs[1]:
-            db = apply("ragged_k", a_acc, dc, sizes, b.dtype, backend, scale).transpose(0, 1)
-    elif problem == "ragged_k":  # a [Bt, R, M], b [Bt, R, N], dc [G, Bt, M, N]
-        if needs[0]:
-            da = apply("ragged_m", b_acc, dc.permute(1, 0, 3, 2), sizes, a.dtype, backend, scale)
-        if needs[1]:
-            db = apply("ragged_m", a_acc, dc.transpose(0, 1), sizes, b.dtype, backend, scale)
-    else:  # a [Bt, M, K], b [Bt, K, N], dc [Bt, M, N]
-        if needs[0]:
-            da = apply("batch", dc, b_acc.transpose(-1, -2), None, a.dtype, backend, scale)
-        if needs[1]:
-            db = apply("batch", a_acc.transpose(-1, -2), dc, None, b.dtype, backend, scale)
-    return da, db
+    acc = accumulation_operands(a, b, dc)
+    grads = []
+    for need, dtype, (product, operands, view) in zip(needs, (a.dtype, b.dtype), _VJP_PRODUCTS[problem]):
+        if not need:
+            grads.append(None)
+            continue
+        x, y = operands(*acc)
+        g = apply(product, x, y, sizes, dtype, backend, scale)  # sizes is None for batch
+        grads.append(g if view is None else view(g))
+    return tuple(grads)
 
 
 def jvp(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, ta: torch.Tensor | None,

@@ -111,12 +111,13 @@ class _PreparedGMM:
     """One `_grouped_mm` problem of a static signature with Bt == 1: the run dtype and which operands must be
     copied into an accepted layout are decided once; a call checks only the operands' base alignment."""
 
-    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors", "ends", "tail")
+    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors", "ends", "tail", "ends_key")
 
     def __init__(self, problem: str, a: torch.Tensor, b: torch.Tensor, groups: int, out_dtype: torch.dtype,
                  scale: int):
         self.problem = problem
         self.ends, self.tail = _bound_launches(problem, a, b, groups, scale)
+        self.ends_key = (a.shape[1], groups, scale, a.device)  # products with equal keys take the same offsets
         self.run = _run_dtype(a.dtype, out_dtype)
         self.out_dtype = out_dtype
         cast = self.run != a.dtype  # a cast makes contiguous copies: their layout is checked per call
@@ -135,9 +136,12 @@ class _PreparedGMM:
         out = self.direct(a[0], b[0], sizes, None)
         return out.unsqueeze(0) if self.problem == "ragged_m" else out.unsqueeze(1)
 
-    def direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor, out_shape: object) -> torch.Tensor:
-        """a [M, K] (ragged_m) or [R, M] (ragged_k), b [G, K, N] or [R, N] -> [M, N] or [G, M, N]."""
-        ends = self.ends(sizes)  # the offsets _grouped_mm takes
+    def direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor, out_shape: object,
+               ends: torch.Tensor | None = None) -> torch.Tensor:
+        """a [M, K] (ragged_m) or [R, M] (ragged_k), b [G, K, N] or [R, N] -> [M, N] or [G, M, N]; `ends`: the
+        offsets of these sizes if the caller formed them already (`self.ends(sizes)`, for this `ends_key`)."""
+        if ends is None:
+            ends = self.ends(sizes)  # the offsets _grouped_mm takes
         ragged_m = self.problem == "ragged_m"
         mat_a = a if ragged_m else a.transpose(0, 1)
         mat_b = b

@@ -48,7 +48,8 @@ class _KernelCall:
         return self.prepared(a, b, sizes)[0]
 
     def direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None,
-               out_shape: tuple[int, ...]) -> torch.Tensor:
+               out_shape: tuple[int, ...], ends: torch.Tensor | None = None) -> torch.Tensor:
+        """The kernels form the group ends from the raw sizes themselves: `ends` is not read."""
         out = torch.empty(out_shape, dtype=self.prepared.out_dtype, device=self.prepared.device)
         return self.prepared(a, b, sizes, out)[0]
 
