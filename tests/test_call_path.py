@@ -377,3 +377,32 @@ def test_bound_backward_with_one_gradient_shared_storage_and_double_backward(bac
         (gx,) = torch.autograd.grad(fn(x, w), x, cot, create_graph=True)
         (gw,) = torch.autograd.grad(gx.sum(), w)
         assert gw.abs().sum() > 0
+
+
+@pytest.mark.gpu
+def test_bound_tma_launch_forms_descriptors_itself_and_follows_new_addresses():
+    """Repeated TMA launches skip Triton's per-call descriptor wrapper (kernels/launch.py); the descriptors
+    they form must describe the new operands' addresses exactly."""
+    from ragdot.kernels import ragged_m
+
+    gen = torch.Generator(device="cuda").manual_seed(33)
+    a = torch.randn(1, 512, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(1, 4, 256, 384, device="cuda", dtype=torch.bfloat16, generator=gen)
+    sizes = torch.tensor([100, 0, 200, 150], device="cuda", dtype=torch.int32)
+    prepared = ragged_m.Prepared(a, b, torch.bfloat16, None, from_sizes=True)
+    if not prepared.tma:
+        pytest.skip("the heuristic's config uses no TMA on this GPU")
+    first = prepared(a, b, sizes)[0]
+    assert torch.equal(prepared(a, b, sizes)[0], first)
+    entries = list(prepared.tma_launch._compiled.values())
+    assert entries and entries[0][2] is not None, "the TMA launch was not bound"
+    for _ in range(2):  # other operands at other addresses
+        a2 = torch.randn(1, 512, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+        out = prepared(a2, b, sizes)[0]
+        ends = [100, 100, 300, 450]
+        ref = torch.zeros(512, 384, dtype=torch.float64)
+        start = 0
+        for g, end in enumerate(ends):
+            ref[start:end] = a2[0, start:end].double().cpu() @ b[0, g].double().cpu()
+            start = end
+        assert nerr(out[0], ref) <= TOL[torch.bfloat16]

@@ -38,6 +38,75 @@ def _raw_launcher(compiled: Any) -> Any:
     return launcher
 
 
+class _Descriptors:
+    """Host TMA descriptor arguments turned into what the C launcher takes, without Triton's per-call Python
+    wrapper (which walks every argument and re-derives each descriptor's static part on every launch).
+
+    Built from the wrapper's own state (`wrap_handle_tensordesc` in Triton's CUDA driver: the C function, the
+    descriptor positions and their metadata) and the first call's descriptors; a later call whose descriptor
+    shape, strides or block differ from those (compared by identity first: owners pass the same lists) goes
+    through the wrapper."""
+
+    __slots__ = ("launch", "slots")
+
+    def __init__(self, launch: Any, slots: list[tuple[int, Any, tuple, list]]):
+        self.launch = launch  # the C launch function
+        self.slots = slots  # per descriptor, last first: (position, first descriptor, fill args, tail values)
+
+    @classmethod
+    def bind(cls, wrapped: Any, args: tuple) -> _Descriptors | None:
+        code = getattr(wrapped, "__code__", None)
+        need = {"launcher", "tensordesc_indices", "tensordesc_meta"}
+        if code is None or not need <= set(code.co_freevars):
+            return None
+        cells = {n: c.cell_contents for n, c in zip(code.co_freevars, wrapped.__closure__)}
+        positions = sorted(cells["tensordesc_indices"])
+        metas = cells["tensordesc_meta"] or [None] * len(positions)
+        if len(metas) != len(positions) or any(p >= len(args) for p in positions):
+            return None
+        try:
+            from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST as host_dtype
+            from triton.runtime import driver
+
+            fill = driver.active.utils.fill_tma_descriptor
+            return cls(cells["launcher"], cls._slots(args, positions, metas, fill, host_dtype))
+        except (ImportError, AttributeError, KeyError, TypeError):  # another Triton's layout: its own wrapper
+            return None
+
+    @staticmethod
+    def _slots(args: tuple, positions: list[int], metas: list, fill: Any, host_dtype: dict) -> list:
+        slots = []
+        for pos, meta in zip(positions, metas):
+            d = args[pos]
+            shape, strides = list(d.shape), list(d.strides)
+            if meta is None:  # decomposed in the front end: base, shape, strides, padding, shape, strides
+                slots.append((pos, d, None, [*shape, *strides, d.padding == "nan", *shape, *strides]))
+                continue
+            if meta["fp4_padded"]:
+                shape[-1] *= 2
+            fixed = (meta["swizzle"], meta["elem_size"], host_dtype[meta["elem_type"]], meta["block_size"], shape,
+                     strides, 1 if d.padding == "nan" else 0)
+            slots.append((pos, d, (fill, fixed), [*shape, *strides]))
+        return slots[::-1]
+
+    def expand(self, args: tuple) -> list | None:
+        """The launcher's arguments for `args`, or None when a descriptor is not the bound one's layout."""
+        out = list(args)
+        for pos, first, how, tail in self.slots:
+            d = out[pos]
+            if not (d.shape is first.shape or d.shape == first.shape) or not (
+                    d.strides is first.strides or d.strides == first.strides) or not (
+                    d.block_shape is first.block_shape or d.block_shape == first.block_shape) or (
+                    d.padding != first.padding):
+                return None
+            if how is None:
+                out[pos:pos + 1] = [d.base, *tail]
+            else:
+                fill, fixed = how
+                out[pos:pos + 1] = [fill(d.base.data_ptr(), *fixed), *tail]
+        return out
+
+
 class BoundLaunch:
     """One kernel on one grid with fixed constexprs and launch options; call it with the runtime arguments.
 
@@ -85,18 +154,25 @@ class BoundLaunch:
         entry = self._compiled.get(align)
         if entry is None:
             compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
-            self._compiled[align] = (compiled, _raw_launcher(compiled))
+            raw = _raw_launcher(compiled)
+            descs = None if raw is None else _Descriptors.bind(raw.launch, args)
+            self._compiled[align] = (compiled, raw, descs)
             self._tail = self._constexpr_tail(len(args))
             return compiled
-        compiled, raw = entry
+        compiled, raw, descs = entry
         runtime = knobs.runtime
         if runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls:  # a profiler listens: Triton's path
             return self.kernel[self.grid](*args, **self.constexprs, **self.options)
         stream = torch._C._cuda_getCurrentRawStream(self.device)
         g0, g1, g2 = self.grid
         if raw is not None:
-            raw.launch(g0, g1, g2, stream, compiled.function, raw.launch_cooperative_grid, raw.launch_pdl, None, None,
-                       compiled.packed_metadata, None, None, None, *args, *self._tail)
+            launch, expanded = raw.launch, None
+            if descs is not None:
+                expanded = descs.expand(args)
+                if expanded is not None:
+                    launch, args = descs.launch, expanded
+            launch(g0, g1, g2, stream, compiled.function, raw.launch_cooperative_grid, raw.launch_pdl, None, None,
+                   compiled.packed_metadata, None, None, None, *args, *self._tail)
         else:
             compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
                          *args, *self._tail)
