@@ -263,7 +263,7 @@ def summary_lines(rows: Sequence[dict[str, Any]], phase: str) -> list[str]:
 
 def _print_grid(grid: list[list[str]], title: str, console: Any) -> None:
     if console is not None:
-        from ragdot.bench.text import Table
+        from ragdot.measure.console import Table
 
         table = Table(title=title, title_justify="left")
         for i, name in enumerate(grid[0]):
@@ -419,7 +419,7 @@ def measure_shape(
 
 
 def _console() -> Any:
-    from ragdot.bench.text import Console  # plain text where rich is not installed
+    from ragdot.measure.console import Console  # plain text where rich is not installed
 
     return Console(width=None if sys.stdout.isatty() else 200)
 
