@@ -174,3 +174,21 @@ def test_bench_mxfp8_keeps_rows_on_ctrl_c_and_honours_its_budget(tmp_path, monke
     argv = ["bench-mxfp8", "--device", "cpu", "--shapes", "interrupt", "tiny", "--out", str(tmp_path / "stop")]
     assert main(argv) == INTERRUPTED
     assert seen == ["interrupt"] and len(_csv_rows(tmp_path / "stop", "mxfp8-bench-*.csv")) == 1
+
+
+def test_keep_on_interrupt_and_until_spent(capsys):
+    from ragdot.measure.progress import KeepOnInterrupt
+
+    rows = [1, 2]
+    with KeepOnInterrupt(rows) as kept:
+        raise KeyboardInterrupt
+    assert kept.status == INTERRUPTED and "interrupted: 2 finished rows kept" in capsys.readouterr().err
+    with pytest.raises(ValueError), KeepOnInterrupt(rows):
+        raise ValueError("not ours to swallow")
+    clock = _Clock()
+    progress = Progress(3, budget=1.0, say=None, clock=clock)
+    seen = []
+    for item in progress.until_spent(["a", "b", "c"], "items"):
+        seen.append(item)
+        clock.now += 2
+    assert seen == ["a"] and "budget spent: b and the items after it are left out" in capsys.readouterr().err

@@ -183,7 +183,7 @@ def _run(args: argparse.Namespace) -> int:
     from ragdot.bench.runner import BenchConfig, run_cell
     from ragdot.measure.classes import CLASSES, parse_classes
     from ragdot.measure.console import HAVE_RICH, Console, Progress, progress_columns
-    from ragdot.measure.progress import INTERRUPTED
+    from ragdot.measure.progress import KeepOnInterrupt
     from ragdot.measure.progress import Progress as Eta
     from ragdot.measure.targets import load_targets, section
     from ragdot.measure.timing import EAGER_BATCH
@@ -287,22 +287,17 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]warning: the ceilings were measured on a busy machine ({ceilings.busy}); "
                       "% of speed of light is overstated[/]")
     eta = Eta(est, len(shapes), say=lambda line: progress.console.print(line, markup=False))
-    status = 0
-    with Progress(*progress_columns(), console=console, transient=True) as progress:
+    with Progress(*progress_columns(), console=console, transient=True) as progress, KeepOnInterrupt(results) as kept:
         task = progress.add_task("cells", total=n_cells)
-        try:
-            for shape in shapes:
-                for cls in classes:
-                    for routing in args.routing:
-                        progress.update(task, description=f"{shape.name} {cls.name} {routing}")
-                        results += run_cell(shape, cls, routing, systems, cfg)
-                        progress.advance(task)
-                # Keep what is measured so far: an interrupted run still leaves its rows behind.
-                report.write_csv(report.result_rows(results, meta), out / f"{stem}.csv")
-                eta.done(shape.name, estimate([shape]))
-        except KeyboardInterrupt:
-            status = INTERRUPTED
-            print(f"interrupted: the {len(results)} finished results are kept", file=sys.stderr)
+        for shape in shapes:
+            for cls in classes:
+                for routing in args.routing:
+                    progress.update(task, description=f"{shape.name} {cls.name} {routing}")
+                    results += run_cell(shape, cls, routing, systems, cfg)
+                    progress.advance(task)
+            # Keep what is measured so far: an interrupted run still leaves its rows behind.
+            report.write_csv(report.result_rows(results, meta), out / f"{stem}.csv")
+            eta.done(shape.name, estimate([shape]))
 
     meta["seconds"] = round(eta.elapsed, 1)
     rows = report.result_rows(results, meta)
@@ -326,4 +321,4 @@ def _run(args: argparse.Namespace) -> int:
     bad = [r for r in results if r.status in ("wrong", "error")]
     for r in bad:
         print(f"{r.status}: {r.backend} on {r.shape.name} {r.cls} {r.routing}: err={r.err} {r.note}", file=sys.stderr)
-    return status or (1 if bad else 0)
+    return kept.status or (1 if bad else 0)

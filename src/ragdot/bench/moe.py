@@ -25,7 +25,6 @@ plain-PyTorch ``peer`` layer); see ``ragdot.bench.moe_layer``. The train steps t
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import torch
@@ -154,7 +153,7 @@ def _run_train(configs, args, device, dtype, meta, console, targets) -> int:
     """Every config's variants, rows written as they finish; table, targets and figures at the end."""
     from ragdot.bench.moe_report import check_targets, plot, print_table, relative
     from ragdot.bench.moe_train import run_config, run_config_in_subprocess
-    from ragdot.measure.progress import INTERRUPTED, Progress
+    from ragdot.measure.progress import KeepOnInterrupt, Progress
     from ragdot.measure.targets import section
 
     writer = records.RowWriter(args.out, f"moe-bench-{safe_name(meta['gpu'])}", meta)
@@ -169,20 +168,13 @@ def _run_train(configs, args, device, dtype, meta, console, targets) -> int:
         progress.done(f"{row['config']} {row['variant']} {result}")
 
     isolate = device.type == "cuda" and len(configs) > 1
-    status = 0
-    try:
-        for cfg in configs:
-            if progress.spent():
-                print(f"budget spent: {cfg.name} and later configs skipped", file=sys.stderr)
-                break
+    with KeepOnInterrupt(writer.rows) as kept:
+        for cfg in progress.until_spent(configs, "configs", lambda c: c.name):
             if isolate:  # a fresh process per config: memory one config leaves behind cannot starve the next
                 for row in run_config_in_subprocess(cfg, args, device, dtype):
                     emit(row)
             else:
                 run_config(cfg, args, device, dtype, emit, progress.spent)
-    except KeyboardInterrupt:
-        status = INTERRUPTED
-        print(f"interrupted: {len(writer.rows)} finished rows kept", file=sys.stderr)
     rows = writer.rows
     print_table(rows, console)
     goals = section(targets, "moe-bench", meta["gpu"])
@@ -197,7 +189,7 @@ def _run_train(configs, args, device, dtype, meta, console, targets) -> int:
         except ImportError as exc:  # matplotlib (and numpy) are optional: the tables are written anyway
             console.print(f"plots skipped: {exc.name or exc} is not installed (it comes with ragdot's bench extra)")
     print("wrote " + ", ".join(str(f) for f in files))
-    return status
+    return kept.status
 
 
 def _device_dtype(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:

@@ -31,7 +31,6 @@ import argparse
 import functools
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ import torch
 from ragdot.cli_common import UsageError
 from ragdot.measure import records
 from ragdot.measure.checks import failure_status
-from ragdot.measure.progress import INTERRUPTED, Progress
+from ragdot.measure.progress import KeepOnInterrupt, Progress
 from ragdot.measure.timing import free_memory, synchronize, timed_call
 
 __all__ = ["LAYER_VARIANTS", "DEFAULT_TOKENS", "MODES", "add_layer_arguments", "default_configs", "run_layer"]
@@ -322,14 +321,10 @@ def run_layer(args: argparse.Namespace, device: torch.device, dtype: torch.dtype
         result = f"{row['ms']:.3f} ms" if row.get("status") == "ok" else row.get("status", "")
         progress.done(f"{row['config']} T={row['tokens']} {row['mode']} {row['variant']} {result}")
 
-    status = 0
-    try:
+    with KeepOnInterrupt(writer.rows) as kept:
         for cfg in configs:
             _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit, progress.spent)
-    except KeyboardInterrupt:
-        status = INTERRUPTED
-        print(f"interrupted: {len(writer.rows)} finished rows kept", file=sys.stderr)
     if not quiet:
         print_table(writer.rows, device)
     print(f"wrote {writer.csv} and {writer.json}")
-    return status
+    return kept.status

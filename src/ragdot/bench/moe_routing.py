@@ -9,13 +9,12 @@ with the fewest bytes such a pass must move and the bandwidth that makes. Rows g
 from __future__ import annotations
 
 import functools
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ragdot.measure.progress import INTERRUPTED, Progress
+from ragdot.measure.progress import KeepOnInterrupt, Progress
 from ragdot.measure.records import RowWriter, safe_name
 from ragdot.measure.timing import median_ms
 
@@ -84,21 +83,14 @@ def run_routing(configs, device: torch.device, dtype: torch.dtype, meta: dict[st
     """Rows of every config, written as each finishes; the table at the end. Exit status (130: Ctrl-C)."""
     writer = RowWriter(out, f"moe-routing-{safe_name(meta['gpu'])}", meta)
     progress = Progress(len(configs), budget=budget, say=None if console.quiet else console.print)
-    status = 0
-    try:
-        for cfg in configs:
-            if progress.spent():
-                print(f"budget spent: {cfg.name} and later configs skipped", file=sys.stderr)
-                break
+    with KeepOnInterrupt(writer.rows) as kept:
+        for cfg in progress.until_spent(configs, "configs", lambda c: c.name):
             for row in routing_rows(cfg, device, dtype):
                 writer.add(row)
             progress.done(cfg.name)
-    except KeyboardInterrupt:
-        status = INTERRUPTED
-        print(f"interrupted: {len(writer.rows)} finished rows kept", file=sys.stderr)
     _table(writer.rows, device, console)
     print(f"wrote {writer.csv}, {writer.json}")
-    return status
+    return kept.status
 
 
 def _table(rows: list[dict[str, Any]], device: torch.device, console) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 from dataclasses import asdict
 
 import torch
@@ -39,7 +38,7 @@ from ragdot.cli_common import (
     safe_name,
 )
 from ragdot.measure import records
-from ragdot.measure.progress import INTERRUPTED, Progress
+from ragdot.measure.progress import KeepOnInterrupt, Progress
 
 HELP = "benchmark the MXFP8 grouped weight gradient against bf16 grouped GEMMs (GPU)"
 
@@ -158,19 +157,12 @@ def run(args: argparse.Namespace) -> int:
     writer = records.RowWriter(out, f"mxfp8-bench-{safe_name(records.gpu_name(args.device))}",
                                _meta(variants, args), COLUMNS)  # fmt: skip
     progress = Progress(len(problems) * len(args.routings), budget=args.budget, say=None if args.quiet else print)
-    status = 0
-    try:
-        for shape, dims in problems.items():
-            if progress.spent():
-                print(f"budget spent: {shape} and later shapes skipped", file=sys.stderr)
-                break
-            bench_shape(shape, dims, args, variants, writer.add, progress.done, progress.spent, hbm)
+    with KeepOnInterrupt(writer.rows) as kept:
+        for shape in progress.until_spent(problems, "shapes"):
+            bench_shape(shape, problems[shape], args, variants, writer.add, progress.done, progress.spent, hbm)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    except KeyboardInterrupt:
-        status = INTERRUPTED
-        print(f"interrupted: {len(writer.rows)} finished rows kept", file=sys.stderr)
     if not args.quiet:
         _table(writer.rows)
     print("wrote " + ", ".join(str(p) for p in writer.files))
-    return status
+    return kept.status

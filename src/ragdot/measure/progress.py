@@ -10,10 +10,14 @@ by Ctrl-C keeps everything it measured.
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import Any, TypeVar
 
-__all__ = ["Progress", "INTERRUPTED"]
+__all__ = ["Progress", "KeepOnInterrupt", "INTERRUPTED"]
+
+T = TypeVar("T")
 
 INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it
 
@@ -55,6 +59,14 @@ class Progress:
         """Whether the budget is used up (never, without one)."""
         return self.budget > 0 and self.elapsed >= self.budget
 
+    def until_spent(self, items: Iterable[T], what: str, name: Callable[[T], Any] = str) -> Iterator[T]:
+        """The items, until the budget is spent; then one line on stderr names the first one left out."""
+        for item in items:
+            if self.spent():
+                print(f"budget spent: {name(item)} and the {what} after it are left out", file=sys.stderr)
+                return
+            yield item
+
     def status(self) -> str:
         """``elapsed 12 s of a 60 s budget, about 20 s left``."""
         left = self.left()
@@ -71,3 +83,21 @@ class Progress:
         if self.say is not None:
             self.say(line)
         return line
+
+
+class KeepOnInterrupt:
+    """``with KeepOnInterrupt(rows) as run:`` ends the block quietly on Ctrl-C, with one line on stderr saying
+    how many finished rows are kept; `run.status` is then INTERRUPTED (else 0)."""
+
+    def __init__(self, rows: Sized) -> None:
+        self.rows, self.status = rows, 0
+
+    def __enter__(self) -> KeepOnInterrupt:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        if kind is None or not issubclass(kind, KeyboardInterrupt):
+            return False
+        self.status = INTERRUPTED
+        print(f"interrupted: {len(self.rows)} finished rows kept", file=sys.stderr)
+        return True
