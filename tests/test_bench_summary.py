@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -18,6 +19,8 @@ from ragdot.measure.timing import Timing
 from ragdot.shapes import get_shape
 from test_bench import SMALL, _cfg, _off_by_a_percent, _right
 
+TARGETS = Path(__file__).resolve().parents[1] / "benchmarks" / "targets-h200.json"
+
 CUDA = torch.device("cuda")  # only a name here: nothing below touches a GPU
 
 
@@ -25,7 +28,7 @@ def test_tables_flag_host_bound_cells_and_compare_with_the_anchors():
     from rich.console import Console
 
     shape = get_shape("deepseek2-16b")
-    anchors = section(load_targets("benchmarks/targets-h200.json"), "bench", "NVIDIA H200")["anchors"]
+    anchors = section(load_targets(TARGETS), "bench", "NVIDIA H200")["anchors"]
     anchor = anchors["tflops"]["balanced"][shape.name]
     results = []
     for cls in CLASSES:

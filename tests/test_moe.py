@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from helpers import nerr
 from ragdot.moe import MoELayer, SwiGLU
 from ragdot.moe import routing_kernels as rk
 from ragdot.moe.router import load_balancing_loss, router_z_loss
+
+TARGETS = Path(__file__).resolve().parents[1] / "benchmarks" / "targets-h200.json"
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ROUTING_IMPLS = ["torch"] + (["triton"] if rk.HAS_TRITON else [])
@@ -295,7 +298,7 @@ def test_moe_bench_target_checks():
     from ragdot.bench.moe_report import check_targets
     from ragdot.measure.targets import load_targets, section
 
-    goals = section(load_targets("benchmarks/targets-h200.json"), "moe-bench", "NVIDIA H200")
+    goals = section(load_targets(TARGETS), "moe-bench", "NVIDIA H200")
 
     def row(cfg, variant, step, experts=128, share=None, temp=None):
         return {"config": cfg, "variant": variant, "status": "ok", "step_s": step, "experts": experts,
