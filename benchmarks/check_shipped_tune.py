@@ -13,7 +13,7 @@ import sys
 import torch
 
 import ragdot
-from ragdot.bench.classes import CLASS_NAMES, parse_classes
+from ragdot.measure.classes import CLASS_NAMES, parse_classes
 from ragdot.shapes import shapes_with_tag
 
 

@@ -41,7 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable or "python3"
 RAGDOT = ("{py}", "-m", "ragdot")
-ANCHOR_FAST = ("--anchors", "--backends", "torch", "triton", "auto", "--no-xla")
+TARGETS = ("--targets", "benchmarks/targets-h200.json")  # reference numbers; they apply on an H200 only
+ANCHOR_FAST = ("--anchors", "--backends", "torch", "triton", "auto", "--no-xla", *TARGETS)
 LAYER_CONFIGS = ("qwen3-30b-a3b", "deepseek2-16b", "gemma4-26b")
 
 
@@ -79,7 +80,7 @@ def _suites() -> dict[str, Suite]:
     memcheck_env = (("PYTORCH_NO_CUDA_MEMORY_CACHING", "1"),)
     empty_cache = (("RAGDOT_CACHE_DIR", "{out}/empty-cache"),)
     bench = (*RAGDOT, "bench")
-    moe = (*RAGDOT, "moe-bench")
+    moe = (*RAGDOT, "moe-bench", *TARGETS)
     dev = ("{py}", "benchmarks/triton_dev.py")
     rm_classes = ("--classes", "fwd_wi,fwd_wo,dgrad_wi,dgrad_wo")
     return {
@@ -107,7 +108,7 @@ def _suites() -> dict[str, Suite]:
                                   "--out", "{out}"), 300, tail=30),
         )),
         "baselines": Suite("the slow baselines on the anchor shapes: padded and XLA beside vendor/torch, graph clock", (
-            Step("padded-xla", (*bench, "--anchors", "--backends", "padded", "torch", "xla", "--cuda-graphs",
+            Step("padded-xla", (*bench, *TARGETS, "--anchors", "--backends", "padded", "torch", "xla", "--cuda-graphs",
                                 "--max-seconds", "0.3", "--out", "{out}"), 420, tail=30),
         )),
         "verify": Suite("shipped tune only (empty cache): every anchor cell has an entry; bench twice, two processes", (
@@ -139,10 +140,10 @@ def _suites() -> dict[str, Suite]:
             Step("profile", ("{py}", "benchmarks/host_profile.py"), 120, tail=40),
         )),
         "mxfp8": Suite("ragdot bench-mxfp8: the default path and the fastest kernel, then every path + strip-downs", (
-            Step("default", (*RAGDOT, "bench-mxfp8", "--variants", "dequant,bits-128x128w4", "--seconds", "0.2",
-                          "--out", "{out}"), 240,
+            Step("default", (*RAGDOT, "bench-mxfp8", *TARGETS, "--variants", "dequant,bits-128x128w4", "--seconds",
+                             "0.2", "--out", "{out}"), 240,
                  tail=30),
-            Step("all-paths", (*RAGDOT, "bench-mxfp8", "--strip", "--seconds", "0.2", "--budget", "200",
+            Step("all-paths", (*RAGDOT, "bench-mxfp8", *TARGETS, "--strip", "--seconds", "0.2", "--budget", "200",
                             "--out", "{out}/all-paths"), 240, tail=30),
         )),
         "sweep": Suite("benchmarks/triton_dev.py: Triton tile-config sweeps against torch._grouped_mm (graph clock)", (

@@ -20,12 +20,12 @@ import ragdot
 from ragdot import routing
 from ragdot.bench import runner
 from ragdot.bench.ceilings import Ceilings, speed_of_light_s
-from ragdot.bench.classes import CLASS_NAMES, CLASSES, flops, get_class, min_bytes
 from ragdot.bench.report import COLUMNS, result_rows, write_csv
 from ragdot.bench.runner import BenchConfig, make_operands, normalised_error, run_cell
 from ragdot.bench.systems import FunctionSystem, Operands, RagdotSystem, VendorSystem
 from ragdot.cli import main
 from ragdot.measure import timing
+from ragdot.measure.classes import CLASS_NAMES, CLASSES, flops, get_class, min_bytes
 from ragdot.shapes import SHAPES, Shape, get_shape, parse_shapes, shapes_with_tag
 
 CPU = torch.device("cpu")

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+from pathlib import Path
 
 import torch
 
 from ragdot.bench import runner, summary
-from ragdot.bench.classes import CLASS_NAMES, CLASSES, flops, get_class
-from ragdot.bench.report import ANCHOR_TORCH, print_tables, result_rows, write_csv
+from ragdot.bench.report import print_tables, result_rows, write_csv
 from ragdot.bench.runner import Result, run_cell
 from ragdot.bench.systems import FunctionSystem, VendorSystem
 from ragdot.measure import timing
+from ragdot.measure.classes import CLASS_NAMES, CLASSES, flops, get_class
+from ragdot.measure.targets import load_targets, section
 from ragdot.measure.timing import Timing
 from ragdot.shapes import get_shape
 from test_bench import SMALL, _cfg, _off_by_a_percent, _right
+
+TARGETS = Path(__file__).resolve().parents[1] / "benchmarks" / "targets-h200.json"
 
 CUDA = torch.device("cuda")  # only a name here: nothing below touches a GPU
 
@@ -24,7 +28,8 @@ def test_tables_flag_host_bound_cells_and_compare_with_the_anchors():
     from rich.console import Console
 
     shape = get_shape("deepseek2-16b")
-    anchor = ANCHOR_TORCH["balanced"][shape.name]
+    anchors = section(load_targets(TARGETS), "bench", "NVIDIA H200")["anchors"]
+    anchor = anchors["tflops"]["balanced"][shape.name]
     results = []
     for cls in CLASSES:
         tflops = anchor[CLASS_NAMES.index(cls.name) // 2] * 1.1  # 10% above the page in every pass
@@ -33,7 +38,7 @@ def test_tables_flag_host_bound_cells_and_compare_with_the_anchors():
                               clock="eager"))
     results.append(Result(shape, "fwd_wi", "balanced", "padded", "OOM", flops(shape), 1, 1e-6))
     console = Console(record=True, width=200)
-    print_tables(results, console, "t", anchors=True)
+    print_tables(results, console, "t", anchors=anchors)
     text = console.export_text()
     assert "(1.10)" in text and "torch: geometric mean ratio 1.10 over 3 passes" in text
     line = next(line for line in text.splitlines() if line.startswith("│ torch"))

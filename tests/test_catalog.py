@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from ragdot import catalog
+from ragdot.bench import mxfp8 as mx
 from ragdot.catalog import MODELS, MoEModel, TrainStep, WgradProblem
 from ragdot.moe.model import LAYER_CONFIGS, MODEL_CONFIGS, QUICK_CONFIG, configs_from, get_config
-from ragdot.mxfp8 import bench as mx
 from ragdot.shapes import SHAPES, TAGS, get_shape, shapes_from, shapes_with_tag
 
 _SEED, _ANCHOR, _TINY = ("seed",), ("seed", "anchor"), ("tiny",)

@@ -141,7 +141,7 @@ def test_moe_bench_old_routing_switch_is_a_hidden_alias(capsys):
 
 
 def test_mxfp8_shapes_space_or_comma_separated():
-    from ragdot.mxfp8.bench import SHAPES, _problems
+    from ragdot.bench.mxfp8 import SHAPES, _problems
 
     assert _problems(["16B", "tiny"]) == _problems(["16B,tiny"]) == {"16B": SHAPES["16B"], "tiny": SHAPES["tiny"]}
     assert _problems(["2048,192,128,4"]) == {"2048,192,128,4": (128, 192, 4, 2048)}  # (N, K, experts, tokens)

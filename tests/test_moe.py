@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from helpers import nerr
 from ragdot.moe import MoELayer, SwiGLU
 from ragdot.moe import routing_kernels as rk
 from ragdot.moe.router import load_balancing_loss, router_z_loss
+
+TARGETS = Path(__file__).resolve().parents[1] / "benchmarks" / "targets-h200.json"
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ROUTING_IMPLS = ["torch"] + (["triton"] if rk.HAS_TRITON else [])
@@ -250,7 +253,7 @@ def test_moe_bench_variant_after_a_failed_one_starts_from_clean_optimizer_state(
     """An out-of-memory step can stop AdamW half-way through making its state; the next variant must run."""
     import argparse
 
-    from ragdot.moe import bench as moe_bench
+    from ragdot.bench import moe_train as moe_bench
     from ragdot.moe.model import MoEDecoder, get_config
 
     cfg = get_config("tiny")
@@ -278,20 +281,24 @@ def test_moe_bench_config_in_its_own_process():
     import argparse
     from pathlib import Path
 
-    from ragdot.moe import bench as moe_bench
+    from ragdot.bench import moe as moe_cli
+    from ragdot.bench import moe_train as moe_bench
     from ragdot.moe.model import get_config
 
     args = argparse.Namespace(steps=2, measure_from=1, max_seconds=5.0, no_profile=True, routing_impl="torch",
                               eager=True, variants=["sparse-torch", "dense_drop"], out=Path("."),
-                              _module=moe_bench)  # the CLI's own entries (a module) stay behind
-    rows = moe_bench._run_config_in_subprocess(get_config("tiny"), args, torch.device("cpu"), torch.float32)
+                              _module=moe_cli)  # the CLI's own entries (a module) stay behind
+    rows = moe_bench.run_config_in_subprocess(get_config("tiny"), args, torch.device("cpu"), torch.float32)
     assert [r["variant"] for r in rows] == ["sparse-torch", "dense_drop"]
     assert all(r["status"] == "ok" and r["step_s"] > 0 for r in rows), rows
 
 
 def test_moe_bench_target_checks():
-    """The issue's targets from result rows: best sparse backend vs dense_drop and padded, routing, memory."""
-    from ragdot.moe.bench import check_targets
+    """The targets file's goals from result rows: best sparse backend vs dense_drop and padded, routing, memory."""
+    from ragdot.bench.moe_report import check_targets
+    from ragdot.measure.targets import load_targets, section
+
+    goals = section(load_targets(TARGETS), "moe-bench", "NVIDIA H200")
 
     def row(cfg, variant, step, experts=128, share=None, temp=None):
         return {"config": cfg, "variant": variant, "status": "ok", "step_s": step, "experts": experts,
@@ -307,7 +314,7 @@ def test_moe_bench_target_checks():
         row("llama4-17b-16e", "dense_drop", 0.059, experts=16),
         {"config": "mixtral-8x7b", "variant": "sparse-torch", "status": "OOM"},
     ]
-    got = {text: (ok, value) for text, ok, value in check_targets(rows)}
+    got = {text: (ok, value) for text, ok, value in check_targets(rows, goals)}
     assert got["qwen3-235b-a22b (sparse-triton): >= 1.2x faster than dense_drop"] == (True, "1.25x")
     assert got["qwen3-235b-a22b (sparse-triton): >= 4x faster than sparse-padded"] == (True, "25.00x")
     assert got["qwen3-235b-a22b (sparse-triton): routing <= 15% of MoE layer time"] == (False, "20.0%")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from helpers import nerr
+from ragdot.bench import moe_layer as lb
 from ragdot.cli import main
 from ragdot.moe import MoELayer
-from ragdot.moe import layer_bench as lb
 from ragdot.moe.peer import peer_moe
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -169,7 +169,7 @@ def test_table_without_rich(monkeypatch, capsys):
     import importlib
     import sys
 
-    import ragdot.bench.text as text
+    import ragdot.measure.console as text
 
     for name in ("rich", "rich.console", "rich.progress", "rich.table"):
         monkeypatch.setitem(sys.modules, name, None)

@@ -278,7 +278,8 @@ def test_wgrad_config_and_path_errors():
 
 
 def test_bench_routings_are_the_seeds():
-    from ragdot.mxfp8.bench import SHAPES, routing_sizes
+    from ragdot.bench.mxfp8 import SHAPES
+    from ragdot.bench.mxfp8_cases import routing_sizes
 
     _, _, experts, tokens = SHAPES["671B-4096"]
     aligned = routing_sizes(tokens, experts, "aligned")

@@ -165,8 +165,8 @@ def test_shipped_h200_results_cover_every_anchor_cell(monkeypatch):
     """A fresh process on an H200 finds a measured choice for every anchor shape and class, without tuning."""
     import dataclasses
 
-    from ragdot.bench.classes import CLASSES
     from ragdot.dimension_numbers import canonicalize
+    from ragdot.measure.classes import CLASSES
     from ragdot.shapes import shapes_with_tag
 
     monkeypatch.setenv("RAGDOT_CACHE_DIR", "/nonexistent-ragdot-cache")  # no user cache: shipped file only

@@ -17,8 +17,8 @@ from ragdot.cli_common import OneLineParser, UsageError, error_line
 
 SUBCOMMANDS: dict[str, str] = {
     "bench": "ragdot.bench.cli",
-    "moe-bench": "ragdot.moe.bench",
-    "bench-mxfp8": "ragdot.mxfp8.bench",
+    "moe-bench": "ragdot.bench.moe",
+    "bench-mxfp8": "ragdot.bench.mxfp8",
     "tune": "ragdot.tune.cli",
     "host-bench": "ragdot.bench.host",
 }

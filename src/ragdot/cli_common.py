@@ -2,8 +2,8 @@
 
 Options: `--shapes` (space-separated shape names, 'M,K,N,E' or tag:NAME), `--dtype` (bf16/fp16/fp32 or
 bfloat16/float16/float32), `--device`, `--out` (a folder; files inside are named per run and never
-overwritten) and `--quiet`. A bad value raises `UsageError`; `ragdot.cli.main` prints it as one line,
-``ragdot <sub>: error: ...``, and exits with status 2.
+overwritten), `--targets` (a JSON file of reference numbers) and `--quiet`. A bad value raises
+`UsageError`; `ragdot.cli.main` prints it as one line, ``ragdot <sub>: error: ...``, and exits with status 2.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 __all__ = [
     "DTYPES", "OneLineParser", "UsageError", "add_deprecated_alias", "add_device", "add_dtype", "add_out",
-    "add_quiet", "add_shapes", "check_out", "error_line", "new_stem", "parse_device", "parse_dtype",
-    "parse_shape_args", "quiet_native_stderr", "safe_name",
+    "add_quiet", "add_shapes", "add_targets", "check_out", "error_line", "new_stem", "parse_device",
+    "parse_dtype", "parse_shape_args", "quiet_native_stderr", "safe_name",
 ]  # fmt: skip
 
 #: every accepted --dtype spelling -> the torch dtype's name
@@ -71,6 +71,14 @@ def add_out(parser: argparse.ArgumentParser, default: str, what: str = "results"
     parser.add_argument(
         "--out", type=Path, default=Path(default), metavar="DIR",
         help=f"output folder; {what} go to new files named by GPU and date (default {default})",
+    )  # fmt: skip
+
+
+def add_targets(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--targets", type=Path, metavar="FILE",
+        help=f"JSON file of reference numbers to compare {what} against, where its 'gpu' matches this device "
+        "(e.g. benchmarks/targets-h200.json; see ragdot.measure.targets)",
     )  # fmt: skip
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from ragdot.cli_common import (
@@ -29,6 +28,7 @@ from ragdot.cli_common import (
     add_out,
     add_quiet,
     add_shapes,
+    add_targets,
     check_out,
     error_line,
     new_stem,
@@ -45,7 +45,7 @@ _ORDER = ("vendor", "padded", "torch", "triton", "auto", "xla", "reference")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ragdot.bench.classes import CLASS_NAMES
+    from ragdot.measure.classes import CLASS_NAMES
     from ragdot.measure.timing import CLOCKS, DEFAULT_ROUNDS, EAGER_BATCH
     from ragdot.routing import ROUTINGS
 
@@ -109,10 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bandwidth-gbs", type=float, help="use this bandwidth (GB/s) instead of measuring it"
     )
+    add_targets(parser, "vendor and torch TFLOP/s (section bench.anchors) and to take --dry-run's ceilings from")
     parser.add_argument("--commit", help="commit id for the records (default: git rev-parse --short HEAD)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument(
-        "--dry-run", action="store_true", help="print the plan and time estimate, run nothing"
+        "--dry-run", action="store_true",
+        help="print the plan and time estimate, run nothing (the ceilings are still measured, about a second, "
+        "unless --peak-tflops and --bandwidth-gbs or the --targets file give them)",
     )
 
 
@@ -177,9 +180,12 @@ def _run(args: argparse.Namespace) -> int:
 
     from ragdot.bench import plan, plots, report
     from ragdot.bench.ceilings import Ceilings, measure_ceilings
-    from ragdot.bench.classes import CLASSES, parse_classes
     from ragdot.bench.runner import BenchConfig, run_cell
-    from ragdot.bench.text import HAVE_RICH, Console, Progress, progress_columns
+    from ragdot.measure.classes import CLASSES, parse_classes
+    from ragdot.measure.console import HAVE_RICH, Console, Progress, progress_columns
+    from ragdot.measure.progress import KeepOnInterrupt
+    from ragdot.measure.progress import Progress as Eta
+    from ragdot.measure.targets import load_targets, section
     from ragdot.measure.timing import EAGER_BATCH
     from ragdot.shapes import shapes_with_tag
 
@@ -208,14 +214,15 @@ def _run(args: argparse.Namespace) -> int:
     clocks = _clocks(args, cuda)
     systems = _systems(args, device, console)
     names = [s.name for s in systems]
-
+    gpu = records.gpu_name(device)
+    targets = load_targets(args.targets)
+    given = section(targets, "ceilings", gpu)
     if args.peak_tflops and args.bandwidth_gbs:
         ceilings = Ceilings(args.peak_tflops * 1e12, args.bandwidth_gbs * 1e9, source="given")
-    elif args.dry_run:
-        ceilings = Ceilings((720e12 if cuda else 1e11), (4.2e12 if cuda else 1e10), source="assumed")
+    elif args.dry_run and "bf16_tflops" in given and "hbm_gbs" in given:
+        ceilings = Ceilings(given["bf16_tflops"] * 1e12, given["hbm_gbs"] * 1e9, source=f"from {args.targets}")
     else:
         ceilings = measure_ceilings(device, dtype)
-    gpu = records.gpu_name(device)
     memory = torch.cuda.get_device_properties(device).total_memory if cuda else None
     n_cells = len(shapes) * len(classes) * len(args.routing)
 
@@ -232,7 +239,7 @@ def _run(args: argparse.Namespace) -> int:
         f"ragdot bench on {gpu} ({device}), {dtype_name}: {len(shapes)} shapes x {len(classes)} classes x "
         f"{len(args.routing)} routings = {n_cells} cells; systems: {', '.join(names)}; "
         f"clocks: {', '.join(clocks)}\n"
-        f"ceilings ({ceilings.source}): {ceilings.peak_tflops:.1f} TFLOP/s, "
+        f"ceilings ({ceilings.label}): {ceilings.peak_tflops:.1f} TFLOP/s, "
         f"{ceilings.bandwidth_gbs:.0f} GB/s; warm-up {warmup}, iters {iters}, "
         f"budget {max_s or 'unbounded'} s per system, clock and cell; estimated time {est / 60:.1f} min"
     )
@@ -262,6 +269,7 @@ def _run(args: argparse.Namespace) -> int:
         "peak_tflops": ceilings.peak_tflops,
         "bandwidth_gbs": ceilings.bandwidth_gbs,
         "ceilings": ceilings.source,
+        "ceilings_busy": ceilings.busy,
         "clocks": list(clocks),
         "cuda_graphs": clocks == ("graph",),
         "eager_batch": EAGER_BATCH if "eager" in clocks else None,
@@ -273,14 +281,15 @@ def _run(args: argparse.Namespace) -> int:
     }
     stem = new_stem(out, f"ragdot-bench-{safe_name(gpu)}-{safe_name(commit)}")
     results = []
-    start = time.perf_counter()
-    done_est = 0.0
     if not HAVE_RICH:
         console.print("rich is not installed: plain-text tables and progress (pip install rich for the full view)")
-    with Progress(*progress_columns(), console=console, transient=True) as progress:
+    if ceilings.busy:
+        console.print(f"[yellow]warning: the ceilings were measured on a busy machine ({ceilings.busy}); "
+                      "% of speed of light is overstated[/]")
+    eta = Eta(est, len(shapes), say=lambda line: progress.console.print(line, markup=False))
+    with Progress(*progress_columns(), console=console, transient=True) as progress, KeepOnInterrupt(results) as kept:
         task = progress.add_task("cells", total=n_cells)
-        for i, shape in enumerate(shapes):
-            t0 = time.perf_counter()
+        for shape in shapes:
             for cls in classes:
                 for routing in args.routing:
                     progress.update(task, description=f"{shape.name} {cls.name} {routing}")
@@ -288,27 +297,28 @@ def _run(args: argparse.Namespace) -> int:
                     progress.advance(task)
             # Keep what is measured so far: an interrupted run still leaves its rows behind.
             report.write_csv(report.result_rows(results, meta), out / f"{stem}.csv")
-            done_est += estimate([shape])
-            elapsed = time.perf_counter() - start
-            left = (est - done_est) * elapsed / max(done_est, 1e-9)
-            progress.console.print(
-                f"[{i + 1}/{len(shapes)}] {shape.name}: {time.perf_counter() - t0:.1f} s "
-                f"(elapsed {elapsed:.0f} s, about {left:.0f} s left)"
-            )
+            eta.done(shape.name, estimate([shape]))
 
-    meta["seconds"] = round(time.perf_counter() - start, 1)
+    meta["seconds"] = round(eta.elapsed, 1)
     rows = report.result_rows(results, meta)
     files = [
         report.write_csv(rows, out / f"{stem}.csv"),
         report.write_json(rows, meta, out / f"{stem}.json"),
     ]
     title = f"ragdot bench, {gpu}, {meta['dtype']}, {commit}"
-    files.append(report.write_markdown(rows, title, out / f"{stem}.md"))
-    report.print_tables(results, console, title, anchors="H200" in gpu and dtype == torch.bfloat16)
+    notes = [f"ceilings measured on a busy machine ({ceilings.busy}): % of speed of light is overstated"] * bool(
+        ceilings.busy)
+    files.append(report.write_markdown(rows, title, out / f"{stem}.md", notes))
+    anchors = section(targets, "bench", gpu).get("anchors")
+    if anchors and anchors.get("dtype", dtype_name) != dtype_name:
+        anchors = None
+    report.print_tables(results, console, title, anchors=anchors)
+    if ceilings.busy:
+        console.print(f"[yellow]warning: ceilings measured on a busy machine ({ceilings.busy})[/]")
     if not args.no_plots:
         files += plots.plot_results(results, out, stem, title)
     print(f"done in {meta['seconds']} s; wrote " + ", ".join(str(f) for f in files))
     bad = [r for r in results if r.status in ("wrong", "error")]
     for r in bad:
         print(f"{r.status}: {r.backend} on {r.shape.name} {r.cls} {r.routing}: err={r.err} {r.note}", file=sys.stderr)
-    return 1 if bad else 0
+    return kept.status or (1 if bad else 0)

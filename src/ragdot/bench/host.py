@@ -35,7 +35,6 @@ import datetime
 import math
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +58,7 @@ from ragdot.measure import records
 from ragdot.measure.host import MIN_CALLS, HostTiming, time_host
 from ragdot.measure.host import budgeted_calls as _budgeted_calls  # noqa: F401 - part of this module's surface
 from ragdot.measure.host import chunk_sizes as _chunk_sizes  # noqa: F401
+from ragdot.measure.progress import Progress
 from ragdot.measure.records import safe_name
 
 HELP = "host time per call: ragdot.ragged_dot against the raw torch._grouped_mm call, fwd and fwd+bwd"
@@ -263,7 +263,7 @@ def summary_lines(rows: Sequence[dict[str, Any]], phase: str) -> list[str]:
 
 def _print_grid(grid: list[list[str]], title: str, console: Any) -> None:
     if console is not None:
-        from ragdot.bench.text import Table
+        from ragdot.measure.console import Table
 
         table = Table(title=title, title_justify="left")
         for i, name in enumerate(grid[0]):
@@ -419,7 +419,7 @@ def measure_shape(
 
 
 def _console() -> Any:
-    from ragdot.bench.text import Console  # plain text where rich is not installed
+    from ragdot.measure.console import Console  # plain text where rich is not installed
 
     return Console(width=None if sys.stdout.isatty() else 200)
 
@@ -468,12 +468,11 @@ def _run(args: argparse.Namespace) -> int:
     meta = _meta(plan, args)
     failed: dict[str, str] = {}
     measured: list[Measured] = []
-    start = time.perf_counter()
+    progress = Progress(len(plan.shapes), say=say)
     for shape in plan.shapes:
-        t0 = time.perf_counter()
         measured += measure_shape(shape, plan, systems, args.seed, failed)
-        say(f"{shape.name}: {time.perf_counter() - t0:.1f} s")
-    meta.update(seconds=round(time.perf_counter() - start, 1), left_out=left_out, failed=failed)
+        progress.done(shape.name)
+    meta.update(seconds=round(progress.elapsed, 1), left_out=left_out, failed=failed)
     rows = result_rows(measured, meta)
     files = write_files(rows, meta, args.out)
     if not quiet:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ragdot.bench.ceilings import Ceilings, speed_of_light_s
-from ragdot.bench.classes import RaggedClass, flops, min_bytes
+from ragdot.measure.classes import RaggedClass, flops, min_bytes
 from ragdot.measure.timing import plan_counts
 from ragdot.shapes import Shape
 

@@ -16,13 +16,13 @@ from typing import Any
 
 from ragdot.bench import summary
 from ragdot.bench.runner import Result
-from ragdot.bench.text import Console, Table
 from ragdot.measure import records
+from ragdot.measure.console import Console, Table
 from ragdot.measure.records import safe_name
 from ragdot.measure.timing import EAGER, GRAPH, HOST_BOUND_SHARE, view_of
 
 __all__ = ["COLUMNS", "result_rows", "write_csv", "write_json", "write_markdown", "summary_rows", "file_stem",
-           "print_tables", "ANCHOR_TORCH"]
+           "print_tables"]
 
 # The first 13 columns are a fixed contract (scripts read them by position); more may follow.
 COLUMNS: tuple[str, ...] = (
@@ -65,41 +65,6 @@ COLUMNS: tuple[str, ...] = (
 )
 
 PASSES = {"fwd": ("fwd_wi", "fwd_wo"), "dgrad": ("dgrad_wi", "dgrad_wo"), "wgrad": ("wgrad_wi", "wgrad_wo")}
-
-#: torch._grouped_mm TFLOP/s (fwd, dgrad, wgrad) on one H200, bf16, measured on an H200 on 2026-11-29.
-ANCHOR_TORCH: dict[str, dict[str, tuple[float, float, float]]] = {
-    "balanced": {
-        "deepseek2-16b": (160, 163, 116),
-        "deepseek3-test": (42, 42, 35),
-        "gemma4-26b": (214, 213, 146),
-        "qwen3-30b-a3b": (221, 221, 154),
-        "qwen3-235b-a22b": (417, 392, 274),
-        "llama4-17b-16e": (261, 255, 178),
-        "mixtral-8x7b": (611, 614, 496),
-        "gpt-oss-120b-like": (243, 241, 153),
-    },
-    "skewed": {
-        "deepseek2-16b": (166, 167, 116),
-        "deepseek3-test": (43, 43, 37),
-        "gemma4-26b": (215, 215, 152),
-        "qwen3-30b-a3b": (223, 223, 160),
-        "qwen3-235b-a22b": (401, 393, 282),
-        "llama4-17b-16e": (255, 251, 184),
-        "mixtral-8x7b": (522, 527, 488),
-        "gpt-oss-120b-like": (237, 240, 167),
-    },
-    "empty": {
-        "deepseek2-16b": (171, 171, 114),
-        "deepseek3-test": (47, 48, 39),
-        "gemma4-26b": (216, 216, 151),
-        "qwen3-30b-a3b": (229, 228, 167),
-        "qwen3-235b-a22b": (432, 404, 291),
-        "llama4-17b-16e": (276, 273, 194),
-        "mixtral-8x7b": (537, 538, 491),
-        "gpt-oss-120b-like": (243, 247, 167),
-    },
-}
-
 
 def _num(value: float | None, digits: int) -> float | str:
     """`value` to `digits` significant digits; "" for None."""
@@ -167,9 +132,11 @@ def write_json(rows: Sequence[dict[str, Any]], meta: dict[str, Any], path: Path)
     return records.write_json(path, meta, rows, columns=COLUMNS)
 
 
-def write_markdown(rows: Sequence[dict[str, Any]], title: str, path: Path) -> Path:
-    """The summary of `summary.markdown` (eager and graph views side by side) for these records."""
-    path.write_text(summary.markdown(summary.parse_rows(rows), title))
+def write_markdown(rows: Sequence[dict[str, Any]], title: str, path: Path, notes: Sequence[str] = ()) -> Path:
+    """The summary of `summary.markdown` (eager and graph views side by side) for these records; `notes`
+    (warnings about the run, e.g. a busy machine) stand under the title."""
+    head, _, rest = summary.markdown(summary.parse_rows(rows), title).partition("\n\n")
+    path.write_text("\n\n".join([head, *(f"**Note:** {n}" for n in notes), rest]))
     return path
 
 
@@ -217,9 +184,12 @@ def _cell_table(results: Sequence[Result], title: str) -> Table:
     return table
 
 
-def print_tables(results: Sequence[Result], console: Console, title: str, anchors: bool = False) -> None:
+def print_tables(
+    results: Sequence[Result], console: Console, title: str, anchors: dict[str, Any] | None = None
+) -> None:
     """Per clock view: TFLOP/s per cell and system; then the per-system summary of every view side by side
-    (geometric means, ratio to vendor, host-bound cells); then, on the H200, the check against the anchors."""
+    (geometric means, ratio to vendor, host-bound cells); then, given `anchors` (the ``bench.anchors``
+    section of a targets file, see `ragdot.measure.targets`), the check against those reference numbers."""
     rows = summary_rows(results)
     shown = summary.views(rows) or list(dict.fromkeys(r.view for r in rows))
     for view in shown:
@@ -229,7 +199,7 @@ def print_tables(results: Sequence[Result], console: Console, title: str, anchor
     console.print(_summary_table(results, rows, shown))
     if anchors:
         for view in shown:
-            _print_anchor_check([r for r in results if view_of(r.clock or "eager") == view], console, view)
+            _print_anchor_check([r for r in results if view_of(r.clock or "eager") == view], console, view, anchors)
 
 
 def _summary_table(results: Sequence[Result], rows: list[summary.Row], shown: Sequence[str]) -> Table:
@@ -261,16 +231,18 @@ def _summary_table(results: Sequence[Result], rows: list[summary.Row], shown: Se
     return table
 
 
-def _print_anchor_check(results: Sequence[Result], console: Console, view: str) -> None:
-    """`vendor` and `torch` TFLOP/s per pass against the reference numbers of 2026-11-29 (the shapes and
-    routings they cover)."""
+def _print_anchor_check(results: Sequence[Result], console: Console, view: str, anchors: dict[str, Any]) -> None:
+    """`vendor` and `torch` TFLOP/s per pass against the reference numbers of `anchors` (the shapes and
+    routings they cover): ``tflops[routing][shape]`` = one number per pass, ``date`` and ``gpu`` for the title."""
+    ref: dict[str, dict[str, Sequence[float]]] = anchors.get("tflops", {})
+    systems = tuple(anchors.get("systems", ("vendor", "torch")))
     mine: dict[tuple[str, str, str], dict[str, float]] = {}
     for r in results:
-        if r.backend in ("vendor", "torch") and r.tflops and r.shape.name in ANCHOR_TORCH.get(r.routing, {}):
+        if r.backend in systems and r.tflops and r.shape.name in ref.get(r.routing, {}):
             mine.setdefault((r.shape.name, r.routing, r.backend), {})[r.cls] = r.tflops
-    table = Table(title=f"vendor and torch vs the H200 reference numbers of 2026-11-29, {summary.view_title(view)}: "
-                        "TFLOP/s per pass, ours/reference (ratio)")
-    for col in ("shape", "routing", "system", "fwd", "dgrad", "wgrad"):
+    table = Table(title=f"{' and '.join(systems)} vs the reference numbers of {anchors.get('date', '?')}, "
+                        f"{summary.view_title(view)}: TFLOP/s per pass, ours/reference (ratio)")
+    for col in ("shape", "routing", "system", *PASSES):
         table.add_column(col, justify="left" if col in ("shape", "routing", "system") else "right")
     ratios: dict[str, list[float]] = {}
     for (shape, routing, system), by in mine.items():
@@ -279,7 +251,7 @@ def _print_anchor_check(results: Sequence[Result], console: Console, view: str) 
             if not all(c in by for c in classes):
                 row.append("-")
                 continue
-            ours, anchor = _geomean([by[c] for c in classes]), ANCHOR_TORCH[routing][shape][i]
+            ours, anchor = _geomean([by[c] for c in classes]), ref[routing][shape][i]
             ratios.setdefault(system, []).append(ours / anchor)
             row.append(f"{ours:.0f}/{anchor:.0f} ({ours / anchor:.2f})")
         if any(cell != "-" for cell in row):

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from ragdot.bench.ceilings import Ceilings, speed_of_light_s
-from ragdot.bench.classes import RaggedClass, flops, min_bytes
 from ragdot.bench.systems import VENDOR, Operands, RagdotSystem, System
 from ragdot.measure.checks import failure_status, normalised_error, tolerance
+from ragdot.measure.classes import RaggedClass, flops, min_bytes
 from ragdot.measure.timing import (
     CLOCKS,
     DEFAULT_ROUNDS,

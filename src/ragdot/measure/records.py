@@ -73,10 +73,11 @@ def run_meta(device: Any, dtype: Any = None, *, with_triton: bool = False, commi
 
 
 def write_csv(rows: Sequence[Row], path: Path, columns: Sequence[str] | None = None) -> Path:
-    """`rows` under a header of `columns` (default: every key of the rows, in first-seen order)."""
+    """`rows` under a header of `columns` (default: every key of the rows, in first-seen order; keys of a
+    row that are not columns are left out)."""
     keys = list(columns) if columns is not None else list(dict.fromkeys(k for r in rows for k in r))
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     return path
@@ -102,19 +103,34 @@ def write_document(path: Path, doc: Any, indent: int | None = 1, newline: bool =
 
 
 class RowWriter:
-    """The CSV and JSON of one run in new files ``<prefix>-<date>``; rows are appended as they finish."""
+    """The CSV and JSON of one run in new files ``<prefix>-<date>``; rows are written as they finish.
 
-    def __init__(self, out: Path, prefix: str, meta: Row, columns: Sequence[str]) -> None:
+    With `columns`, each row is appended to the CSV under that header; without, the CSV is rewritten whole on
+    every row, its header every key seen so far. `rewrite()` writes both files anew after rows were changed in
+    place (e.g. speed ratios that a later row made known)."""
+
+    def __init__(self, out: Path, prefix: str, meta: Row, columns: Sequence[str] | None = None) -> None:
         name = new_stem(out, prefix)
         self.csv, self.json = out / f"{name}.csv", out / f"{name}.json"
-        self.columns = tuple(columns)
-        with open(self.csv, "w") as f:
-            f.write(",".join(self.columns) + "\n")
+        self.columns = None if columns is None else tuple(columns)
         self.meta, self.rows = meta, []
-        write_json(self.json, self.meta, self.rows)
+        self.rewrite()
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
+        if self.columns is None:
+            self.rewrite()
+            return
         with open(self.csv, "a", newline="") as f:
             csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore").writerow(row)
         write_json(self.json, self.meta, self.rows)
+
+    def rewrite(self) -> None:
+        if self.columns is not None or self.rows:
+            tmp = self.csv.with_suffix(".csv.tmp")
+            write_csv(self.rows, tmp, self.columns).replace(self.csv)  # whole or not at all
+        write_json(self.json, self.meta, self.rows)
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.csv, self.json]

@@ -46,7 +46,7 @@ def _expand(specs: list[str]):
 
 
 def _classes(names: list[str] | None):
-    from ragdot.bench.classes import CLASS_NAMES, parse_classes
+    from ragdot.measure.classes import CLASS_NAMES, parse_classes
 
     try:
         return parse_classes(names or list(CLASS_NAMES))
@@ -69,8 +69,8 @@ def _out_path(args: argparse.Namespace, device: torch.device) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragdot.bench.text import Console, Table, track
     from ragdot.dimension_numbers import canonicalize
+    from ragdot.measure.console import Console, Table, track
     from ragdot.tune.cache import CACHE
     from ragdot.tune.key import device_name, key_for
     from ragdot.tune.tuner import candidates_for, entry_from_times, measure_problem

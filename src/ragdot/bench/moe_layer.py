@@ -21,16 +21,16 @@ its wait; ``host_bound`` marks host_ms >= 0.9 ms). ``wall`` off CUDA = wall cloc
 the median over ``--steps`` steps after ``--warmup`` warm-up steps (the first warm-up step of a compile row
 is its compile time, ``compile_s``). On the CPU, torch 2.13's fake kernel of ``_grouped_mm`` takes bf16
 only, so compile rows of ``peer`` need ``--dtype bf16`` there (the row's note says so otherwise).
-Rows go to a new timestamped ``layer-<date>.csv`` / ``.json`` under ``--out`` as they finish, so an
-interrupted run (Ctrl-C) keeps what it measured.
+Rows go to a new timestamped ``layer-<date>.csv`` / ``.json`` under ``--out`` as they finish, each with a
+progress line and the time left, so a run cut short (``--budget``, Ctrl-C) keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ import torch
 from ragdot.cli_common import UsageError
 from ragdot.measure import records
 from ragdot.measure.checks import failure_status
+from ragdot.measure.progress import KeepOnInterrupt, Progress
 from ragdot.measure.timing import free_memory, synchronize, timed_call
 
 __all__ = ["LAYER_VARIANTS", "DEFAULT_TOKENS", "MODES", "add_layer_arguments", "default_configs", "run_layer"]
@@ -208,7 +209,7 @@ def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
     title = f"MoE layer forward+backward, median ms ({clock})"
     head = ("config", "tokens", "mode", "variant", "ms", "host ms", "vs peer", "compile s", "graphs", "status")
     body = [_cells(r) for r in rows]
-    from ragdot.bench.text import Console, Table  # plain text where rich is not installed
+    from ragdot.measure.console import Console, Table  # plain text where rich is not installed
 
     table = Table(title=title)
     for i, h in enumerate(head):
@@ -252,7 +253,7 @@ def _weights_gb(cfg, itemsize: int) -> float:
     return 2 * (cfg.num_experts * cfg.dim * (3 * cfg.moe_hidden + 1)) * itemsize / 1e9
 
 
-def _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit) -> None:
+def _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit, spent=lambda: False) -> None:
     from ragdot.moe.layer import MoELayer
 
     info = {**base, "config": cfg.name, "dim": cfg.dim, "hidden": cfg.moe_hidden, "experts": cfg.num_experts,
@@ -275,6 +276,10 @@ def _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit) 
         dy = torch.randn((t, cfg.dim), generator=gen, device=device, dtype=dtype)
         for m in modes:
             for v in variants:
+                if spent():
+                    emit({**info, "tokens": t, "mode": m, "variant": v, "status": "skipped",
+                          "note": "the run's --budget was spent"})  # fmt: skip
+                    continue
                 emit({**info, "tokens": t, "mode": m, "variant": v, **measure_row(layer, x, dy, v, m, args)})
                 free_memory(device)
         del x, dy
@@ -307,22 +312,19 @@ def run_layer(args: argparse.Namespace, device: torch.device, dtype: torch.dtype
     meta = _meta(device, dtype, args)
     base = {k: meta[k] for k in ("dtype", "gpu", "commit", "date", "torch")}
     writer = RowWriter(args.out, meta)
+    progress = Progress(len(configs) * len(tokens) * len(modes) * len(variants), budget=getattr(args, "budget", 0.0),
+                        say=None if quiet else functools.partial(print, flush=True))  # fmt: skip
 
     def emit(row: dict[str, Any]) -> None:
         speedups([*writer.rows, row])
         writer.add(row)
         result = f"{row['ms']:.3f} ms" if row.get("status") == "ok" else row.get("status", "")
-        if not quiet:
-            print(f"{row['config']} T={row['tokens']} {row['mode']} {row['variant']}: {result}", flush=True)
+        progress.done(f"{row['config']} T={row['tokens']} {row['mode']} {row['variant']} {result}")
 
-    status = 0
-    try:
+    with KeepOnInterrupt(writer.rows) as kept:
         for cfg in configs:
-            _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit)
-    except KeyboardInterrupt:
-        status = 130
-        print(f"interrupted: {len(writer.rows)} finished rows kept", file=sys.stderr)
+            _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit, progress.spent)
     if not quiet:
         print_table(writer.rows, device)
     print(f"wrote {writer.csv} and {writer.json}")
-    return status
+    return kept.status

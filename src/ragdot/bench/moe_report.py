@@ -1,0 +1,155 @@
+"""`ragdot moe-bench` output (train-step mode): speed ratios, the terminal table, the target checks, figures."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["relative", "check_targets", "print_table", "plot"]
+
+Row = dict[str, Any]
+
+
+def relative(rows: list[Row]) -> None:
+    """Speedups against sparse-padded and dense_drop of the same config, in place."""
+    steps = {(r["config"], r["variant"]): r.get("step_s") for r in rows}
+    for r in rows:
+        for ref, key in (("sparse-padded", "speedup_vs_padded"), ("dense_drop", "speedup_vs_dense_drop")):
+            base, own = steps.get((r["config"], ref)), r.get("step_s")
+            r[key] = base / own if base and own else None
+
+
+def check_targets(rows: list[Row], goals: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
+    """The goals of a targets file's ``moe-bench`` section, each (description, passed, numbers) per config.
+
+    `goals`: ``fast_variants`` (the candidates; the fastest counts), ``faster_than`` (``baseline``,
+    ``min_ratio`` and optionally ``min_experts``: baseline step time over the fastest's), ``max_routing_share``
+    (of the profiled MoE layer's kernel time) and ``temp_memory`` (``configs``: a config-name prefix,
+    ``baseline``, ``max_share``: the fastest's temporary memory over the baseline's). Nothing is claimed for
+    what was not measured."""
+    by_cfg: dict[str, dict[str, Row]] = {}
+    for r in rows:
+        if r.get("status") == "ok":
+            by_cfg.setdefault(r["config"], {})[r["variant"]] = r
+    out = []
+    for cfg, v in by_cfg.items():
+        fast = [v[n] for n in goals.get("fast_variants", ()) if n in v]
+        if fast:
+            out += _config_checks(cfg, v, min(fast, key=lambda r: r["step_s"]), goals)
+    return out
+
+
+def _config_checks(cfg: str, v: dict[str, Row], best: Row, goals: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    tag = f"{cfg} ({best['variant']})"
+    out = []
+    for goal in goals.get("faster_than", ()):
+        ref, low = goal["baseline"], goal["min_ratio"]
+        if ref in v and best["experts"] >= goal.get("min_experts", 0):
+            ratio = v[ref]["step_s"] / best["step_s"]
+            out.append((f"{tag}: >= {low:g}x faster than {ref}", ratio >= low, f"{ratio:.2f}x"))
+    share, most = best.get("routing_share"), goals.get("max_routing_share")
+    if most is not None and share is not None and not math.isnan(share):
+        out.append((f"{tag}: routing <= {most:.0%} of MoE layer time", share <= most, f"{100 * share:.1f}%"))
+    for goal in goals.get("temp_memory", ()):
+        ref, limit = goal["baseline"], goal["max_share"]
+        if cfg.startswith(goal.get("configs", "")) and best.get("temp_gb") is not None and v.get(ref, {}).get(
+            "temp_gb"
+        ):
+            frac = best["temp_gb"] / v[ref]["temp_gb"]
+            out.append((f"{tag}: temp memory <= {limit:.0%} of {ref}", frac <= limit, f"{frac:.0%}"))
+    return out
+
+
+def print_table(rows: list[Row], console) -> None:
+    from ragdot.measure.console import Table
+
+    table = Table(title="MoE train step")
+    cols = [
+        ("config", "config", "{}"),
+        ("variant", "variant", "{}"),
+        ("step ms", "step_s", "ms"),
+        ("tok/s", "tokens_per_s", "{:,.0f}"),
+        ("TFLOP/s", "tflops", "{:.1f}"),
+        ("peak GB", "peak_gb", "{:.1f}"),
+        ("temp GB", "temp_gb", "{:.2f}"),
+        ("vs padded", "speedup_vs_padded", "{:.2f}x"),
+        ("vs drop", "speedup_vs_dense_drop", "{:.2f}x"),
+        ("MoE ms", "moe_ms", "{:.2f}"),
+        ("routing", "routing_share", "pct"),
+        ("mode", "mode", "{}"),
+        ("status", "status", "{}"),
+    ]
+    for title, _, _ in cols:
+        table.add_column(
+            title, justify="left" if title in ("config", "variant", "status", "mode") else "right"
+        )
+    for r in rows:
+        cells = []
+        for _, key, fmt in cols:
+            value = r.get(key)
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                cells.append("-")
+            elif fmt == "ms":
+                cells.append(f"{1e3 * value:.1f}")
+            elif fmt == "pct":
+                cells.append(f"{100 * value:.1f}%")
+            else:
+                cells.append(fmt.format(value))
+        table.add_row(*cells)
+    console.print(table)
+
+
+def plot(rows: list[Row], out: Path, stem: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ok = [r for r in rows if r.get("status") == "ok"]
+    configs = list(dict.fromkeys(r["config"] for r in ok))
+    variants = list(dict.fromkeys(r["variant"] for r in ok))
+    if not configs:
+        return []
+    get = {(r["config"], r["variant"]): r for r in ok}
+    x = np.arange(len(configs))
+    width = 0.8 / max(len(variants), 1)
+    paths = []
+    for key, ylabel, name in (
+        ("step_s", "step time (s)", "step_time.png"),
+        ("speedup_vs_padded", "speedup over sparse-padded", "speedup.png"),
+        ("temp_gb", "temporary memory (GB)", "memory.png"),
+    ):
+        if not any(get[c, v].get(key) for (c, v) in get):
+            continue
+        fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(configs)), 4))
+        for i, v in enumerate(variants):
+            vals = [(get.get((c, v)) or {}).get(key) or 0.0 for c in configs]
+            ax.bar(x + (i - (len(variants) - 1) / 2) * width, vals, width, label=v)
+        ax.set_xticks(x, configs, rotation=20, ha="right")
+        ax.set_ylabel(ylabel)
+        if key == "step_s":
+            ax.set_yscale("log")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"{stem}-{name}", dpi=120)
+        plt.close(fig)
+        paths.append(out / f"{stem}-{name}")
+    prof = [r for r in ok if r.get("moe_ms")]
+    if prof:
+        fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(prof)), 4))
+        labels = [f"{r['config']}\n{r['variant']}" for r in prof]
+        bottom = np.zeros(len(prof))
+        for part in ("routing_ms", "gemm_ms", "other_ms"):
+            vals = np.array([r[part] / r["moe_ms"] for r in prof])
+            ax.bar(labels, vals, bottom=bottom, label=part.removesuffix("_ms"))
+            bottom += vals
+        ax.set_ylabel("share of MoE layer kernel time")
+        ax.tick_params(axis="x", labelsize=6, rotation=60)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / f"{stem}-routing_share.png", dpi=120)
+        plt.close(fig)
+        paths.append(out / f"{stem}-routing_share.png")
+    return paths
