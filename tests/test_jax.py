@@ -224,3 +224,27 @@ def test_unsupported_calls_raise_clear_errors(call, exc, pattern):
     lhs, rhs, sizes = _inputs("fwd_wi")
     with pytest.raises(exc, match=pattern):
         jax.jit(call)(lhs, rhs, sizes)
+
+
+def _jax_gpu():
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["fwd_wi", "dgrad", "wgrad", "batched_ragged_m", "batch_mode"])
+def test_on_the_gpu_through_triton_on_xla_s_stream(case):
+    gpu = _jax_gpu()
+    if gpu is None:
+        pytest.skip("jax has no GPU backend here")
+    lhs, rhs, sizes = (jax.device_put(t, gpu) for t in _inputs(case, jnp.bfloat16))
+    jdn, dn = _dns(case)
+    f = lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn, preferred_element_type=jnp.float32, backend="triton")
+    out, vjp = jax.vjp(jax.jit(f), lhs, rhs)
+    ref = ragged_dot_general_oracle(_t(lhs), _t(rhs), torch.tensor(np.asarray(sizes)), dn)
+    assert nerr(_t(out), ref) < TOL[torch.bfloat16]
+    dl, dr = vjp(jnp.ones_like(out))
+    da, db = _oracle_grads(lhs, rhs, sizes, dn, jnp.ones_like(out))
+    assert nerr(_t(dl), da) < TOL[torch.bfloat16] and nerr(_t(dr), db) < TOL[torch.bfloat16]
