@@ -52,10 +52,27 @@ def _call(sig: Signature, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Ten
     return found
 
 
+@contextlib.contextmanager
+def _one_cpu_thread():
+    """torch single-threaded for the call, then as it was. On the CPU, XLA runs the callback on the caller's
+    thread or one of its pool's, with its own threads about: torch's intra-op threads on top oversubscribe
+    the cores (several times slower calls on a 2-core machine). The switch costs well under a microsecond;
+    with OpenMP (torch's CPU builds) it applies to the calling thread only."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _on_stream(ctx: Any, device: torch.device) -> contextlib.AbstractContextManager:
-    """XLA's stream as torch's current stream (GPU); nothing to do on the CPU."""
+    """XLA's stream as torch's current stream (GPU); on the CPU, torch single-threaded for the call."""
     if device.type != "cuda":
-        return contextlib.nullcontext()
+        return _one_cpu_thread()
     key = (device.index or 0, int(ctx.stream))
     stream = _STREAMS.get(key)
     if stream is None:
