@@ -222,15 +222,15 @@ def _check_zero_copy(jax, cpu: bool) -> dict[str, object]:
     import ragdot.jax._bridge as bridge
 
     taken: list[bool] = []
-    original = bridge._call
+    original = bridge.Bridge._call
 
-    def spy(*args):
-        call = original(*args)
-        runner = call._runner(args[1], args[2])
+    def spy(self, lhs, rhs, sizes):
+        call = original(self, lhs, rhs, sizes)
+        runner = call._runner(lhs, rhs)
         taken.append(getattr(runner.fn, "prepared", None) is not None and runner.takes(call.direct))
         return call
 
-    bridge._call = spy
+    bridge.Bridge._call = spy
     try:
         import ragdot.jax as rj
 
@@ -240,7 +240,7 @@ def _check_zero_copy(jax, cpu: bool) -> dict[str, object]:
         out = jax.jit(lambda a, b: rj.ragged_dot(a, b, jnp.full((4,), 16, jnp.int32), backend="triton"))(x, w)
         out.block_until_ready()
     finally:
-        bridge._call = original
+        bridge.Bridge._call = original
     return {"case": "zero_copy_forward_triton", "in_place": bool(taken and all(taken)), "ok": bool(taken)}
 
 

@@ -20,7 +20,7 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from ragdot.api import _check_backend
 from ragdot.dimension_numbers import RAGGED_DOT_DN, RaggedDotDimensionNumbers, plan_views
-from ragdot.jax._bridge import Signature, backward_into, forward_into
+from ragdot.jax._bridge import Bridge, Signature
 
 __all__ = ["ragged_dot", "ragged_dot_general"]
 
@@ -97,8 +97,9 @@ def _callbacks(sig: Signature, out_shape: tuple[int, ...]) -> tuple[Any, Any]:
     jdt = _jax_dtype(sig.dtype)
     out = jax.ShapeDtypeStruct(out_shape, _jax_dtype(sig.out_dtype))
     grads = (jax.ShapeDtypeStruct(sig.lhs_shape, jdt), jax.ShapeDtypeStruct(sig.rhs_shape, jdt))
-    fwd = buffer_callback(functools.partial(forward_into, sig), out, vmap_method="sequential")
-    bwd = buffer_callback(functools.partial(backward_into, sig), grads, vmap_method="sequential")
+    bridge = Bridge(sig)
+    fwd = buffer_callback(bridge.forward, out, vmap_method="sequential")
+    bwd = buffer_callback(bridge.backward, grads, vmap_method="sequential")
     return fwd, bwd
 
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
+from ragdot import ops
 from ragdot.api import _Call
 from ragdot.dimension_numbers import RaggedDotDimensionNumbers
 
-__all__ = ["Signature", "forward_into", "backward_into"]
+__all__ = ["Signature", "Bridge"]
 
 
 @dataclass(frozen=True)
@@ -38,18 +39,7 @@ class Signature:
     backend: str | None
 
 
-_CALLS: dict[tuple[Signature, torch.device], _Call] = {}
 _STREAMS: dict[tuple[int, int], Any] = {}
-
-
-def _call(sig: Signature, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor) -> _Call:
-    key = (sig, lhs.device)
-    found = _CALLS.get(key)
-    if found is None:
-        if len(_CALLS) >= 4096:  # many distinct shapes: start over rather than grow
-            _CALLS.clear()
-        found = _CALLS[key] = _Call(lhs, rhs, sizes, sig.dn, sig.out_dtype, sig.backend, False)
-    return found
 
 
 @contextlib.contextmanager
@@ -93,32 +83,42 @@ def _tensors(*buffers: Any) -> list[torch.Tensor]:
     return [torch.from_dlpack(b) for b in buffers]
 
 
-def forward_into(sig: Signature, ctx: Any, out: Any, lhs: Any, rhs: Any, sizes: Any) -> None:
-    """out[...] = ragged_dot_general(lhs, rhs, sizes) in the signature's layout, on XLA's stream."""
-    device = _device_of(out)
-    with _on_stream(ctx, device):
-        out_t, lhs_t, rhs_t, sizes_t = _tensors(out, lhs, rhs, sizes)
-        call = _call(sig, lhs_t, rhs_t, sizes_t)
-        used = None if call.mode == "batch" else sizes_t
-        runner = call._runner(lhs_t, rhs_t)
-        prepared = getattr(runner.fn, "prepared", None)
-        if prepared is not None and runner.takes(call.direct):
-            prepared(lhs_t, rhs_t, used, out_t)  # zero copy: the kernel writes XLA's output buffer
-            return
-        out_t.copy_(call.forward(lhs_t, rhs_t, used))
+class Bridge:
+    """The callbacks of one signature, with its `_Call` per device (looked up without hashing the signature)."""
 
+    def __init__(self, sig: Signature) -> None:
+        self.sig = sig
+        self.calls: dict[torch.device, _Call] = {}
 
-def backward_into(sig: Signature, ctx: Any, outs: Any, lhs: Any, rhs: Any, sizes: Any, dout: Any) -> None:
-    """(dlhs, drhs)[...] = the vjp of ragged_dot_general at (lhs, rhs) for the cotangent dout."""
-    device = _device_of(lhs)
-    with _on_stream(ctx, device):
-        dlhs_t, drhs_t, lhs_t, rhs_t, sizes_t, dout_t = _tensors(*outs, lhs, rhs, sizes, dout)
-        call = _call(sig, lhs_t, rhs_t, sizes_t)
-        from ragdot import ops
+    def _call(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor) -> _Call:
+        found = self.calls.get(lhs.device)
+        if found is None:
+            sig = self.sig
+            found = self.calls[lhs.device] = _Call(lhs, rhs, sizes, sig.dn, sig.out_dtype, sig.backend, False)
+        return found
 
-        a, b = call.plan.views(lhs_t, rhs_t)
-        used = None if call.mode == "batch" else sizes_t
-        da, db = ops.vjp(call.mode, a, b, used, call.unfinish(dout_t), call.backend, call.plan.group_scale,
-                         (True, True))
-        dlhs_t.copy_(call.grad_lhs(da))
-        drhs_t.copy_(call.grad_rhs(db))
+    def forward(self, ctx: Any, out: Any, lhs: Any, rhs: Any, sizes: Any) -> None:
+        """out[...] = ragged_dot_general(lhs, rhs, sizes) in the signature's layout, on XLA's stream."""
+        with _on_stream(ctx, _device_of(out)):
+            out_t, lhs_t, rhs_t, sizes_t = _tensors(out, lhs, rhs, sizes)
+            call = self._call(lhs_t, rhs_t, sizes_t)
+            used = None if call.mode == "batch" else sizes_t
+            runner = call._runner(lhs_t, rhs_t)
+            prepared = getattr(runner.fn, "prepared", None)
+            if prepared is not None and runner.takes(call.direct):
+                prepared(lhs_t, rhs_t, used, out_t)  # zero copy: the kernel writes XLA's output buffer
+                return
+            out_t.copy_(call.forward(lhs_t, rhs_t, used))
+
+    def backward(self, ctx: Any, outs: Any, lhs: Any, rhs: Any, sizes: Any, dout: Any) -> None:
+        """(dlhs, drhs)[...] = the vjp of ragged_dot_general at (lhs, rhs) for the cotangent dout: ragdot's
+        canonical vjp on the canonical views, mapped back by the `_Call`'s inverse maps."""
+        with _on_stream(ctx, _device_of(lhs)):
+            dlhs_t, drhs_t, lhs_t, rhs_t, sizes_t, dout_t = _tensors(*outs, lhs, rhs, sizes, dout)
+            call = self._call(lhs_t, rhs_t, sizes_t)
+            a, b = call.plan.views(lhs_t, rhs_t)
+            used = None if call.mode == "batch" else sizes_t
+            da, db = ops.vjp(call.mode, a, b, used, call.unfinish(dout_t), call.backend, call.plan.group_scale,
+                             (True, True))
+            dlhs_t.copy_(call.grad_lhs(da))
+            drhs_t.copy_(call.grad_rhs(db))
