@@ -248,3 +248,18 @@ def test_on_the_gpu_through_triton_on_xla_s_stream(case):
     dl, dr = vjp(jnp.ones_like(out))
     da, db = _oracle_grads(lhs, rhs, sizes, dn, jnp.ones_like(out))
     assert nerr(_t(dl), da) < TOL[torch.bfloat16] and nerr(_t(dr), db) < TOL[torch.bfloat16]
+
+
+@pytest.mark.skipif(not hasattr(jax, "enable_x64"), reason="this jax has no jax.enable_x64 context")
+@pytest.mark.parametrize("case", ["fwd_wi", "wgrad", "batch_mode"])
+def test_float64_with_x64_enabled(case):
+    with jax.enable_x64(True):
+        lhs, rhs, sizes = _inputs(case, jnp.float64)
+        jdn, dn = _dns(case)
+        out = jax.jit(lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn))(lhs, rhs)
+        assert out.dtype == jnp.float64
+        ref = ragged_dot_general_oracle(torch.tensor(np.asarray(lhs)), torch.tensor(np.asarray(rhs)),
+                                        torch.tensor(np.asarray(sizes)), dn)
+        assert nerr(torch.tensor(np.asarray(out)), ref) < TOL[torch.float64]
+        dl, dr = jax.grad(lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn).sum(), (0, 1))(lhs, rhs)
+        assert dl.dtype == jnp.float64 and dr.dtype == jnp.float64

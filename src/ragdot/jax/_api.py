@@ -36,15 +36,17 @@ def _float_dtype(dtype: Any, what: str) -> torch.dtype:
 
 
 def _out_dtype(preferred_element_type: Any, dtype: torch.dtype) -> torch.dtype:
+    """The output dtype as jax would make it (float64 becomes float32 unless x64 is enabled)."""
     if preferred_element_type is None:
         return dtype
     try:
-        return _float_dtype(preferred_element_type, "preferred_element_type")
-    except TypeError as exc:
-        if "must be" in str(exc):
-            raise
+        name = np.dtype(jax.dtypes.canonicalize_dtype(preferred_element_type)).name
+    except TypeError:
         raise TypeError(f"preferred_element_type must be None or a float dtype, got {preferred_element_type!r}") \
             from None
+    if name not in _FLOATS:
+        raise TypeError(f"preferred_element_type must be None or float16, bfloat16, float32 or float64, got {name}")
+    return _FLOATS[name]
 
 
 def _sizes(group_sizes: Any) -> Any:
