@@ -14,7 +14,7 @@ runs; the whole run stays within --budget seconds):
 3. host: host time per jitted call of ragdot.jax against a jitted jax.lax.ragged_dot of the same shapes
    (small shapes, so the host dominates), plus an empty buffer_callback and ragdot's eager PyTorch call.
 4. bench: `ragdot bench` over the 48 anchor cells with triton, xla, ragdot-jax and (if it imports) tokamax,
-   side by side (triton: graph and eager clocks; the JAX systems: the batch clock), in two halves.
+   side by side (triton: graph and eager clocks; the JAX systems: the batch clock), in four parts.
 
 Everything lands under --out: env.json, check.json, host.csv/json, bench/ (the bench's CSV/JSON/summary),
 steps.json (each step's status, seconds and log tail) and one log per step.
@@ -33,7 +33,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ("env", "check", "host", "bench")
-LIMITS = {"env": 60, "check": 150, "host": 90, "bench": 170}  # seconds per step (bench: per half)
+LIMITS = {"env": 60, "check": 150, "host": 90, "bench": 110}  # seconds per step (bench: per part)
+BENCH_PARTS = 4  # the bench runs in parts of 2 anchor shapes: a part cut by its limit loses only its cells
+# The H200 ceilings measured at d2e757e (benchmarks/results/h200-eager-path-20261201/bench-log-d2e757e.txt),
+# given so that each part does not measure them again.
+H200_CEILINGS = ("--peak-tflops", "794.8", "--bandwidth-gbs", "4272")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -364,19 +368,21 @@ def step_host(out: Path, cpu: bool) -> None:
 # ------------------------------------------------------------------------------------------------- bench
 
 
-def step_bench(out: Path, cpu: bool, half: int) -> None:
+def step_bench(out: Path, cpu: bool, part: int) -> None:
     _jax(cpu)
     _setup_path()
     from ragdot.cli import main
     from ragdot.shapes import shapes_with_tag
 
     names = [s.name for s in shapes_with_tag("tiny" if cpu else "anchor")]
-    part = names[: len(names) // 2] if half == 0 else names[len(names) // 2:]
+    size = -(-len(names) // BENCH_PARTS)
+    shapes = names[part * size:(part + 1) * size]
+    if not shapes:
+        return
     systems = ["triton", "xla", "ragdot-jax", "tokamax"]
-    argv = ["bench", "--shapes", *part, "--backends", *systems, "--no-vendor", "--out", str(out / "bench"),
+    argv = ["bench", "--shapes", *shapes, "--backends", *systems, "--no-vendor", "--out", str(out / "bench"),
             "--warmup", "3", "--iters", "20", "--max-seconds", "0.4", "--no-plots"]
-    if cpu:
-        argv += ["--device", "cpu", "--quick"]
+    argv += ["--device", "cpu", "--quick"] if cpu else list(H200_CEILINGS)
     code = main(argv)
     if code:
         raise SystemExit(code)
@@ -391,12 +397,12 @@ def _text(data: bytes | str | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
-def _run_step(name: str, args: argparse.Namespace, half: int | None, remaining: float) -> dict[str, object]:
+def _run_step(name: str, args: argparse.Namespace, part: int | None, remaining: float) -> dict[str, object]:
     limit = max(5.0, min(LIMITS[name], remaining))
-    label = name if half is None else f"{name}-{half}"
+    label = name if part is None else f"{name}-{part}"
     cmd = [sys.executable, __file__, "--out", str(args.out), "--step", name]
     cmd += ["--cpu"] if args.cpu else []
-    cmd += [] if half is None else ["--half", str(half)]
+    cmd += [] if part is None else ["--part", str(part)]
     start = time.perf_counter()
     log = args.out / f"{label}.log"
     try:
@@ -419,24 +425,24 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=470.0, help="seconds for the whole run (default 470)")
     parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS), help="steps to run")
     parser.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)  # one step, in this process
-    parser.add_argument("--half", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step:
         if args.step == "bench":
-            step_bench(args.out, args.cpu, args.half)
+            step_bench(args.out, args.cpu, args.part)
         else:
             {"env": step_env, "check": step_check, "host": step_host}[args.step](args.out, args.cpu)
         return 0
     start = time.perf_counter()
     report = []
     for name in args.steps:
-        for half in (0, 1) if name == "bench" else (None,):
+        for part in range(BENCH_PARTS) if name == "bench" else (None,):
             remaining = args.budget - (time.perf_counter() - start)
             if remaining < 10:
                 report.append({"step": name, "status": "skipped: out of budget"})
                 continue
-            report.append(_run_step(name, args, half, remaining))
+            report.append(_run_step(name, args, part, remaining))
             _write_json(args.out / "steps.json", report)
     _write_json(args.out / "steps.json", report)
     print(f"done in {time.perf_counter() - start:.0f} s; results under {args.out}")
