@@ -41,7 +41,7 @@ from ragdot.measure import records
 
 HELP = "micro-benchmark: six ragged-dot classes x MoE shapes x backends (checked, then timed)"
 
-_ORDER = ("vendor", "padded", "torch", "triton", "auto", "xla", "reference")
+_ORDER = ("vendor", "padded", "torch", "triton", "auto", "xla", "ragdot-jax", "tokamax", "reference")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backends",
         nargs="+",
         metavar="NAME",
-        help="ragdot backends, 'auto', 'xla' and 'vendor' (default: all usable here; vendor is always added)",
+        help="ragdot backends, 'auto', 'xla', 'vendor', 'ragdot-jax', 'tokamax' (default: all usable here but the "
+        "last two; vendor is always added)",
     )
     parser.add_argument("--no-xla", action="store_true", help="leave out jax.lax.ragged_dot_general")
     parser.add_argument(
@@ -124,10 +125,10 @@ def _systems(args: argparse.Namespace, device: Any, console: Any) -> list[Any]:
 
     import ragdot
     from ragdot.backends import BACKEND_NAMES
-    from ragdot.bench.systems import AUTO, VENDOR, RagdotSystem, VendorSystem
+    from ragdot.bench.systems import AUTO, JAX_SYSTEMS, VENDOR, RagdotSystem, VendorSystem
 
     usable = ragdot.backends()
-    known = (*BACKEND_NAMES, AUTO, "xla", VENDOR)
+    known = (*BACKEND_NAMES, AUTO, "xla", VENDOR, *JAX_SYSTEMS)
     wanted = args.backends or [*usable, AUTO, *([] if args.no_xla else ["xla"])]
     for name in wanted:
         if name not in known:
@@ -146,6 +147,14 @@ def _systems(args: argparse.Namespace, device: Any, console: Any) -> list[Any]:
                 console.print(f"[yellow]xla left out: {reason}[/]")
                 continue
             systems.append(XlaSystem(device))
+        elif name in JAX_SYSTEMS:
+            from ragdot.bench.jax_system import jax_system
+
+            system, reason = jax_system(name, device)
+            if reason:
+                console.print(f"[yellow]{name} left out: {reason}[/]")
+                continue
+            systems.append(system)
         elif name == VENDOR:
             if not hasattr(torch, "_grouped_mm"):
                 console.print("[yellow]vendor left out: this torch has no torch._grouped_mm[/]")

@@ -32,10 +32,13 @@ import torch
 from ragdot.bench.classes import RaggedClass
 
 __all__ = ["Operands", "System", "RagdotSystem", "FunctionSystem", "VendorSystem", "vendor_unavailable_reason",
-           "AUTO", "VENDOR"]
+           "AUTO", "VENDOR", "RAGDOT_JAX", "TOKAMAX", "JAX_SYSTEMS"]
 
 AUTO = "auto"
 VENDOR = "vendor"
+RAGDOT_JAX = "ragdot-jax"  # ragdot.jax under jax.jit (ragdot.bench.jax_system)
+TOKAMAX = "tokamax"  # tokamax.ragged_dot, where its wheel is installed
+JAX_SYSTEMS = (RAGDOT_JAX, TOKAMAX)  # asked for by name (--backends), never in the default list
 _VENDOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what torch._grouped_mm has kernels for
 
 

@@ -23,12 +23,13 @@ import torch
 from ragdot.bench.classes import RaggedClass
 from ragdot.bench.systems import Operands, System
 
-__all__ = ["XlaSystem", "xla_unavailable_reason"]
+__all__ = ["XlaSystem", "xla_unavailable_reason", "import_jax"]
 
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def _import_jax() -> Any:
+def import_jax() -> Any:
+    """jax, imported with the environment above (shared by every JAX system)."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.30")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # XLA's C++ log floods the output on OOM
@@ -48,7 +49,7 @@ def _jax_device(jax: Any, device: torch.device) -> Any:
 def xla_unavailable_reason(device: torch.device) -> str | None:
     """None when JAX imports and has a device matching `device`; else why not."""
     try:
-        jax = _import_jax()
+        jax = import_jax()
     except Exception as exc:  # ImportError, or a broken jaxlib
         return f"jax does not import ({type(exc).__name__}: {exc})"
     try:
@@ -64,7 +65,7 @@ class XlaSystem(System):
     name = "xla"
 
     def __init__(self, device: torch.device) -> None:
-        self.jax = _import_jax()
+        self.jax = import_jax()
         self.device = device
         self.jax_device = _jax_device(self.jax, device)
         self._fns: dict[tuple[str, torch.dtype, torch.dtype], Any] = {}
@@ -85,14 +86,17 @@ class XlaSystem(System):
             # float32 in full precision, as ragdot does with TF32 off
             precision = lax.Precision.HIGHEST if in_dtype == torch.float32 else None
             out = self.jax.numpy.dtype(_DTYPES[out_dtype])
-
-            def call(lhs: Any, rhs: Any, sizes: Any) -> Any:
-                return lax.ragged_dot_general(
-                    lhs, rhs, sizes, dims, precision=precision, preferred_element_type=out
-                )
-
-            self._fns[key] = jax.jit(call)
+            self._fns[key] = jax.jit(self._op(cls, dims, precision, out))
         return self._fns[key]
+
+    def _op(self, cls: RaggedClass, dims: Any, precision: Any, out: Any) -> Callable[[Any, Any, Any], Any]:
+        """The function jitted for a class (subclasses time other JAX ops on the same footing)."""
+        lax = self.jax.lax
+
+        def call(lhs: Any, rhs: Any, sizes: Any) -> Any:
+            return lax.ragged_dot_general(lhs, rhs, sizes, dims, precision=precision, preferred_element_type=out)
+
+        return call
 
     def _to_jax(self, t: torch.Tensor) -> Any:
         t = t.contiguous()

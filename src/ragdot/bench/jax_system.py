@@ -1,0 +1,89 @@
+"""The JAX systems beside `xla`: `ragdot-jax` (`ragdot.jax.ragged_dot_general`) and `tokamax`.
+
+Both are timed like `xla` (`ragdot.bench.xla.XlaSystem`): operands shared with torch through DLPack, one
+jitted program per class and shape compiled ahead of time, asynchronous calls timed on the batch clock
+around a batch ending in `block_until_ready`.
+
+`ragdot-jax` runs ragdot's own kernels inside XLA's program (a buffer callback on XLA's stream), with
+ragdot's choice of backend; its extra memory is XLA's account (the output buffer; with the Triton kernels
+the output is written in place and nothing else is allocated).
+
+`tokamax` has only `ragged_dot` ([M, K] x [G, K, N]): the forward classes call it as is, the data-gradient
+classes swap the rhs's last two axes first (inside the jitted program, as a user of that API must), and the
+weight-gradient classes are tokamax's own gradient of `ragged_dot` with respect to rhs (`jax.vjp`, the
+forward part left to XLA's dead-code elimination).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ragdot.bench.classes import RaggedClass
+from ragdot.bench.systems import RAGDOT_JAX, TOKAMAX
+from ragdot.bench.xla import XlaSystem, import_jax, xla_unavailable_reason
+
+__all__ = ["RagdotJaxSystem", "TokamaxSystem", "jax_system"]
+
+
+class RagdotJaxSystem(XlaSystem):
+    """`ragdot.jax.ragged_dot_general` under `jax.jit` (ragdot's backend choice, as `auto`)."""
+
+    name = RAGDOT_JAX
+
+    def _op(self, cls: RaggedClass, dims: Any, precision: Any, out: Any) -> Callable[[Any, Any, Any], Any]:
+        import ragdot.jax
+
+        def call(lhs: Any, rhs: Any, sizes: Any) -> Any:
+            return ragdot.jax.ragged_dot_general(lhs, rhs, sizes, dims, precision, preferred_element_type=out)
+
+        return call
+
+
+class TokamaxSystem(XlaSystem):
+    """`tokamax.ragged_dot` with its default implementation choice."""
+
+    name = TOKAMAX
+
+    def _op(self, cls: RaggedClass, dims: Any, precision: Any, out: Any) -> Callable[[Any, Any, Any], Any]:
+        import tokamax
+
+        jnp = self.jax.numpy
+        if cls.rhs_group and cls.contract[1] == (1,):  # forward: [M, K] x [E, K, N]
+            return lambda lhs, rhs, sizes: tokamax.ragged_dot(lhs, rhs, sizes, precision, out)
+        if cls.rhs_group:  # data gradient: rhs [E, N, K] contracted over its last axis
+            return lambda lhs, rhs, sizes: tokamax.ragged_dot(lhs, jnp.swapaxes(rhs, 1, 2), sizes, precision, out)
+
+        def wgrad(lhs: Any, dout: Any, sizes: Any) -> Any:  # lhs [M, K], dout [M, N] -> [E, K, N]
+            weights = jnp.zeros((sizes.shape[0], lhs.shape[1], dout.shape[1]), lhs.dtype)
+            _, pullback = self.jax.vjp(lambda w: tokamax.ragged_dot(lhs, w, sizes, precision), weights)
+            (grad,) = pullback(dout.astype(lhs.dtype))
+            return grad.astype(out)
+
+        return wgrad
+
+
+def _unavailable(name: str, device: torch.device) -> str | None:
+    reason = xla_unavailable_reason(device)
+    if reason:
+        return reason
+    try:
+        if name == RAGDOT_JAX:
+            import_jax()
+            import ragdot.jax  # noqa: F401
+        else:
+            import tokamax  # noqa: F401
+    except Exception as exc:  # ImportError, or a package built for another jax
+        module = "ragdot.jax" if name == RAGDOT_JAX else "tokamax"
+        return f"{module} does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
+def jax_system(name: str, device: torch.device) -> tuple[XlaSystem | None, str | None]:
+    """(the system, None), or (None, why it cannot run here)."""
+    reason = _unavailable(name, device)
+    if reason:
+        return None, reason
+    return (RagdotJaxSystem if name == RAGDOT_JAX else TokamaxSystem)(device), None

@@ -1,0 +1,184 @@
+"""The JAX side: argument checks at trace time, the buffer callbacks and the custom_vjp.
+
+A call is checked while it is traced (shapes, dtypes, dimension numbers through ragdot's own planner, the
+backend name), so every mistake raises at once with the PyTorch side's message. The traced program holds
+one `buffer_callback` for the forward and, under `jax.grad`/`jax.vjp`, one for the backward; both run
+ragdot's PyTorch code on XLA's buffers (`ragdot.jax._bridge`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax.experimental.buffer_callback import buffer_callback
+
+from ragdot.api import _check_backend
+from ragdot.dimension_numbers import RAGGED_DOT_DN, RaggedDotDimensionNumbers, plan_views
+from ragdot.jax._bridge import Bridge, Signature
+
+__all__ = ["ragged_dot", "ragged_dot_general"]
+
+_FLOATS = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+_SIGNED = ("int8", "int16", "int32", "int64")
+
+
+def _float_dtype(dtype: Any, what: str) -> torch.dtype:
+    name = np.dtype(dtype).name
+    if name not in _FLOATS:
+        raise TypeError(f"{what} must be float16, bfloat16, float32 or float64, got {name}")
+    return _FLOATS[name]
+
+
+def _out_dtype(preferred_element_type: Any, dtype: torch.dtype) -> torch.dtype:
+    """The output dtype as jax would make it (float64 becomes float32 unless x64 is enabled)."""
+    if preferred_element_type is None:
+        return dtype
+    try:
+        name = np.dtype(jax.dtypes.canonicalize_dtype(preferred_element_type)).name
+    except TypeError:
+        raise TypeError(f"preferred_element_type must be None or a float dtype, got {preferred_element_type!r}") \
+            from None
+    if name not in _FLOATS:
+        raise TypeError(f"preferred_element_type must be None or float16, bfloat16, float32 or float64, got {name}")
+    return _FLOATS[name]
+
+
+def _sizes(group_sizes: Any) -> Any:
+    if not hasattr(group_sizes, "dtype") or not hasattr(group_sizes, "shape"):
+        try:
+            group_sizes = jnp.asarray(group_sizes)
+        except (TypeError, ValueError):
+            raise TypeError(f"group_sizes must be a 1-D array of ints, got {group_sizes!r}") from None
+    name = np.dtype(group_sizes.dtype).name
+    if not np.issubdtype(np.dtype(group_sizes.dtype), np.integer):
+        raise TypeError(f"group_sizes must be an integer array, got {name}")
+    if len(group_sizes.shape) != 1:
+        raise ValueError(
+            f"group_sizes must be 1-D (one size per group), got shape {tuple(group_sizes.shape)}; "
+            "per-batch group sizes are not supported"
+        )
+    return group_sizes if name in _SIGNED else jnp.asarray(group_sizes, jnp.int32)
+
+
+def _signature(lhs: Any, rhs: Any, sizes: Any, dn: Any, preferred_element_type: Any, backend: str | None):
+    for name, x in (("lhs", lhs), ("rhs", rhs)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be a jax array, got {type(x).__name__}")
+    dtype = _float_dtype(lhs.dtype, "lhs")
+    if np.dtype(rhs.dtype) != np.dtype(lhs.dtype):
+        raise TypeError(f"rhs must have lhs's dtype {np.dtype(lhs.dtype).name}, got {np.dtype(rhs.dtype).name}; "
+                        "cast one of them first")
+    dn = RaggedDotDimensionNumbers.coerce(dn)
+    plan = plan_views(tuple(lhs.shape), tuple(rhs.shape), sizes.shape[0], dn)  # raises on bad dims or shapes
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    _check_backend(backend)
+    sig = Signature(tuple(lhs.shape), tuple(rhs.shape), sizes.shape[0], dtype, dn,
+                    _out_dtype(preferred_element_type, dtype), backend)
+    return sig, plan
+
+
+def _out_shape(plan: Any) -> tuple[int, ...]:
+    shape = plan.view_shape
+    return shape if plan.perm is None else tuple(shape[p] for p in plan.perm)
+
+
+def _jax_dtype(dtype: torch.dtype) -> Any:
+    return jnp.dtype(str(dtype).removeprefix("torch."))
+
+
+@functools.lru_cache(maxsize=1024)
+def _callbacks(sig: Signature, out_shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """The forward and backward buffer callbacks of one signature (built once)."""
+    jdt = _jax_dtype(sig.dtype)
+    out = jax.ShapeDtypeStruct(out_shape, _jax_dtype(sig.out_dtype))
+    grads = (jax.ShapeDtypeStruct(sig.lhs_shape, jdt), jax.ShapeDtypeStruct(sig.rhs_shape, jdt))
+    bridge = Bridge(sig)
+    fwd = buffer_callback(bridge.forward, out, vmap_method="sequential")
+    bwd = buffer_callback(bridge.backward, grads, vmap_method="sequential")
+    return fwd, bwd
+
+
+def _forward(sig: Signature, out_shape: tuple[int, ...], lhs: Any, rhs: Any, sizes: Any) -> Any:
+    if math.prod(out_shape) == 0:  # nothing to write: XLA would not run the callback
+        return jnp.zeros(out_shape, _jax_dtype(sig.out_dtype))
+    return _callbacks(sig, out_shape)[0](lhs, rhs, sizes)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _ragged(sig: Signature, out_shape: tuple[int, ...], lhs: Any, rhs: Any, sizes: Any) -> Any:
+    return _forward(sig, out_shape, lhs, rhs, sizes)
+
+
+def _ragged_fwd(sig, out_shape, lhs, rhs, sizes):
+    return _forward(sig, out_shape, lhs, rhs, sizes), (lhs, rhs, sizes)
+
+
+def _ragged_bwd(sig, out_shape, residuals, dout):
+    lhs, rhs, sizes = residuals
+    zero_sizes = np.zeros(sizes.shape, jax.dtypes.float0)
+    if lhs.size == 0 or rhs.size == 0 or dout.size == 0:
+        return jnp.zeros_like(lhs), jnp.zeros_like(rhs), zero_sizes
+    dlhs, drhs = _callbacks(sig, out_shape)[1](lhs, rhs, sizes, dout.astype(_jax_dtype(sig.out_dtype)))
+    return dlhs, drhs, zero_sizes
+
+
+_ragged.defvjp(_ragged_fwd, _ragged_bwd)
+
+
+def ragged_dot_general(
+    lhs: Any,
+    rhs: Any,
+    group_sizes: Any,
+    ragged_dot_dimension_numbers: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    group_offset: Any = None,
+    *,
+    backend: str | None = None,
+) -> Any:
+    """`jax.lax.ragged_dot_general` computed by ragdot's kernels, differentiable in lhs and rhs in all three
+    modes (non-contracting, contracting, batch).
+
+    Same values, shapes and dtypes as jax's for every dimension-number case ragdot supports, plus ragdot's
+    contract: indices at or past sum(group_sizes) belong to no group (their output rows are exactly zero
+    and whatever they hold, NaN included, reaches no other element). `precision` is accepted for drop-in
+    use and ignored: ragdot accumulates in float32 and computes float32 without TF32 unless torch's matmul
+    setting allows it. `backend` picks ragdot's backend (None: ragdot's own choice).
+    """
+    if group_offset is not None:
+        raise ValueError("group_offset is not supported by ragdot.jax (pass None)")
+    sizes = _sizes(group_sizes)
+    sig, plan = _signature(lhs, rhs, sizes, ragged_dot_dimension_numbers, preferred_element_type, backend)
+    return _ragged(sig, _out_shape(plan), lhs, rhs, sizes)
+
+
+def ragged_dot(
+    lhs: Any,
+    rhs: Any,
+    group_sizes: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    group_offset: Any = None,
+    *,
+    backend: str | None = None,
+) -> Any:
+    """`jax.lax.ragged_dot`: lhs [M, K], rhs [G, K, N], group_sizes int [G] -> [M, N], by ragdot's kernels.
+
+    Rows of lhs are split into consecutive groups; row i of group g is multiplied by rhs[g]. Rows at or past
+    sum(group_sizes) produce zeros.
+    """
+    for name, x, rank in (("lhs", lhs, 2), ("rhs", rhs, 3)):
+        if hasattr(x, "shape") and len(x.shape) != rank:
+            raise ValueError(
+                f"ragged_dot expects {name} of rank {rank} (lhs [M, K], rhs [G, K, N]), got shape "
+                f"{tuple(x.shape)}; use ragged_dot_general for other layouts"
+            )
+    return ragged_dot_general(lhs, rhs, group_sizes, RAGGED_DOT_DN, precision, preferred_element_type, group_offset,
+                              backend=backend)

@@ -1,0 +1,265 @@
+"""ragdot.jax against jax.lax.ragged_dot_general and the float64 oracle: jit, grad/vjp in all three modes,
+every dimension-number case ragdot supports, group-size edge cases, dtypes and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("jax.experimental.buffer_callback")
+
+import jax.numpy as jnp  # noqa: E402
+
+import ragdot  # noqa: E402
+import ragdot.jax as rj  # noqa: E402
+from helpers import TOL, nerr  # noqa: E402
+from oracle import ragged_dot_general_oracle  # noqa: E402
+from ragdot import RaggedDotDimensionNumbers as DN  # noqa: E402
+
+# name: (lhs shape, rhs shape, ((contracting), (batch)), lhs ragged, rhs group, group sizes)
+CASES = {
+    "fwd_wi": ((20, 8), (3, 8, 6), (((1,), (1,)), ((), ())), (0,), (0,), [5, 0, 9]),
+    "dgrad": ((20, 6), (3, 8, 6), (((1,), (2,)), ((), ())), (0,), (0,), [5, 0, 9]),
+    "wgrad": ((20, 8), (20, 6), (((0,), (0,)), ((), ())), (0,), (), [5, 0, 9]),
+    "group_dim_not_leading": ((20, 8), (8, 3, 6), (((1,), (0,)), ((), ())), (0,), (1,), [7, 7, 6]),
+    "ragged_dim_not_leading": ((8, 20), (3, 8, 6), (((0,), (1,)), ((), ())), (1,), (0,), [4, 12, 0]),
+    "batched_ragged_m": ((2, 20, 8), (2, 3, 8, 6), (((2,), (2,)), ((0,), (0,))), (1,), (1,), [6, 3, 8]),
+    "batched_ragged_k": ((2, 20, 8), (2, 20, 6), (((1,), (1,)), ((0,), (0,))), (1,), (), [9, 0, 11]),
+    "batch_mode": ((3, 5, 8), (3, 8, 6), (((2,), (1,)), ((0,), (0,))), (0,), (), [1, 1, 1]),
+    "two_contracting_dims": ((20, 2, 4), (20, 2, 6), (((0, 1), (0, 1)), ((), ())), (0,), (), [5, 10, 3]),
+    "extra_lhs_free_dim": ((3, 20, 8), (2, 8, 6), (((2,), (1,)), ((), ())), (1,), (0,), [12, 5]),
+    "extra_free_after_ragged": ((20, 3, 8), (2, 8, 6), (((2,), (1,)), ((), ())), (0,), (0,), [12, 8]),
+    "more_groups_than_rows": ((6, 8), (9, 8, 4), (((1,), (1,)), ((), ())), (0,), (0,), [0, 2, 0, 0, 3, 0, 0, 1, 0]),
+}
+LAX_GRAD = {"fwd_wi", "dgrad", "group_dim_not_leading", "ragged_dim_not_leading", "batched_ragged_m",
+            "extra_lhs_free_dim", "extra_free_after_ragged", "more_groups_than_rows"}  # jax's own grads
+
+
+def _dns(case):
+    _, _, ddn, lrag, rgrp, _ = CASES[case]
+    return (jax.lax.RaggedDotDimensionNumbers(ddn, list(lrag), list(rgrp)), DN(ddn, lrag, rgrp))
+
+
+def _inputs(case, dtype=jnp.float32, seed=0):
+    lshape, rshape, *_, sizes = CASES[case]
+    rng = np.random.default_rng(seed)
+    lhs = jnp.asarray(rng.standard_normal(lshape), dtype)
+    rhs = jnp.asarray(rng.standard_normal(rshape), dtype)
+    return lhs, rhs, jnp.asarray(sizes, jnp.int32)
+
+
+def _t(x) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(jnp.asarray(x, jnp.float32), dtype=np.float64))
+
+
+def _oracle_grads(lhs, rhs, sizes, dn, dout):
+    a, b = _t(lhs).requires_grad_(), _t(rhs).requires_grad_()
+    out = ragged_dot_general_oracle(a, b, torch.tensor(np.asarray(sizes)), dn)
+    da, db = torch.autograd.grad(out, (a, b), _t(dout))
+    return da, db
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_matches_lax_and_the_oracle_under_jit(case):
+    lhs, rhs, sizes = _inputs(case)
+    jdn, dn = _dns(case)
+    out = jax.jit(lambda x, w, s: rj.ragged_dot_general(x, w, s, jdn))(lhs, rhs, sizes)
+    want = jax.lax.ragged_dot_general(lhs, rhs, sizes, jdn, precision=jax.lax.Precision.HIGHEST)
+    assert out.shape == want.shape and out.dtype == want.dtype
+    assert nerr(_t(out), _t(want)) < TOL[torch.float32]
+    ref = ragged_dot_general_oracle(_t(lhs), _t(rhs), torch.tensor(np.asarray(sizes)), dn)
+    assert nerr(_t(out), ref) < TOL[torch.float32]
+    assert torch.equal(_t(out) == 0, ref == 0) or case == "batch_mode"  # exact zeros exactly where the oracle's
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_grad_matches_the_oracle_in_every_mode(case):
+    lhs, rhs, sizes = _inputs(case)
+    jdn, dn = _dns(case)
+    dout = jnp.asarray(np.random.default_rng(1).standard_normal(jax.eval_shape(
+        lambda: jax.lax.ragged_dot_general(lhs, rhs, sizes, jdn)).shape), jnp.float32)
+
+    def loss(fn):
+        return lambda x, w: jnp.vdot(fn(x, w, sizes, jdn), dout)
+
+    dl, dr = jax.jit(jax.grad(loss(rj.ragged_dot_general), (0, 1)))(lhs, rhs)
+    assert dl.shape == lhs.shape and dr.shape == rhs.shape
+    da, db = _oracle_grads(lhs, rhs, sizes, dn, dout)
+    assert nerr(_t(dl), da) < TOL[torch.float32] and nerr(_t(dr), db) < TOL[torch.float32]
+    if case in LAX_GRAD:
+        hi = lambda x, w, s, d: jax.lax.ragged_dot_general(x, w, s, d, precision=jax.lax.Precision.HIGHEST)
+        ll, lr = jax.grad(loss(hi), (0, 1))(lhs, rhs)
+        assert nerr(_t(dl), _t(ll)) < TOL[torch.float32] and nerr(_t(dr), _t(lr)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("backend", ragdot.backends())
+@pytest.mark.parametrize("case", ["fwd_wi", "wgrad", "batch_mode"])
+def test_every_backend_through_the_bridge(backend, case):
+    dtype = jnp.float16 if backend == "triton" else jnp.float32  # the interpreter's bf16 dots are wrong
+    lhs, rhs, sizes = _inputs(case, dtype)
+    jdn, dn = _dns(case)
+    f = lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn, preferred_element_type=jnp.float32, backend=backend)
+    out, vjp = jax.vjp(jax.jit(f), lhs, rhs)
+    ref = ragged_dot_general_oracle(_t(lhs), _t(rhs), torch.tensor(np.asarray(sizes)), dn)
+    assert out.dtype == jnp.float32 and nerr(_t(out), ref) < TOL[torch.float16]
+    dout = jnp.ones_like(out)
+    dl, dr = vjp(dout)
+    assert dl.dtype == dtype and dr.dtype == dtype
+    da, db = _oracle_grads(lhs, rhs, sizes, dn, dout)
+    assert nerr(_t(dl), da) < TOL[torch.float16] and nerr(_t(dr), db) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize("preferred", [None, jnp.float32, jnp.bfloat16])
+def test_dtypes_follow_lax(dtype, preferred):
+    lhs, rhs, sizes = _inputs("fwd_wi", dtype)
+    out = jax.jit(lambda x, w: rj.ragged_dot(x, w, sizes, preferred_element_type=preferred))(lhs, rhs)
+    want = jax.lax.ragged_dot(lhs, rhs, sizes, preferred_element_type=preferred)
+    assert out.dtype == want.dtype and out.shape == want.shape
+    ref = ragged_dot_general_oracle(_t(lhs), _t(rhs), torch.tensor(np.asarray(sizes)), _dns("fwd_wi")[1])
+    out_dtype = preferred or dtype
+    tol = TOL[torch.bfloat16 if jnp.bfloat16 in (dtype, out_dtype) else torch.float16 if dtype == jnp.float16
+              else torch.float32]
+    assert nerr(_t(out), ref) < tol
+    dl, dr = jax.grad(lambda x, w: rj.ragged_dot(x, w, sizes, preferred_element_type=preferred)
+                      .astype(jnp.float32).sum(), (0, 1))(lhs, rhs)
+    assert dl.dtype == dtype and dr.dtype == dtype
+
+
+@pytest.mark.parametrize("case", ["fwd_wi", "wgrad", "batched_ragged_k", "ragged_dim_not_leading"])
+def test_nan_in_the_tail_never_leaks(case):
+    lhs, rhs, sizes = _inputs(case)
+    jdn, dn = _dns(case)
+    (r,) = CASES[case][3]
+    total = int(np.asarray(sizes).sum())
+    tail = (slice(None),) * r + (slice(total, None),)
+    clean_l = lhs.at[tail].set(0.0)
+    poisoned_l = lhs.at[tail].set(jnp.nan)
+    poisoned_r, clean_r = rhs, rhs
+    if not CASES[case][4]:  # contracting: rhs shares the ragged rows, poison them too
+        rtail = (slice(None),) * dn.dot_dimension_numbers[0][1][0] + (slice(total, None),)
+        poisoned_r, clean_r = rhs.at[rtail].set(jnp.nan), rhs.at[rtail].set(0.0)
+    f = jax.jit(lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn))
+    out = f(poisoned_l, poisoned_r)
+    assert not jnp.isnan(out).any()
+    assert jnp.array_equal(out, f(clean_l, clean_r))
+    dl, dr = jax.grad(lambda x, w: f(x, w).sum(), (0, 1))(poisoned_l, poisoned_r)
+    assert not jnp.isnan(dr).any()
+    assert not jnp.isnan(dl[(slice(None),) * r + (slice(0, total),)]).any()
+    da, db = _oracle_grads(clean_l, clean_r, sizes, dn, jnp.ones_like(out))
+    assert nerr(_t(dr), db) < TOL[torch.float32]
+
+
+def test_sum_below_m_leaves_an_exact_zero_tail_and_zero_size_groups_are_fine():
+    lhs, rhs, _ = _inputs("fwd_wi")
+    sizes = jnp.asarray([0, 4, 0], jnp.int32)
+    out = jax.jit(rj.ragged_dot)(lhs, rhs, sizes)
+    assert jnp.all(out[4:] == 0)
+    assert nerr(_t(out[:4]), _t(lhs[:4] @ rhs[1])) < TOL[torch.float32]
+    dl, dr = jax.grad(lambda x, w: rj.ragged_dot(x, w, sizes).sum(), (0, 1))(lhs, rhs)
+    assert jnp.all(dl[4:] == 0) and jnp.all(dr[0] == 0) and jnp.all(dr[2] == 0)
+
+
+@pytest.mark.parametrize("lshape,rshape,sizes", [((0, 8), (3, 8, 6), [0, 0, 0]), ((20, 8), (0, 8, 6), []),
+                                                 ((20, 0), (3, 0, 6), [5, 5, 5])])
+def test_zero_size_operands(lshape, rshape, sizes):
+    lhs, rhs = jnp.ones(lshape, jnp.float32), jnp.ones(rshape, jnp.float32)
+    gs = jnp.asarray(sizes, jnp.int32)
+    out = jax.jit(rj.ragged_dot)(lhs, rhs, gs)
+    assert out.shape == (lshape[0], rshape[2]) and jnp.all(out == 0)
+    dl, dr = jax.grad(lambda x, w: rj.ragged_dot(x, w, gs).sum(), (0, 1))(lhs, rhs)
+    assert dl.shape == lhs.shape and dr.shape == rhs.shape and jnp.all(dl == 0)
+
+
+def test_traced_group_sizes_compile_once_and_the_bridge_is_a_buffer_callback():
+    lhs, rhs, _ = _inputs("fwd_wi")
+    traces = []
+
+    def f(x, w, s):
+        traces.append(1)
+        return rj.ragged_dot(x, w, s)
+
+    jf = jax.jit(f)
+    for sizes in ([5, 0, 9], [1, 1, 1], [20, 0, 0]):
+        s = jnp.asarray(sizes, jnp.int32)
+        assert nerr(_t(jf(lhs, rhs, s)), _t(jax.lax.ragged_dot(lhs, rhs, s))) < TOL[torch.float32]
+    assert len(traces) == 1
+    text = str(jax.make_jaxpr(jax.grad(lambda x, w, s: rj.ragged_dot(x, w, s).sum(), (0, 1)))(
+        lhs, rhs, jnp.asarray([5, 0, 9], jnp.int32)))
+    assert "buffer_callback" in text and "ragged_dot_general" not in text
+
+
+def test_vmap_runs_one_call_per_slice():
+    lhs, rhs, sizes = _inputs("fwd_wi")
+    stacked = jnp.stack([lhs, 2 * lhs])
+    out = jax.vmap(lambda x: rj.ragged_dot(x, rhs, sizes))(stacked)
+    assert nerr(_t(out[1]), _t(2 * jax.lax.ragged_dot(lhs, rhs, sizes))) < TOL[torch.float32]
+
+
+def test_jvp_is_refused_with_jax_s_own_error():
+    lhs, rhs, sizes = _inputs("fwd_wi")
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jvp(lambda x: rj.ragged_dot(x, rhs, sizes), (lhs,), (lhs,))
+
+
+@pytest.mark.parametrize("call,exc,pattern", [
+    (lambda x, w, s: rj.ragged_dot(x, w.astype(jnp.float16), s), TypeError, "rhs must have lhs's dtype"),
+    (lambda x, w, s: rj.ragged_dot(x.astype(jnp.int32), w.astype(jnp.int32), s), TypeError, "lhs must be float"),
+    (lambda x, w, s: rj.ragged_dot(x, w, s.astype(jnp.float32)), TypeError, "group_sizes must be an integer"),
+    (lambda x, w, s: rj.ragged_dot(x, w, s[None]), ValueError, "group_sizes must be 1-D"),
+    (lambda x, w, s: rj.ragged_dot(x, w, s[:2]), ValueError, "rhs group dimension 0 has size 3"),
+    (lambda x, w, s: rj.ragged_dot(x, w[:, :4], s), ValueError, "contracting dimensions differ"),
+    (lambda x, w, s: rj.ragged_dot(x[None], w, s), ValueError, "ragged_dot expects lhs of rank 2"),
+    (lambda x, w, s: rj.ragged_dot(x, w, s, group_offset=jnp.zeros(1, jnp.int32)), ValueError, "group_offset"),
+    (lambda x, w, s: rj.ragged_dot(x, w, s, preferred_element_type=jnp.int32), TypeError, "preferred_element_type"),
+    (lambda x, w, s: rj.ragged_dot(x, w, s, backend="nope"), ValueError, "backend='nope' is unknown"),
+    (lambda x, w, s: rj.ragged_dot(np.ones((20, 8)).tolist(), w, s), TypeError, "lhs must be a jax array"),
+    (lambda x, w, s: rj.ragged_dot_general(x, w, s, "dims"), TypeError, "ragged_dot_dimension_numbers"),
+    (lambda x, w, s: rj.ragged_dot_general(x, w, s, jax.lax.RaggedDotDimensionNumbers(
+        (((1,), (1,)), ((), ())), [0], [])), ValueError, "rhs_group_dimensions must name"),
+])
+def test_unsupported_calls_raise_clear_errors(call, exc, pattern):
+    lhs, rhs, sizes = _inputs("fwd_wi")
+    with pytest.raises(exc, match=pattern):
+        jax.jit(call)(lhs, rhs, sizes)
+
+
+def _jax_gpu():
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["fwd_wi", "dgrad", "wgrad", "batched_ragged_m", "batch_mode"])
+def test_on_the_gpu_through_triton_on_xla_s_stream(case):
+    gpu = _jax_gpu()
+    if gpu is None:
+        pytest.skip("jax has no GPU backend here")
+    lhs, rhs, sizes = (jax.device_put(t, gpu) for t in _inputs(case, jnp.bfloat16))
+    jdn, dn = _dns(case)
+    f = lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn, preferred_element_type=jnp.float32, backend="triton")
+    out, vjp = jax.vjp(jax.jit(f), lhs, rhs)
+    ref = ragged_dot_general_oracle(_t(lhs), _t(rhs), torch.tensor(np.asarray(sizes)), dn)
+    assert nerr(_t(out), ref) < TOL[torch.bfloat16]
+    dl, dr = vjp(jnp.ones_like(out))
+    da, db = _oracle_grads(lhs, rhs, sizes, dn, jnp.ones_like(out))
+    assert nerr(_t(dl), da) < TOL[torch.bfloat16] and nerr(_t(dr), db) < TOL[torch.bfloat16]
+
+
+@pytest.mark.skipif(not hasattr(jax, "enable_x64"), reason="this jax has no jax.enable_x64 context")
+@pytest.mark.parametrize("case", ["fwd_wi", "wgrad", "batch_mode"])
+def test_float64_with_x64_enabled(case):
+    with jax.enable_x64(True):
+        lhs, rhs, sizes = _inputs(case, jnp.float64)
+        jdn, dn = _dns(case)
+        out = jax.jit(lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn))(lhs, rhs)
+        assert out.dtype == jnp.float64
+        ref = ragged_dot_general_oracle(torch.tensor(np.asarray(lhs)), torch.tensor(np.asarray(rhs)),
+                                        torch.tensor(np.asarray(sizes)), dn)
+        assert nerr(torch.tensor(np.asarray(out)), ref) < TOL[torch.float64]
+        dl, dr = jax.grad(lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn).sum(), (0, 1))(lhs, rhs)
+        assert dl.dtype == jnp.float64 and dr.dtype == jnp.float64
