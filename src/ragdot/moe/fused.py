@@ -63,6 +63,8 @@ def sort_experts(experts: torch.Tensor, num_experts: int, impl: str | None = Non
         raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
     if impl is None:
         impl = "triton" if _rk.HAS_TRITON and experts.device.type == "cuda" else "torch"
+    if impl not in ("triton", "torch") or (impl == "triton" and not _rk.HAS_TRITON):
+        raise ValueError(f"impl={impl!r} is unknown or unavailable; expected 'triton' (needs triton), 'torch' or None")
     return torch.ops.ragdot.moe_sort(experts, num_experts, impl)
 
 
