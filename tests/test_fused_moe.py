@@ -243,3 +243,18 @@ def test_layer_fused_captures_into_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.isfinite(y).all()
+
+
+def test_gpu_benchmark_rows_on_a_tiny_layer():
+    """benchmarks/fused_gpu.py's row loop on a tiny float32 layer (the wall clock on a CPU)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fused_gpu.py"
+    spec = importlib.util.spec_from_file_location("fused_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    layer = MoELayer(16, 16, 4, 2, path="sparse", dtype=torch.float32, device=DEV)
+    rows = list(bench._rows_for(layer, "tiny", 8, DEV, 1e12, reps=1))
+    assert {r["variant"] for r in rows} == {"fused", "unfused", "peer"}
+    assert all(r["status"] in ("ok", "n/a: host sync") for r in rows), rows

@@ -46,12 +46,15 @@ class FusedConfig:
     num_stages: int = 3
 
 
-def fused_config(dtype: torch.dtype, device: torch.device, columns: int) -> FusedConfig:
-    """A config for `columns` output columns per accumulator: small tiles in the interpreter, wide on GPUs."""
+def fused_config(dtype: torch.dtype, device: torch.device, columns: int, wide_epilogue: bool = False) -> FusedConfig:
+    """A config for `columns` output columns: small tiles in the interpreter, 128-row tiles on GPUs.
+
+    `wide_epilogue`: the kernel holds two [BLOCK_M, BLOCK_N] float32 tiles (gate and up), so BLOCK_N is halved
+    to keep the register footprint of one 128x128 accumulator. A heuristic, not tuned on hardware yet."""
     if device.type != "cuda":
         return FusedConfig(block_m=16, block_n=16, block_k=16, group_m=1, num_warps=1, num_stages=1)
     block_k = 32 if dtype == torch.float32 else 64
-    block_n = min(128, max(16, next_pow2(columns)))
+    block_n = min(64 if wide_epilogue else 128, max(16, next_pow2(columns)))
     return FusedConfig(block_n=block_n, block_k=block_k)
 
 
@@ -219,7 +222,7 @@ def up_swiglu(
     pre = x.new_empty((a if save_pre else 0, h2))
     if a == 0 or h == 0:
         return act, pre
-    cfg = fused_config(x.dtype, x.device, h)
+    cfg = fused_config(x.dtype, x.device, h, wide_epilogue=True)
     grid = _grid(a, h, e, cfg)
     consts = {**_consts(cfg, e, top_k, x.dtype), "SAVE_PRE": save_pre}
     launch_bound(_up_swiglu_kernel, (grid,), consts, cfg, x.device,

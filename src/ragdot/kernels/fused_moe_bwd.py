@@ -148,7 +148,7 @@ def down_bwd_swiglu(
     if a == 0 or h == 0:
         return dpre, act, pre.new_zeros((a,), dtype=torch.float32)
     wt = w_down.transpose(1, 2)  # [E, D, H]
-    cfg = fused_config(pre.dtype, pre.device, h)
+    cfg = fused_config(pre.dtype, pre.device, h, wide_epilogue=True)
     grid = _grid(a, h, e, cfg)
     dw = pre.new_empty((triton.cdiv(h, cfg.block_n), a), dtype=torch.float32)
     launch_bound(_down_bwd_swiglu_kernel, (grid,), _consts(cfg, e, top_k, pre.dtype), cfg, pre.device,
