@@ -59,13 +59,20 @@ def fused_config(dtype: torch.dtype, device: torch.device, columns: int, wide_ep
 
 
 _LAUNCHES: dict[tuple, BoundLaunch] = {}
+_MAX_LAUNCHES = 4096
 
 
 def launch_bound(kernel, grid: tuple[int, ...], consts: dict, cfg: FusedConfig, device: torch.device, *args):
-    """Launch `kernel` through a cached `BoundLaunch` (the static part of the launch resolved once)."""
-    key = (kernel.__name__, grid, tuple(sorted(consts.items())), cfg, device)
+    """Launch `kernel` through a cached `BoundLaunch` (the static part of the launch resolved once).
+
+    The key holds every non-tensor argument: Triton specializes on integer values (1, multiples of 16), so
+    a bound launch must only ever see the integers it was compiled for."""
+    scalars = tuple(a for a in args if not isinstance(a, torch.Tensor))
+    key = (kernel.__name__, grid, tuple(sorted(consts.items())), cfg, device, scalars)
     bound = _LAUNCHES.get(key)
     if bound is None:
+        if len(_LAUNCHES) >= _MAX_LAUNCHES:
+            _LAUNCHES.clear()
         opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         bound = _LAUNCHES[key] = BoundLaunch(kernel, grid, consts, opts, device)
     return bound(*args)
