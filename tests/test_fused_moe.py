@@ -231,19 +231,32 @@ def test_layer_fused_under_torch_compile_fullgraph():
 
 @pytest.mark.gpu
 def test_layer_fused_captures_into_a_cuda_graph():
+    from ragdot.measure.timing import capture_graph, warm_off_stream
+
     torch.manual_seed(0)
     layer = MoELayer(64, 32, 8, 2, dtype=torch.bfloat16, device=DEV, fused=True)
     x = torch.randn(64, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-    for _ in range(2):  # compile and warm up outside the capture
-        layer(x).float().sum().backward()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = layer(x)
-        y.float().sum().backward()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.isfinite(y).all()
+    cot = torch.randn(64, 64, device=DEV, dtype=torch.bfloat16)
+    out: list[torch.Tensor] = []
 
+    def step() -> None:
+        y = layer(x)
+        out[:] = [y, *torch.autograd.grad(y, (x, layer.w_gate_up, layer.w_down), cot)]
+
+    warm_off_stream(step, DEV)
+    eager = [t.clone() for t in out]
+    replay = capture_graph(step)
+    replay()
+    torch.cuda.synchronize()
+    for a, b in zip(out, eager):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_matches_unfused_on_gpu_tiles(dtype):
+    """Shapes big enough for several 128-row tiles per expert and partial column tiles."""
+    _assert_match(_operands(1000, 512, 352, 16, 4, dtype), TOL[dtype])
 
 def test_gpu_benchmark_rows_on_a_tiny_layer():
     """benchmarks/fused_gpu.py's row loop on a tiny float32 layer (the wall clock on a CPU)."""
