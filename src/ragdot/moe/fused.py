@@ -111,22 +111,25 @@ def _fused_backward(ctx, grad_y, _grad_pre):
     x, order, sizes, weights, w_gate_up, w_down, pre = ctx.saved_tensors
     if pre.shape[0] != order.numel():
         raise RuntimeError("fused_moe: the forward ran without saving its activations (save=False)")
+    need_dx = bool(ctx.needs_input_grad[0])
     dx, dw, dwgu, dwd = torch.ops.ragdot.fused_moe_backward(
-        grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, ctx.top_k
+        grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, ctx.top_k, need_dx
     )
-    return dx, None, None, dw.to(weights.dtype), dwgu, dwd, None, None, None
+    return (dx if need_dx else None), None, None, dw.to(weights.dtype), dwgu, dwd, None, None, None
 
 
 _fused_op.register_autograd(_fused_backward, setup_context=_fused_setup)
 
 
 # ------------------------------------------------------------------------------------------------ backward
-def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k):
+def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
     fm, fb = _kernels()
     w_flat = weights.reshape(-1)
     dpre, act, dw = fb.down_bwd_swiglu(dy, w_down, order, sizes, w_flat, pre, top_k)
     dwd = fb.weight_grad(act, dy, order, sizes, w_flat, top_k, gather_left=False, gather_right=True)
     dwgu = fb.weight_grad(x, dpre, order, sizes, None, top_k, gather_left=True, gather_right=False)
+    if not need_dx:
+        return x.new_empty((0, x.shape[1])), dw.view(weights.shape), dwgu, dwd
     dx = fm.sum_choices(fm.down_scatter(dpre, w_gate_up.transpose(1, 2), order, sizes, None, top_k), top_k)
     return dx, dw.view(weights.shape), dwgu, dwd
 
@@ -142,14 +145,16 @@ def _fused_backward_op(
     w_down: torch.Tensor,
     pre: torch.Tensor,
     top_k: int,
+    need_dx: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dy = grad_y.to(x.dtype).contiguous()
-    return _backward(dy, x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, pre, top_k)
+    return _backward(dy, x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, pre, top_k,
+                     need_dx)
 
 
 @_fused_backward_op.register_fake
-def _(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k):
-    return (x.new_empty(x.shape), weights.new_empty(weights.shape, dtype=torch.float32),
+def _(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
+    return (x.new_empty(x.shape if need_dx else (0, x.shape[1])), weights.new_empty(weights.shape, dtype=torch.float32),
             w_gate_up.new_empty(w_gate_up.shape), w_down.new_empty(w_down.shape))
 
 
