@@ -79,7 +79,12 @@ def launch_bound(kernel, grid: tuple[int, ...], consts: dict, cfg: FusedConfig, 
 
 
 @triton.jit
-def _gathered_rows(order_ptr, row0, row_end, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr):
+def _gathered_rows(
+    order_ptr,  # int32 [M]: assignment held by each permuted row
+    row0,  # scalar: first permuted row of the tile
+    row_end,  # scalar: end of the tile's group (rows at or past it are masked)
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
+):
     """(row ids, in-group mask, assignment ids, token ids) of the tile's rows; rows off the group read 0."""
     rm = row0 + tl.arange(0, BLOCK_M)
     ok = rm < row_end
