@@ -15,6 +15,10 @@ Paths:
     sparse          dropless; permute (counting sort) -> ragged_dot -> SwiGLU -> ragged_dot -> weighted
                     combine.
                     Work ~ T*k rows. Gradients through ragdot's custom ops.
+                    ``fused=True`` runs the fused kernels instead (``ragdot.moe.fused``: gather in the up
+                    projection's loads, SwiGLU in its epilogue, weighted scatter in the down projection's,
+                    a fused backward); ``fused=None`` picks them on CUDA when the backend is unset, "auto"
+                    or "triton" and the dtype is supported; ``fused=False`` keeps the unfused path.
     dense_dropless  every token through every expert, then the router weights (0 off the top-k) combine
                     them. Work ~ T*E rows.
     dense_drop      capacity C = ceil(S*k/E * capacity_factor) per sequence (S tokens; the whole input is
@@ -34,6 +38,7 @@ from torch import nn
 
 import ragdot
 from ragdot.backends import BACKEND_NAMES
+from ragdot.moe.fused import fused_experts, fused_supported, sort_experts
 from ragdot.moe.permute import IMPLS, permute, unpermute
 from ragdot.moe.router import Router, RouterOutput, expert_counts, load_balancing_loss, router_z_loss
 
@@ -99,6 +104,7 @@ class MoELayer(nn.Module):
         aux_loss_coef: float = 0.01,
         z_loss_coef: float = 0.001,
         routing_impl: str | None = None,
+        fused: bool | None = None,
     ) -> None:
         super().__init__()
         self.dim = _positive_int("dim", dim)
@@ -117,6 +123,7 @@ class MoELayer(nn.Module):
         self.capacity_factor = capacity_factor
         self.backend = backend
         self.routing_impl = routing_impl
+        self.fused = fused
         self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
         self.router = Router(dim, num_experts, top_k, normalize=normalize_weights, dtype=dtype, device=device)
         self.w_gate_up = nn.Parameter(
@@ -177,6 +184,24 @@ class MoELayer(nn.Module):
             raise ValueError(f"routing_impl={value!r} is unknown; expected one of {IMPLS} or None")
         self._routing_impl = value
 
+    @property
+    def fused(self) -> bool | None:
+        return self._fused
+
+    @fused.setter
+    def fused(self, value: bool | None) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"fused must be True, False or None, got {value!r}")
+        self._fused = value
+
+    def uses_fused(self, x: torch.Tensor) -> bool:
+        """Whether the sparse path runs the fused kernels for input x (``fused=None``: CUDA, a Triton-capable
+        backend choice and a supported dtype)."""
+        if self.fused is not None:
+            return self.fused
+        backend_ok = self.backend in (None, "auto", "triton")
+        return backend_ok and x.device.type == "cuda" and fused_supported(x, self.w_gate_up, self.w_down)
+
     def capacity(self, seq_len: int) -> int:
         """Rows per expert and sequence on the dense_drop path."""
         return max(1, math.ceil(seq_len * self.top_k / self.num_experts * self.capacity_factor))
@@ -185,7 +210,8 @@ class MoELayer(nn.Module):
         return (
             f"dim={self.dim}, hidden_dim={self.hidden_dim}, num_experts={self.num_experts}, "
             f"top_k={self.top_k}, "
-            f"path={self.path!r}, backend={self.backend!r}, capacity_factor={self.capacity_factor}"
+            f"path={self.path!r}, backend={self.backend!r}, capacity_factor={self.capacity_factor}, "
+            f"fused={self.fused!r}"
         )
 
     # -------------------------------------------------------------------------------------- forward
@@ -220,6 +246,9 @@ class MoELayer(nn.Module):
         return x.new_zeros(x.shape)
 
     def _sparse(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.uses_fused(x2):
+            sizes, order = sort_experts(r.experts, self.num_experts, impl=self.routing_impl)
+            return fused_experts(x2, order, sizes, r.weights, self.w_gate_up, self.w_down), sizes
         rows, routing = permute(x2, r.experts, self.num_experts, impl=self.routing_impl)
         sizes = routing.group_sizes
         h = ragdot.ragged_dot(rows, self.w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]

@@ -32,7 +32,7 @@ try:
 except ImportError:  # pragma: no cover - triton is optional
     HAS_TRITON = False
 
-__all__ = ["HAS_TRITON", "sort_and_dispatch", "combine", "combine_backward"]
+__all__ = ["HAS_TRITON", "sort_and_dispatch", "sort_order", "combine", "combine_backward"]
 
 _SORT_BLOCK = 128  # assignments per program of the sort kernels
 _SCAN_TILE = 8192  # counts per program of the scan (NB_POW2 x BLOCK_E)
@@ -84,7 +84,8 @@ if HAS_TRITON:
         base_ptr,  # int32 [NB, E]: from _scan_kernel
         sizes_ptr,  # int32 [E]: from _scan_kernel
         slots_ptr,  # int32 [A]: out, row of assignment a in the permuted layout
-        out_ptr,  # [A, D]: out, x[t(a)] at row slots[a]
+        out_ptr,  # [A, D]: out, x[t(a)] at row slots[a] (written only if COPY_ROWS)
+        order_ptr,  # int32 [A]: out, the assignment at each permuted row (written only if WRITE_ORDER)
         A,
         E,
         stride_x,
@@ -95,6 +96,8 @@ if HAS_TRITON:
         BLOCK_D: tl.constexpr,
         COLS: tl.constexpr,
         E_POW2: tl.constexpr,
+        COPY_ROWS: tl.constexpr = True,
+        WRITE_ORDER: tl.constexpr = False,
     ):
         # grid (NB, cdiv(D, COLS)): each column slice re-derives its block's slots (cheap), copies COLS cols
         pid = tl.program_id(0)
@@ -115,13 +118,16 @@ if HAS_TRITON:
         slot = start + before + rank
         if tl.program_id(1) == 0:
             tl.store(slots_ptr + offs, slot, mask=valid)
-        src = (offs // TOP_K).to(tl.int64) * stride_x
-        dst = slot.to(tl.int64) * stride_out
-        for i in range(COLS // BLOCK_D):
-            cols = tl.program_id(1) * COLS + i * BLOCK_D + tl.arange(0, BLOCK_D)
-            m = valid[:, None] & (cols < D)[None, :]
-            rows = tl.load(x_ptr + src[:, None] + cols[None, :], mask=m)
-            tl.store(out_ptr + dst[:, None] + cols[None, :], rows, mask=m)
+            if WRITE_ORDER:
+                tl.store(order_ptr + slot, offs, mask=valid)
+        if COPY_ROWS:
+            src = (offs // TOP_K).to(tl.int64) * stride_x
+            dst = slot.to(tl.int64) * stride_out
+            for i in range(COLS // BLOCK_D):
+                cols = tl.program_id(1) * COLS + i * BLOCK_D + tl.arange(0, BLOCK_D)
+                m = valid[:, None] & (cols < D)[None, :]
+                rows = tl.load(x_ptr + src[:, None] + cols[None, :], mask=m)
+                tl.store(out_ptr + dst[:, None] + cols[None, :], rows, mask=m)
 
     @triton.jit
     def _combine_kernel(
@@ -240,6 +246,20 @@ def _dispatch_torch(x: torch.Tensor, slots: torch.Tensor, top_k: int) -> torch.T
     return out.index_copy_(0, slots.long(), src)
 
 
+def _count(flat: torch.Tensor, num_experts: int, nb: int, e_pow2: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Histogram and scan launches: (base int32 [NB, E], sizes int32 [E]) for the dispatch kernel."""
+    a = flat.numel()
+    counts = torch.empty((nb, num_experts), dtype=torch.int32, device=flat.device)
+    base = torch.empty_like(counts)
+    sizes = torch.empty((num_experts,), dtype=torch.int32, device=flat.device)
+    _histogram_kernel[(nb,)](flat, counts, a, num_experts, BLOCK_A=_SORT_BLOCK, E_POW2=e_pow2)
+    nb_pow2 = _pow2(nb)
+    block_e = min(max(_SCAN_TILE // nb_pow2, 1), e_pow2)
+    grid_scan = (_cdiv(num_experts, block_e),)
+    _scan_kernel[grid_scan](counts, base, sizes, nb, num_experts, NB_POW2=nb_pow2, BLOCK_E=block_e)
+    return base, sizes
+
+
 def sort_and_dispatch(
     x: torch.Tensor, experts: torch.Tensor, num_experts: int, impl: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -254,25 +274,41 @@ def sort_and_dispatch(
         return _dispatch_torch(x, slots, top_k), sizes, slots
     flat = experts.reshape(-1)
     x = _unit_columns(x)
-    nb = _cdiv(a, _SORT_BLOCK)
-    e_pow2 = _pow2(num_experts)
-    counts = torch.empty((nb, num_experts), dtype=torch.int32, device=x.device)
-    base = torch.empty_like(counts)
-    sizes = torch.empty((num_experts,), dtype=torch.int32, device=x.device)
+    nb, e_pow2 = _cdiv(a, _SORT_BLOCK), _pow2(num_experts)
+    base, sizes = _count(flat, num_experts, nb, e_pow2)
     slots = torch.empty((a,), dtype=torch.int32, device=x.device)
     rows = torch.empty((a, d), dtype=x.dtype, device=x.device)
-    _histogram_kernel[(nb,)](flat, counts, a, num_experts, BLOCK_A=_SORT_BLOCK, E_POW2=e_pow2)
-    nb_pow2 = _pow2(nb)
-    block_e = min(max(_SCAN_TILE // nb_pow2, 1), e_pow2)
-    grid_scan = (_cdiv(num_experts, block_e),)
-    _scan_kernel[grid_scan](counts, base, sizes, nb, num_experts, NB_POW2=nb_pow2, BLOCK_E=block_e)
     block_d = _block_d(d)
     split, cols = _column_split(nb, d, block_d)
     _dispatch_kernel[(nb, split)](
-        x, flat, base, sizes, slots, rows, a, num_experts, x.stride(0), rows.stride(0),
+        x, flat, base, sizes, slots, rows, slots, a, num_experts, x.stride(0), rows.stride(0),
         D=d, TOP_K=top_k, BLOCK_A=_SORT_BLOCK, BLOCK_D=block_d, COLS=cols, E_POW2=e_pow2, num_warps=8,
     )  # fmt: skip
     return rows, sizes, slots
+
+
+def sort_order(experts: torch.Tensor, num_experts: int, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """experts int [T, k] -> (group_sizes int32 [E], order int32 [T*k]): the counting sort without the row copy.
+
+    ``order[r]`` is the assignment ``t*k + j`` at permuted row ``r`` (the inverse of ``slots``)."""
+    tokens, top_k = experts.shape
+    a = tokens * top_k
+    if impl == "torch" or a == 0:
+        sizes, slots = _sort_torch(experts, num_experts)
+        order = torch.empty_like(slots)
+        order.scatter_(0, slots.long(), torch.arange(a, dtype=torch.int32, device=slots.device))
+        return sizes, order
+    flat = experts.reshape(-1)
+    nb, e_pow2 = _cdiv(a, _SORT_BLOCK), _pow2(num_experts)
+    base, sizes = _count(flat, num_experts, nb, e_pow2)
+    slots = torch.empty((a,), dtype=torch.int32, device=experts.device)
+    order = torch.empty_like(slots)
+    _dispatch_kernel[(nb, 1)](
+        slots, flat, base, sizes, slots, slots, order, a, num_experts, 0, 0,
+        D=16, TOP_K=top_k, BLOCK_A=_SORT_BLOCK, BLOCK_D=16, COLS=16, E_POW2=e_pow2,
+        COPY_ROWS=False, WRITE_ORDER=True, num_warps=4,
+    )  # fmt: skip
+    return sizes, order
 
 
 # ---------------------------------------------------------------------------------------------- combine

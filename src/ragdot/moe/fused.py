@@ -1,0 +1,201 @@
+"""The fused sparse expert block: x, routing, router weights -> y, with its backward.
+
+    sizes, order = sort_experts(experts, num_experts)                  # no permuted copy of x
+    y = fused_experts(x, order, sizes, weights, w_gate_up, w_down)     # x [T, D] -> y [T, D]
+
+Forward: two launches of ``ragdot.kernels.fused_moe`` (the up projection gathers token rows through ``order``
+and applies SwiGLU in its epilogue; the down projection multiplies by the router weight and stores each
+assignment's row at its (token, choice) slot of a ``[T, k, D]`` buffer) and a fixed-order float32 sum over the
+choices. Only the gate|up pre-activation ``[T*k, 2H]`` is kept for the backward (when one is needed); the
+activation is recomputed there, inside the dSwiGLU epilogue.
+
+Backward (``ragdot.kernels.fused_moe_bwd``): one data-gradient GEMM over gathered rows of ``dy`` with dSwiGLU,
+the router-weight gradient and the recomputed activation in its epilogue; two ragged-K weight gradients that
+read token rows through the same index; the input gradient through the scatter kernel and the choice sum.
+
+Everything is a ``torch.library`` custom op (``ragdot::moe_sort``, ``ragdot::fused_moe``,
+``ragdot::fused_moe_backward``) with a fake kernel, so it traces under ``torch.compile(fullgraph=True)``; no
+metadata is copied to the host, so it captures into CUDA graphs. Default mode: no atomics, bitwise
+reproducible; ``deterministic=False`` opts into float32 atomics for the forward's combine.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ragdot.moe import routing_kernels as _rk
+
+__all__ = ["sort_experts", "fused_experts", "fused_supported"]
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def fused_supported(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Whether the fused kernels can run these operands: Triton present, one float16/bfloat16/float32 dtype."""
+    return _rk.HAS_TRITON and x.dtype in _DTYPES and all(w.dtype == x.dtype for w in weights)
+
+
+def _kernels():
+    from ragdot.kernels import fused_moe, fused_moe_bwd
+
+    return fused_moe, fused_moe_bwd
+
+
+# ------------------------------------------------------------------------------------------------ sort
+@torch.library.custom_op("ragdot::moe_sort", mutates_args=())
+def _sort_op(experts: torch.Tensor, num_experts: int, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rk.sort_order(experts, num_experts, impl)
+
+
+@_sort_op.register_fake
+def _(experts, num_experts, impl):
+    return (experts.new_empty((num_experts,), dtype=torch.int32), experts.new_empty((experts.numel(),),
+            dtype=torch.int32))
+
+
+def sort_experts(experts: torch.Tensor, num_experts: int, impl: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """experts int [T, k] -> (sizes int32 [E], order int32 [T*k]): rows grouped by expert, stable in t*k + j.
+
+    Expert ids are clamped into [0, num_experts)."""
+    if not isinstance(experts, torch.Tensor) or experts.dim() != 2 or experts.is_floating_point():
+        raise TypeError(f"experts must be an integer tensor [tokens, top_k], got {experts!r:.60}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+    if impl is None:
+        impl = "triton" if _rk.HAS_TRITON and experts.device.type == "cuda" else "torch"
+    if impl not in ("triton", "torch") or (impl == "triton" and not _rk.HAS_TRITON):
+        raise ValueError(f"impl={impl!r} is unknown or unavailable; expected 'triton' (needs triton), 'torch' or None")
+    return torch.ops.ragdot.moe_sort(experts, num_experts, impl)
+
+
+# ------------------------------------------------------------------------------------------------ forward
+def _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic):
+    fm, _ = _kernels()
+    act, pre = fm.up_swiglu(x, w_gate_up, order, sizes, top_k, save)
+    w_flat = weights.reshape(-1)
+    if not deterministic:
+        return fm.down_scatter(act, w_down, order, sizes, w_flat, top_k, atomic=True).to(x.dtype), pre
+    buf = fm.down_scatter(act, w_down, order, sizes, w_flat, top_k)
+    return fm.sum_choices(buf, top_k), pre
+
+
+@torch.library.custom_op("ragdot::fused_moe", mutates_args=())
+def _fused_op(
+    x: torch.Tensor,
+    order: torch.Tensor,
+    sizes: torch.Tensor,
+    weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    top_k: int,
+    save: bool,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, top_k, save,
+                    deterministic)
+
+
+@_fused_op.register_fake
+def _(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic):
+    a = order.numel() if save else 0
+    return x.new_empty(x.shape), x.new_empty((a, w_gate_up.shape[2]))
+
+
+def _fused_setup(ctx, inputs, output) -> None:
+    x, order, sizes, weights, w_gate_up, w_down, top_k, _save, _det = inputs
+    ctx.save_for_backward(x, order, sizes, weights, w_gate_up, w_down, output[1])
+    ctx.top_k = top_k
+
+
+def _fused_backward(ctx, grad_y, _grad_pre):
+    x, order, sizes, weights, w_gate_up, w_down, pre = ctx.saved_tensors
+    if pre.shape[0] != order.numel():
+        raise RuntimeError("fused_moe: the forward ran without saving its activations (save=False)")
+    need_dx = bool(ctx.needs_input_grad[0])
+    dx, dw, dwgu, dwd = torch.ops.ragdot.fused_moe_backward(
+        grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, ctx.top_k, need_dx
+    )
+    return (dx if need_dx else None), None, None, dw.to(weights.dtype), dwgu, dwd, None, None, None
+
+
+_fused_op.register_autograd(_fused_backward, setup_context=_fused_setup)
+
+
+# ------------------------------------------------------------------------------------------------ backward
+def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
+    fm, fb = _kernels()
+    w_flat = weights.reshape(-1)
+    dpre, act, dw = fb.down_bwd_swiglu(dy, w_down, order, sizes, w_flat, pre, top_k)
+    dwd = fb.weight_grad(act, dy, order, sizes, w_flat, top_k, gather_left=False, gather_right=True)
+    dwgu = fb.weight_grad(x, dpre, order, sizes, None, top_k, gather_left=True, gather_right=False)
+    if not need_dx:
+        return x.new_empty((0, x.shape[1])), dw.view(weights.shape), dwgu, dwd
+    dx = fm.sum_choices(fm.down_scatter(dpre, w_gate_up.transpose(1, 2), order, sizes, None, top_k), top_k)
+    return dx, dw.view(weights.shape), dwgu, dwd
+
+
+@torch.library.custom_op("ragdot::fused_moe_backward", mutates_args=())
+def _fused_backward_op(
+    grad_y: torch.Tensor,
+    x: torch.Tensor,
+    order: torch.Tensor,
+    sizes: torch.Tensor,
+    weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    pre: torch.Tensor,
+    top_k: int,
+    need_dx: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dy = grad_y.to(x.dtype).contiguous()
+    return _backward(dy, x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, pre, top_k,
+                     need_dx)
+
+
+@_fused_backward_op.register_fake
+def _(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
+    return (x.new_empty(x.shape if need_dx else (0, x.shape[1])), weights.new_empty(weights.shape, dtype=torch.float32),
+            w_gate_up.new_empty(w_gate_up.shape), w_down.new_empty(w_down.shape))
+
+
+# ------------------------------------------------------------------------------------------------ public API
+def fused_experts(
+    x: torch.Tensor,
+    order: torch.Tensor,
+    sizes: torch.Tensor,
+    weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    *,
+    deterministic: bool = True,
+) -> torch.Tensor:
+    """y[t] = sum_j weights[t, j] * expert_{e(t,j)}(x[t]), expert(v) = (silu(v wg) * (v wu)) w_down.
+
+    x [T, D]; order, sizes from ``sort_experts``; weights float [T, k]; w_gate_up [E, D, 2H] (gate | up);
+    w_down [E, H, D]. Differentiable in x, weights, w_gate_up and w_down."""
+    _check(x, order, sizes, weights, w_gate_up, w_down)
+    top_k = weights.shape[1]
+    grads = (x, weights, w_gate_up, w_down)
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in grads)
+    y, _ = torch.ops.ragdot.fused_moe(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic)
+    return y
+
+
+def _check(x, order, sizes, weights, w_gate_up, w_down) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a tensor [tokens, dim], got {getattr(x, 'shape', type(x).__name__)}")
+    t, d = x.shape
+    if w_gate_up.dim() != 3 or w_gate_up.shape[1] != d or w_gate_up.shape[2] % 2:
+        raise ValueError(f"w_gate_up must have shape [E, {d}, 2*hidden], got {tuple(w_gate_up.shape)}")
+    e, h = w_gate_up.shape[0], w_gate_up.shape[2] // 2
+    if tuple(w_down.shape) != (e, h, d):
+        raise ValueError(f"w_down must have shape {(e, h, d)}, got {tuple(w_down.shape)}")
+    if weights.dim() != 2 or weights.shape[0] != t or not weights.is_floating_point():
+        raise ValueError(f"weights must be a float tensor [{t}, top_k], got {tuple(weights.shape)}")
+    if order.dtype != torch.int32 or order.numel() != weights.numel():
+        raise ValueError(f"order must be int32 [{weights.numel()}] from sort_experts, got {tuple(order.shape)}")
+    if sizes.dtype != torch.int32 or tuple(sizes.shape) != (e,):
+        raise ValueError(f"sizes must be int32 [{e}] from sort_experts, got {tuple(sizes.shape)}")
+    if not fused_supported(x, w_gate_up, w_down):
+        raise TypeError(f"fused experts need triton and one float16/bfloat16/float32 dtype, got x {x.dtype}, "
+                        f"w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype}")

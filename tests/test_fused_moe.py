@@ -1,0 +1,286 @@
+"""Fused sparse expert block (ragdot.moe.fused) against the unfused path: outputs and every gradient, edge
+routings (empty experts, a token choosing one expert twice), NaN isolation, determinism, torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ragdot
+from helpers import nerr
+from ragdot.moe import MoELayer
+from ragdot.moe import routing_kernels as rk
+from ragdot.moe.fused import fused_experts, sort_experts
+from ragdot.moe.layer import swiglu
+from ragdot.moe.permute import permute, unpermute
+
+pytestmark = pytest.mark.skipif(not rk.HAS_TRITON, reason="the fused kernels need triton")
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# The Triton interpreter computes bf16 dots wrongly: bf16 runs on GPUs only.
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
+TOL = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def _operands(tokens, dim, hidden, experts, top_k, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(shape, generator=gen) * scale).to(DEV, dtype).requires_grad_(True)
+
+    x = rand(tokens, dim)
+    wgu = rand(experts, dim, 2 * hidden, scale=dim**-0.5)
+    wd = rand(experts, hidden, dim, scale=hidden**-0.5)
+    chosen = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)]).to(DEV)
+    weights = torch.rand(tokens, top_k, generator=gen).to(DEV).requires_grad_(True)
+    return x, chosen, weights, wgu, wd
+
+
+def _unfused(x, chosen, weights, wgu, wd):
+    rows, routing = permute(x, chosen, wgu.shape[0], impl="torch")
+    sizes = routing.group_sizes
+    h = ragdot.ragged_dot(rows, wgu, sizes)
+    out = ragdot.ragged_dot(swiglu(h), wd, sizes)
+    return unpermute(out, routing, weights)
+
+
+def _fused(x, chosen, weights, wgu, wd, **kw):
+    sizes, order = sort_experts(chosen, wgu.shape[0])
+    return fused_experts(x, order, sizes, weights, wgu, wd, **kw)
+
+
+def _value_and_grads(fn, operands, cot):
+    x, chosen, weights, wgu, wd = operands
+    y = fn(x, chosen, weights, wgu, wd)
+    grads = torch.autograd.grad(y, (x, weights, wgu, wd), cot)
+    return y.detach(), grads
+
+
+def _assert_match(operands, tol, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    cot = torch.randn(operands[0].shape, generator=gen).to(DEV, operands[0].dtype)
+    y, grads = _value_and_grads(_fused, operands, cot)
+    y_ref, grads_ref = _value_and_grads(_unfused, operands, cot)
+    assert nerr(y, y_ref) <= tol
+    for name, g, ref in zip(("x", "weights", "w_gate_up", "w_down"), grads, grads_ref):
+        assert g.dtype == ref.dtype and g.shape == ref.shape, name
+        assert nerr(g, ref) <= tol, name
+    return grads
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(37, 40, 24, 6, 2), (16, 32, 16, 4, 1), (50, 24, 40, 9, 3), (3, 16, 17, 5, 2)])
+def test_fused_matches_unfused(shape, dtype):
+    _assert_match(_operands(*shape, dtype), TOL[dtype])
+
+
+@pytest.mark.parametrize("top_k", range(1, 9))
+def test_every_top_k(top_k):
+    _assert_match(_operands(21, 32, 16, 8, top_k, torch.float32, seed=top_k), TOL[torch.float32])
+
+
+def test_empty_experts_get_exact_zero_gradients():
+    x, chosen, weights, wgu, wd = _operands(30, 32, 16, 7, 2, torch.float32)
+    chosen = torch.where(chosen >= 4, chosen - 4, chosen)  # experts 4..6 unused; pairs may repeat an expert
+    grads = _assert_match((x, chosen, weights, wgu, wd), TOL[torch.float32])
+    assert torch.equal(grads[2][4:], torch.zeros_like(grads[2][4:]))
+    assert torch.equal(grads[3][4:], torch.zeros_like(grads[3][4:]))
+
+
+def test_token_picking_one_expert_twice():
+    x, chosen, weights, wgu, wd = _operands(19, 32, 24, 5, 3, torch.float32)
+    chosen[:, 1] = chosen[:, 0]
+    chosen[::2, 2] = chosen[::2, 0]
+    _assert_match((x, chosen, weights, wgu, wd), TOL[torch.float32])
+
+
+def test_all_tokens_one_expert():
+    x, chosen, weights, wgu, wd = _operands(40, 16, 16, 6, 2, torch.float32)
+    _assert_match((x, torch.full_like(chosen, 3), weights, wgu, wd), TOL[torch.float32])
+
+
+def test_nan_in_fresh_buffers_and_unused_experts_never_leaks(monkeypatch):
+    """Every buffer the kernels allocate starts as NaN, and the unused experts' weights are NaN."""
+    x, chosen, weights, wgu, wd = _operands(25, 32, 16, 6, 2, torch.float32)
+    chosen = chosen % 4
+    with torch.no_grad():
+        wgu[4:] = float("nan")
+        wd[4:] = float("nan")
+    new_empty = torch.Tensor.new_empty
+
+    def poisoned(self, *args, **kwargs):
+        out = new_empty(self, *args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    cot = torch.randn(x.shape, device=DEV)
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+    y, grads = _value_and_grads(_fused, (x, chosen, weights, wgu, wd), cot)
+    monkeypatch.undo()
+    assert torch.isfinite(y).all()
+    for g in grads[:2]:
+        assert torch.isfinite(g).all()
+    assert torch.isfinite(grads[2][:4]).all() and torch.isfinite(grads[3][:4]).all()
+    assert torch.equal(grads[2][4:], torch.zeros_like(grads[2][4:]))
+    assert torch.equal(grads[3][4:], torch.zeros_like(grads[3][4:]))
+
+
+def test_repeats_are_bitwise_identical():
+    operands = _operands(33, 32, 24, 5, 3, torch.float16)
+    cot = torch.randn(operands[0].shape, device=DEV).to(torch.float16)
+    y0, g0 = _value_and_grads(_fused, operands, cot)
+    y1, g1 = _value_and_grads(_fused, operands, cot)
+    assert torch.equal(y0, y1)
+    for a, b in zip(g0, g1):
+        assert torch.equal(a, b)
+
+
+def test_atomic_mode_is_opt_in_and_close():
+    x, chosen, weights, wgu, wd = _operands(29, 32, 16, 6, 3, torch.float32)
+    with torch.no_grad():
+        y = _fused(x, chosen, weights, wgu, wd)
+        y_atomic = _fused(x, chosen, weights, wgu, wd, deterministic=False)
+    assert nerr(y_atomic, y) <= 1e-6
+
+
+def test_gradients_without_x_grad():
+    x, chosen, weights, wgu, wd = _operands(14, 16, 16, 4, 2, torch.float32)
+    x = x.detach()
+    grads = torch.autograd.grad(_fused(x, chosen, weights, wgu, wd).sum(), (weights, wgu, wd))
+    refs = torch.autograd.grad(_unfused(x, chosen, weights, wgu, wd).sum(), (weights, wgu, wd))
+    for g, ref in zip(grads, refs):
+        assert nerr(g, ref) <= TOL[torch.float32]
+
+
+def test_no_grad_forward_saves_nothing():
+    x, chosen, weights, wgu, wd = _operands(12, 16, 16, 4, 2, torch.float32)
+    sizes, order = sort_experts(chosen, 4)
+    with torch.no_grad():
+        y, pre = torch.ops.ragdot.fused_moe(x, order, sizes, weights, wgu, wd, 2, False, True)
+    assert pre.shape == (0, 32) and y.shape == x.shape
+
+
+def test_sort_matches_permute_slots():
+    _, chosen, _, _, _ = _operands(40, 16, 16, 7, 3, torch.float32)
+    for impl in ("torch", "triton"):
+        sizes, order = sort_experts(chosen, 7, impl=impl)
+        _, routing = permute(torch.zeros(40, 16, device=DEV), chosen, 7, impl=impl)
+        assert torch.equal(sizes, routing.group_sizes)
+        assert torch.equal(order.long(), routing.order())
+
+
+def test_ops_pass_opcheck():
+    x, chosen, weights, wgu, wd = _operands(9, 16, 16, 4, 2, torch.float32)
+    ops = torch.ops.ragdot
+    torch.library.opcheck(ops.moe_sort.default, (chosen, 4, "triton"))
+    sizes, order = sort_experts(chosen, 4)
+    torch.library.opcheck(ops.fused_moe.default, (x, order, sizes, weights, wgu, wd, 2, True, True))
+    _, pre = ops.fused_moe(x, order, sizes, weights, wgu, wd, 2, True, True)
+    for need_dx in (True, False):
+        args = (torch.randn_like(x), x.detach(), order, sizes, weights.detach(), wgu.detach(), wd.detach(), pre, 2,
+                need_dx)
+        torch.library.opcheck(ops.fused_moe_backward.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_bad_arguments_raise_clear_errors():
+    x, chosen, weights, wgu, wd = _operands(9, 16, 16, 4, 2, torch.float32)
+    sizes, order = sort_experts(chosen, 4)
+    with pytest.raises(ValueError, match="w_down"):
+        fused_experts(x, order, sizes, weights, wgu, wd[:, :8])
+    with pytest.raises(ValueError, match="order"):
+        fused_experts(x, order.long(), sizes, weights, wgu, wd)
+    with pytest.raises(ValueError, match="fused"):
+        MoELayer(16, 8, 4, 2, fused="yes")
+    with pytest.raises(ValueError, match="impl"):
+        sort_experts(chosen, 4, impl="numpy")
+
+
+# ------------------------------------------------------------------------------------------------ the layer
+def _layer_run(layer, x, cot, fn=None):
+    layer.zero_grad(set_to_none=True)
+    xg = x.clone().requires_grad_(True)
+    y = (layer if fn is None else fn)(xg)
+    ((y * cot).sum() + layer.aux_loss + layer.z_loss).backward()
+    return y.detach(), {"x": xg.grad} | {n: p.grad for n, p in layer.named_parameters()}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_fused_matches_unfused(dtype):
+    torch.manual_seed(0)
+    layer = MoELayer(32, 24, 6, 3, path="sparse", dtype=dtype, device=DEV, num_shared_experts=1, fused=True)
+    x = torch.randn(2, 11, 32, device=DEV).to(dtype)
+    cot = torch.randn(2, 11, 32, device=DEV).to(dtype)
+    y, g = _layer_run(layer, x, cot)
+    layer.fused = False
+    y_ref, g_ref = _layer_run(layer, x, cot)
+    assert nerr(y, y_ref) <= TOL[dtype]
+    for name, ref in g_ref.items():
+        assert nerr(g[name], ref) <= TOL[dtype], name
+
+
+def test_layer_default_picks_fused_only_on_cuda():
+    layer = MoELayer(16, 8, 4, 2, device=DEV)
+    x = torch.randn(3, 16, device=DEV)
+    assert layer.uses_fused(x) == (DEV.type == "cuda")
+    layer.backend = "torch"
+    assert not layer.uses_fused(x)
+    assert "fused=None" in repr(layer)
+
+
+def test_layer_fused_under_torch_compile_fullgraph():
+    torch.manual_seed(0)
+    layer = MoELayer(16, 16, 4, 2, path="sparse", dtype=torch.float32, device=DEV, fused=True)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 16, generator=gen).to(DEV)
+    cot = torch.randn(2, 5, 16, generator=gen).to(DEV)
+    y_eager, g_eager = _layer_run(layer, x, cot)
+    torch._dynamo.reset()
+    # on-disk compile caches do not key on a custom op's Python body: keep stale entries from answering
+    with torch._inductor.config.patch(force_disable_caches=True):
+        y, g = _layer_run(layer, x, cot, torch.compile(layer, fullgraph=True))
+    assert nerr(y, y_eager) <= 1e-6
+    for name, ref in g_eager.items():
+        assert g[name] is not None and nerr(g[name], ref) <= 1e-6, name
+
+
+@pytest.mark.gpu
+def test_layer_fused_captures_into_a_cuda_graph():
+    from ragdot.measure.timing import capture_graph, warm_off_stream
+
+    torch.manual_seed(0)
+    layer = MoELayer(64, 32, 8, 2, dtype=torch.bfloat16, device=DEV, fused=True)
+    x = torch.randn(64, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    cot = torch.randn(64, 64, device=DEV, dtype=torch.bfloat16)
+    out: list[torch.Tensor] = []
+
+    def step() -> None:
+        y = layer(x)
+        out[:] = [y, *torch.autograd.grad(y, (x, layer.w_gate_up, layer.w_down), cot)]
+
+    warm_off_stream(step, DEV)
+    eager = [t.clone() for t in out]
+    replay = capture_graph(step)
+    replay()
+    torch.cuda.synchronize()
+    for a, b in zip(out, eager):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_matches_unfused_on_gpu_tiles(dtype):
+    """Shapes big enough for several 128-row tiles per expert and partial column tiles."""
+    _assert_match(_operands(1000, 512, 352, 16, 4, dtype), TOL[dtype])
+
+def test_gpu_benchmark_rows_on_a_tiny_layer():
+    """benchmarks/fused_gpu.py's row loop on a tiny float32 layer (the wall clock on a CPU)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fused_gpu.py"
+    spec = importlib.util.spec_from_file_location("fused_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    layer = MoELayer(16, 16, 4, 2, path="sparse", dtype=torch.float32, device=DEV)
+    rows = list(bench._rows_for(layer, "tiny", 8, DEV, 1e12, reps=1))
+    assert {r["variant"] for r in rows} == {"fused", "unfused", "peer"}
+    assert all(r["status"] in ("ok", "n/a: host sync") for r in rows), rows
