@@ -10,10 +10,10 @@ import torch
 pytest.importorskip("jax")
 pytest.importorskip("jax.experimental.buffer_callback")
 
-from ragdot.bench.classes import CLASSES  # noqa: E402
 from ragdot.bench.jax_system import RagdotJaxSystem, jax_system  # noqa: E402
 from ragdot.bench.systems import RAGDOT_JAX, TOKAMAX, Operands  # noqa: E402
 from ragdot.cli import main  # noqa: E402
+from ragdot.measure.classes import CLASSES  # noqa: E402
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=[c.name for c in CLASSES])

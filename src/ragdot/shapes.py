@@ -5,8 +5,8 @@ dimension), K the embedding (contraction) width, N the expert MLP width and E th
 
 Tags:
 - ``seed``: every distinct (M, K, N, E) of the MaxText ragged-dot micro-benchmark over MoE models, named by model;
-- ``anchor``: the eight shapes with reference numbers measured on an H200 on 2026-11-29 (``bench/report.py``
-  holds the vendor's);
+- ``anchor``: the eight shapes with reference numbers measured on an H200 on 2026-11-29
+  (``benchmarks/targets-h200.json`` holds the vendor's);
 - ``tiny``: small shapes for ``--quick`` runs and CI on a CPU.
 
 The rows are derived from the models of `ragdot.catalog` (add a model there, not here).

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from ragdot.bench.classes import RaggedClass
 from ragdot.bench.systems import RAGDOT_JAX, TOKAMAX
 from ragdot.bench.xla import XlaSystem, import_jax, xla_unavailable_reason
+from ragdot.measure.classes import RaggedClass
 
 __all__ = ["RagdotJaxSystem", "TokamaxSystem", "jax_system"]
 

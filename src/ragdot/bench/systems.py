@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ragdot.bench.classes import RaggedClass
+from ragdot.measure.classes import RaggedClass
 
 __all__ = ["Operands", "System", "RagdotSystem", "FunctionSystem", "VendorSystem", "vendor_unavailable_reason",
            "AUTO", "VENDOR", "RAGDOT_JAX", "TOKAMAX", "JAX_SYSTEMS"]

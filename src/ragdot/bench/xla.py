@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ragdot.bench.classes import RaggedClass
 from ragdot.bench.systems import Operands, System
+from ragdot.measure.classes import RaggedClass
 
 __all__ = ["XlaSystem", "xla_unavailable_reason", "import_jax"]
 

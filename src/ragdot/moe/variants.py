@@ -1,14 +1,16 @@
-"""The MoE benchmark variants: a compute path of ragdot.moe.MoELayer and, for the sparse path, a backend."""
+"""The MoE benchmark variants: a compute path of ragdot.moe.MoELayer and, for the sparse path, a backend and
+whether the fused expert kernels run (None: the layer decides, fused on CUDA where supported)."""
 
 from __future__ import annotations
 
 __all__ = ["VARIANTS"]
 
-VARIANTS: dict[str, tuple[str, str | None]] = {  # name -> (path, backend)
-    "sparse-padded": ("sparse", "padded"),
-    "sparse-torch": ("sparse", "torch"),
-    "sparse-triton": ("sparse", "triton"),
-    "sparse-auto": ("sparse", "auto"),
-    "dense_dropless": ("dense_dropless", None),
-    "dense_drop": ("dense_drop", None),
+VARIANTS: dict[str, tuple[str, str | None, bool | None]] = {  # name -> (path, backend, fused)
+    "sparse-padded": ("sparse", "padded", False),
+    "sparse-torch": ("sparse", "torch", False),
+    "sparse-triton": ("sparse", "triton", None),
+    "sparse-auto": ("sparse", "auto", None),
+    "sparse-unfused": ("sparse", "auto", False),
+    "dense_dropless": ("dense_dropless", None, None),
+    "dense_drop": ("dense_drop", None, None),
 }
