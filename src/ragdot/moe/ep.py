@@ -26,6 +26,7 @@ takes part, with empty blocks, in the dropless mode.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,13 +34,23 @@ import torch.distributed as dist
 
 import ragdot
 from ragdot.moe import ep_comm
-from ragdot.moe.permute import permute, unpermute
+from ragdot.moe.permute import Routing, permute, unpermute
 from ragdot.moe.router import RouterOutput
 
 if TYPE_CHECKING:
     from ragdot.moe.layer import MoELayer
 
-__all__ = ["ExpertParallel"]
+__all__ = ["ExpertParallel", "Dispatch"]
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """What the combine of one dropless dispatch needs: the routing, the counts and the host split sizes."""
+
+    routing: Routing
+    recv_sizes: torch.Tensor  # int64 [W, L]: rows received from each source rank for each local expert
+    send_splits: list[int]  # rows sent to each rank
+    recv_splits: list[int]  # rows received from each rank
 
 
 class ExpertParallel:
@@ -77,15 +88,26 @@ class ExpertParallel:
     # ---------------------------------------------------------------------------------- dropless mode
     def sparse(self, layer: MoELayer, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
         """Dropless dispatch, local experts, combine: x2 [T, D] -> (y [T, D], counts int32 [E])."""
+        recv, plan = self.dispatch(x2, r.experts, layer.routing_impl)
+        out = self._local_ragged(layer, recv, plan.recv_sizes, sum(plan.recv_splits))
+        return self.combine(out, plan, r.weights), plan.routing.group_sizes
+
+    def dispatch(
+        self, x2: torch.Tensor, experts: torch.Tensor, impl: str | None = None
+    ) -> tuple[torch.Tensor, Dispatch]:
+        """x2 [T, D], experts int [T, k] -> (the rows this rank's experts get, in (source, expert) blocks; plan)."""
         w, lx = self.world_size, self.local_experts
-        rows, routing = permute(x2, r.experts, self.num_experts, impl=layer.routing_impl)
+        rows, routing = permute(x2, experts, self.num_experts, impl=impl)
         sizes = routing.group_sizes  # int32 [E]: rows for each global expert, rank by rank
         recv_sizes = ep_comm.exchange_counts(sizes, self.group).view(w, lx)  # [source rank, local expert]
         send_splits, recv_splits = self._host_splits(sizes.view(w, lx), recv_sizes)
         recv = ep_comm.all_to_all(rows, recv_splits, send_splits, self.group)
-        out = self._local_ragged(layer, recv, recv_sizes, sum(recv_splits))
-        back = ep_comm.all_to_all(out, send_splits, recv_splits, self.group)
-        return unpermute(back, routing, r.weights), sizes
+        return recv, Dispatch(routing, recv_sizes, send_splits, recv_splits)
+
+    def combine(self, out: torch.Tensor, plan: Dispatch, weights: torch.Tensor) -> torch.Tensor:
+        """The experts' output rows (dispatch's order) -> back to their ranks -> weighted top-k sum [T, D]."""
+        back = ep_comm.all_to_all(out, plan.send_splits, plan.recv_splits, self.group)
+        return unpermute(back, plan.routing, weights)
 
     @staticmethod
     def _host_splits(send: torch.Tensor, recv: torch.Tensor) -> tuple[list[int], list[int]]:

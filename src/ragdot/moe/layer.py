@@ -101,7 +101,7 @@ class MoELayer(nn.Module):
         aux_loss_coef: float = 0.01,
         z_loss_coef: float = 0.001,
         routing_impl: str | None = None,
-        ep_group: object | None = None,
+        ep_group: torch.distributed.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
         self.dim = _positive_int("dim", dim)
