@@ -145,3 +145,35 @@ def test_ep_group_none_is_the_plain_layer():
 def test_ep_group_needs_a_process_group():
     with pytest.raises((ValueError, TypeError), match="ep_group"):
         MoELayer(DIM, HIDDEN, 4, 2, ep_group="not a group")
+
+
+def test_ep_bench_runs_as_one_process(tmp_path):
+    import argparse
+    import csv
+
+    from ragdot.bench import ep as ep_bench
+
+    parser = argparse.ArgumentParser()
+    ep_bench.add_arguments(parser)
+    args = parser.parse_args(["--device", "cpu", "--tokens-per-rank", "16", "--steps", "1", "--warmup", "0",
+                              "--out", str(tmp_path), "--quiet", "--commit", "test"])  # fmt: skip
+    assert ep_bench.run(args) == 0
+    assert not dist.is_initialized()
+    (path,) = tmp_path.glob("ragdot-ep-*-w1-*.csv")
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[0])[:7] == ["gpu", "world_size", "config", "tokens_per_rank", "phase", "ms", "gbs"]
+    assert [r["phase"] for r in rows] == list(ep_bench.PHASES)
+    assert all(float(r["ms"]) > 0 and r["world_size"] == "1" for r in rows)
+    assert rows[0]["gbs"] and not rows[-1]["gbs"]
+
+
+def test_ep_bench_rejects_a_bad_phase(tmp_path, capsys):
+    import argparse
+
+    from ragdot.bench import ep as ep_bench
+
+    parser = argparse.ArgumentParser()
+    ep_bench.add_arguments(parser)
+    args = parser.parse_args(["--device", "cpu", "--phases", "nope", "--out", str(tmp_path)])
+    assert ep_bench.run(args) == 2
+    assert "--phases" in capsys.readouterr().err and not dist.is_initialized()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -37,8 +36,7 @@ from ragdot.moe import ep_comm
 from ragdot.moe.permute import Routing, permute, unpermute
 from ragdot.moe.router import RouterOutput
 
-if TYPE_CHECKING:
-    from ragdot.moe.layer import MoELayer
+MoELayer = torch.nn.Module  # the layer (ragdot.moe.layer imports this module, not the other way round)
 
 __all__ = ["ExpertParallel", "Dispatch"]
 
