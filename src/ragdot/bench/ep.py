@@ -15,6 +15,9 @@ GPU, the wall clock on a CPU; the median of --steps calls, a barrier before each
 - `layer_fwdbwd`: ``MoELayer(..., ep_group=group)`` forward + backward per step (E/W experts per rank).
 - `local_fwdbwd`: a one-device ``MoELayer`` with E/W experts on the same tokens per rank (no exchange):
   the per-rank layer time that expert parallelism is measured against.
+- `capacity_fwd`: the layer's forward in the sync-free capacity mode (``path="dense_drop"``), eager; bytes:
+  the E*C-row buffer a rank sends. `capacity_fwd_graph` (CUDA, only when named in --phases): the same
+  forward captured in one CUDA graph and replayed, which shows that the mode captures.
 
 gbs is the bytes this rank sends (every block, its own included, as NCCL's tests count them) per second;
 bus_gbs = gbs * (W-1)/W. Rank 0 writes <out>/ragdot-ep-<gpu>-<commit>-w<W>-<date>.csv and .json, one row per
@@ -46,11 +49,14 @@ from ragdot.cli_common import (
 )
 from ragdot.measure import records
 from ragdot.measure.records import safe_name
-from ragdot.measure.timing import synchronize, timed_call
+from ragdot.measure.timing import capture_graph, synchronize, timed_call, warm_off_stream
 
 HELP = "expert parallelism: dispatch/combine GB/s per rank against NCCL all_to_all_single, layer fwd+bwd ms"
 
-PHASES: tuple[str, ...] = ("dispatch", "nccl_dispatch", "combine", "nccl_combine", "layer_fwdbwd", "local_fwdbwd")
+DEFAULT_PHASES: tuple[str, ...] = (
+    "dispatch", "nccl_dispatch", "combine", "nccl_combine", "layer_fwdbwd", "local_fwdbwd", "capacity_fwd",
+)  # fmt: skip
+PHASES: tuple[str, ...] = (*DEFAULT_PHASES, "capacity_fwd_graph")  # CUDA only, asked for by name
 COLUMNS: tuple[str, ...] = (
     *("gpu", "world_size", "config", "tokens_per_rank", "phase", "ms", "gbs"),
     *("rank", "bytes", "bus_gbs", "steps", "clock", "dtype", "backend", "dist_backend", "commit", "date"),
@@ -61,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--configs", nargs="+", metavar="NAME", help="ragdot.moe.model configs (default qwen3-30b-a3b; CPU: tiny)")
     add("--tokens-per-rank", type=int, nargs="+", metavar="T", help="tokens on each rank (default 4096; CPU: 64)")
-    add("--phases", nargs="+", metavar="PHASE", help=f"some of {' '.join(PHASES)} (default all)")
+    add("--phases", nargs="+", metavar="PHASE",
+        help=f"some of {' '.join(PHASES)} (default all but capacity_fwd_graph)")
     add("--backend", help="ragdot backend of the grouped GEMMs (default: the layer's default)")
     add("--dist-backend", choices=("nccl", "gloo"), help="torch.distributed backend (default nccl on CUDA)")
     add("--steps", type=int, help="timed calls per phase, the median is kept (default 20; CPU: 3)")
@@ -116,10 +123,12 @@ def _pick(values: list[Any] | None, default: list[Any]) -> list[Any]:
 
 
 def _settings(args: argparse.Namespace, cuda: bool) -> dict[str, Any]:
-    phases = _pick(args.phases, list(PHASES))
+    phases = _pick(args.phases, list(DEFAULT_PHASES))
     for p in phases:
         if p not in PHASES:
             raise ValueError(f"--phases: {p!r} is unknown; expected some of {', '.join(PHASES)}")
+    if "capacity_fwd_graph" in phases and not cuda:
+        raise ValueError("--phases capacity_fwd_graph needs a CUDA device (it replays a CUDA graph)")
     tokens = _pick(args.tokens_per_rank, [4096 if cuda else 64])
     if any(t < 1 for t in tokens):
         raise ValueError(f"--tokens-per-rank must be positive, got {tokens}")
@@ -187,6 +196,15 @@ def _measure_config(cfg: Any, tokens: int, s: dict[str, Any], device: torch.devi
             layer(x).backward(dy)
         return call
 
+    def capacity() -> None:  # the sync-free mode, forward only
+        ep_layer.path = "dense_drop"
+        try:
+            with torch.no_grad():
+                ep_layer(x)
+        finally:
+            ep_layer.path = "sparse"
+
+    cap_bytes = cfg.num_experts * ep_layer.capacity(tokens) * cfg.dim * itemsize
     calls: dict[str, tuple[Callable[[], Any], int | None]] = {
         "dispatch": (no_grad(lambda: ep.dispatch(x, routed.experts, ep_layer.routing_impl)), sent),
         "nccl_dispatch": (lambda: dist.all_to_all_single(rows_out, rows_in, plan.recv_splits, plan.send_splits), sent),
@@ -195,10 +213,15 @@ def _measure_config(cfg: Any, tokens: int, s: dict[str, Any], device: torch.devi
                          received),
         "layer_fwdbwd": (step(ep_layer), None),
         "local_fwdbwd": (step(local_layer), None),
+        "capacity_fwd": (capacity, cap_bytes),
     }  # fmt: skip
     rows = []
     for phase in s["phases"]:
-        fn, nbytes = calls[phase]
+        if phase == "capacity_fwd_graph":
+            warm_off_stream(capacity, device)
+            fn, nbytes = capture_graph(capacity), cap_bytes
+        else:
+            fn, nbytes = calls[phase]
         ms, steps = _time(fn, device, s["steps"], s["warmup"])
         gbs = None if nbytes is None or ms <= 0 else nbytes / ms / 1e6
         bus = None if gbs is None else gbs * (world - 1) / world
