@@ -9,6 +9,7 @@ all ranks' tokens from their seeds). One spawn per world size runs every scenari
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import time
 
@@ -112,7 +113,9 @@ def _worker(rank: int, world: int, store_path: str) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         _scenarios(dist.group.WORLD, world)
+        dist.barrier()
     finally:
+        gc.collect()  # nothing may hold the group when it goes
         dist.destroy_process_group()
 
 
