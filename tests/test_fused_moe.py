@@ -217,13 +217,12 @@ def test_layer_fused_matches_unfused(dtype):
         assert nerr(g[name], ref) <= TOL[dtype], name
 
 
-def test_layer_default_picks_fused_only_on_cuda():
+def test_layer_runs_the_fused_block_only_when_asked():
     layer = MoELayer(16, 8, 4, 2, device=DEV)
     x = torch.randn(3, 16, device=DEV)
-    assert layer.uses_fused(x) == (DEV.type == "cuda")
-    layer.backend = "torch"
-    assert not layer.uses_fused(x)
-    assert "fused=None" in repr(layer)
+    assert not layer.uses_fused(x) and "fused=None" in repr(layer)
+    layer.fused = True
+    assert layer.uses_fused(x)
 
 
 def test_layer_fused_under_torch_compile_fullgraph():

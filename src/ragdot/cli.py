@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench-mxfp8": "ragdot.bench.mxfp8",
     "tune": "ragdot.tune.cli",
     "host-bench": "ragdot.bench.host",
+    "ep-bench": "ragdot.bench.ep",
 }
 
 

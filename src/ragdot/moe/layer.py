@@ -10,6 +10,8 @@ Parameters (identical for every path, so ``path`` and ``backend`` can be switche
                                         expert(x) = down(silu(gate) * up)
     w_down         [E, hidden, dim]
     shared_expert  optional dense SwiGLU added to every token's output
+    With ep_group (a torch.distributed ProcessGroup of W ranks), rank r holds experts [r*E/W, (r+1)*E/W)
+    only (w_gate_up [E/W, ...], w_down [E/W, ...]); see ragdot.moe.ep and docs/expert-parallel.md.
 
 Paths:
     sparse          dropless; permute (counting sort) -> ragged_dot -> SwiGLU -> ragged_dot -> weighted
@@ -17,8 +19,9 @@ Paths:
                     Work ~ T*k rows. Gradients through ragdot's custom ops.
                     ``fused=True`` runs the fused kernels instead (``ragdot.moe.fused``: gather in the up
                     projection's loads, SwiGLU in its epilogue, weighted scatter in the down projection's,
-                    a fused backward); ``fused=None`` picks them on CUDA when the backend is unset, "auto"
-                    or "triton" and the dtype is supported; ``fused=False`` keeps the unfused path.
+                    a fused backward). ``fused=None`` (default) and ``False`` keep the unfused path: on
+                    an H200 the fused kernels, untuned, were slower (qwen3-30b-a3b, 8192 tokens, layer
+                    fwd+bwd eager: 7.43 ms fused, 5.79 ms unfused; docs/fused-moe.md).
     dense_dropless  every token through every expert, then the router weights (0 off the top-k) combine
                     them. Work ~ T*E rows.
     dense_drop      capacity C = ceil(S*k/E * capacity_factor) per sequence (S tokens; the whole input is
@@ -38,7 +41,7 @@ from torch import nn
 
 import ragdot
 from ragdot.backends import BACKEND_NAMES
-from ragdot.moe.fused import fused_experts, fused_supported, sort_experts
+from ragdot.moe.fused import fused_experts, sort_experts
 from ragdot.moe.permute import IMPLS, permute, unpermute
 from ragdot.moe.router import Router, RouterOutput, expert_counts, load_balancing_loss, router_z_loss
 
@@ -105,6 +108,7 @@ class MoELayer(nn.Module):
         z_loss_coef: float = 0.001,
         routing_impl: str | None = None,
         fused: bool | None = None,
+        ep_group: torch.distributed.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
         self.dim = _positive_int("dim", dim)
@@ -125,11 +129,18 @@ class MoELayer(nn.Module):
         self.routing_impl = routing_impl
         self.fused = fused
         self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
+        self.ep = None  # ragdot.moe.ep.ExpertParallel when the experts are sharded over ep_group
+        if ep_group is not None:
+            from ragdot.moe.ep import ExpertParallel
+
+            shared = (num_shared_experts, shared_hidden_dim)
+            config = dict(dim=dim, hidden_dim=hidden_dim, top_k=top_k, path=path, dtype=str(dtype), shared=shared,
+                          capacity_factor=capacity_factor, normalize_weights=normalize_weights)  # fmt: skip
+            self.ep = ExpertParallel(ep_group, num_experts, config)
+        local = num_experts if self.ep is None else self.ep.local_experts
         self.router = Router(dim, num_experts, top_k, normalize=normalize_weights, dtype=dtype, device=device)
-        self.w_gate_up = nn.Parameter(
-            torch.empty((num_experts, dim, 2 * hidden_dim), dtype=dtype, device=device)
-        )
-        self.w_down = nn.Parameter(torch.empty((num_experts, hidden_dim, dim), dtype=dtype, device=device))
+        self.w_gate_up = nn.Parameter(torch.empty((local, dim, 2 * hidden_dim), dtype=dtype, device=device))
+        self.w_down = nn.Parameter(torch.empty((local, hidden_dim, dim), dtype=dtype, device=device))
         nn.init.normal_(self.w_gate_up, std=dim**-0.5)
         nn.init.normal_(self.w_down, std=hidden_dim**-0.5)
         self.shared_expert: SwiGLU | None = None
@@ -141,6 +152,8 @@ class MoELayer(nn.Module):
         self.aux_loss: torch.Tensor | None = None
         self.z_loss: torch.Tensor | None = None
         self.expert_counts: torch.Tensor | None = None
+        if self.ep is not None:
+            self.ep.replicate(self)
 
     # -------------------------------------------------------------------------------------- settings
     @property
@@ -195,12 +208,9 @@ class MoELayer(nn.Module):
         self._fused = value
 
     def uses_fused(self, x: torch.Tensor) -> bool:
-        """Whether the sparse path runs the fused kernels for input x (``fused=None``: CUDA, a Triton-capable
-        backend choice and a supported dtype)."""
-        if self.fused is not None:
-            return self.fused
-        backend_ok = self.backend in (None, "auto", "triton")
-        return backend_ok and x.device.type == "cuda" and fused_supported(x, self.w_gate_up, self.w_down)
+        """Whether the sparse path runs the fused kernels for input x: only when asked (``fused=True``), until
+        they win a measured comparison (``fused=None`` is the unfused path)."""
+        return bool(self.fused)
 
     def capacity(self, seq_len: int) -> int:
         """Rows per expert and sequence on the dense_drop path."""
@@ -223,7 +233,8 @@ class MoELayer(nn.Module):
             raise TypeError(f"x has dtype {x.dtype} but the layer's weights are {self.w_gate_up.dtype}")
         x2 = x.reshape(-1, self.dim)
         if x2.shape[0] == 0:
-            return self._empty(x)
+            y0 = None if self.ep is None else self.ep.empty(self, x2)  # the other ranks exchange with this one
+            return self._empty(x) if y0 is None else self._empty(x) + y0.reshape(x.shape)
         routed = self.router(x2)
         if self.path == "sparse":
             y, counts = self._sparse(x2, routed)
@@ -246,6 +257,8 @@ class MoELayer(nn.Module):
         return x.new_zeros(x.shape)
 
     def _sparse(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.ep is not None:
+            return self.ep.sparse(self, x2, r)
         if self.uses_fused(x2):
             sizes, order = sort_experts(r.experts, self.num_experts, impl=self.routing_impl)
             return fused_experts(x2, order, sizes, r.weights, self.w_gate_up, self.w_down), sizes
@@ -256,6 +269,8 @@ class MoELayer(nn.Module):
         return unpermute(out, routing, r.weights), sizes
 
     def _dense_dropless(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.ep is not None:
+            raise ValueError("path='dense_dropless' has no expert-parallel form; use 'sparse' or 'dense_drop'")
         tokens, e = x2.shape[0], self.num_experts
         w_flat = self.w_gate_up.permute(1, 0, 2).reshape(self.dim, -1)  # [dim, E*2H]
         h = (x2 @ w_flat).view(tokens, e, -1)  # [T, E, 2H]: every token, every expert
@@ -268,6 +283,8 @@ class MoELayer(nn.Module):
     def _dense_drop(
         self, x2: torch.Tensor, r: RouterOutput, seq_len: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.ep is not None:
+            return self.ep.capacity(self, x2, r, seq_len)
         tokens, e, k = x2.shape[0], self.num_experts, self.top_k
         groups, cap = tokens // seq_len, self.capacity(seq_len)
         onehot = _one_hot(r.experts.view(groups, seq_len * k), e)  # [B, S*k, E]: assignment order t*k + j

@@ -1,5 +1,5 @@
 """The MoE benchmark variants: a compute path of ragdot.moe.MoELayer and, for the sparse path, a backend and
-whether the fused expert kernels run (None: the layer decides, fused on CUDA where supported)."""
+whether the fused expert kernels run (``MoELayer.fused``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ VARIANTS: dict[str, tuple[str, str | None, bool | None]] = {  # name -> (path, b
     "sparse-torch": ("sparse", "torch", False),
     "sparse-triton": ("sparse", "triton", None),
     "sparse-auto": ("sparse", "auto", None),
-    "sparse-unfused": ("sparse", "auto", False),
+    "sparse-fused": ("sparse", "auto", True),
     "dense_dropless": ("dense_dropless", None, None),
     "dense_drop": ("dense_drop", None, None),
 }
