@@ -101,12 +101,17 @@ def test_bench_flags_a_busy_cpu_in_the_console_summary_and_metadata(tmp_path, mo
     assert "**Note:** ceilings measured on a busy machine" in next(tmp_path.glob("*.md")).read_text()
 
 
-def _fake_variant(calls: list[str], interrupt_at: int | None = None, seconds: float = 0.0):
+def _fake_variant(calls: list[str], interrupt_at: int | None = None, seconds: float = 0.0, terminate: bool = False):
+    import os
+    import signal
     import time
 
     def run_variant(model, opt, tokens, cfg, name, args, device, dtype):
         calls.append(name)
         if interrupt_at is not None and len(calls) == interrupt_at:
+            if terminate:  # what `timeout` sends: the CLI turns it into an interrupt
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
             raise KeyboardInterrupt
         time.sleep(seconds)
         return {"variant": name, "status": "ok", "step_s": 0.01 * len(calls), "mode": "eager"}
@@ -132,6 +137,20 @@ def test_moe_bench_keeps_finished_rows_on_ctrl_c(tmp_path, monkeypatch, capsys):
     assert "interrupted: 2 finished rows kept" in captured.err and f"[2/{len(VARIANTS)}]" in captured.out
     rows = _csv_rows(tmp_path, "moe-bench-*.csv")
     assert [r["variant"] for r in rows] == calls[:2] and rows[1]["speedup_vs_padded"]
+
+
+def test_sigterm_keeps_finished_rows_like_ctrl_c_and_restores_the_handler(tmp_path, monkeypatch, capsys):
+    import signal
+
+    from ragdot.bench import moe_train
+
+    before = signal.getsignal(signal.SIGTERM)
+    calls: list[str] = []
+    monkeypatch.setattr(moe_train, "_run_variant", _fake_variant(calls, interrupt_at=2, terminate=True))
+    assert main(["moe-bench", "--quick", "--no-plots", "--out", str(tmp_path)]) == INTERRUPTED
+    assert "interrupted: 1 finished rows kept" in capsys.readouterr().err
+    assert [r["variant"] for r in _csv_rows(tmp_path, "moe-bench-*.csv")] == calls[:1]
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_moe_bench_budget_skips_the_variants_left(tmp_path, monkeypatch):

@@ -9,7 +9,9 @@ subcommand never breaks the others. Options shared by several subcommands are de
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
 
 from ragdot._version import __version__
@@ -61,9 +63,29 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
-        return int(module.run(args) or 0)
+        with _terminate_as_interrupt():
+            return int(module.run(args) or 0)
     except UsageError as exc:
         return error_line(args.command, exc)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (what `timeout` and job schedulers send) stops a run as Ctrl-C does, so the rows a benchmark
+    finished are kept; the previous handler comes back afterwards. Only in the main thread."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
