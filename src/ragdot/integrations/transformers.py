@@ -1,0 +1,209 @@
+"""Hugging Face transformers: ragdot as an experts implementation.
+
+    import ragdot.integrations.transformers as ragdot_hf
+    ragdot_hf.register()
+    model = AutoModelForCausalLM.from_pretrained(name, experts_implementation="ragdot")
+    model.set_experts_implementation("ragdot")          # or switch a model already built
+
+transformers (>= 5) runs the experts of every MoE family whose experts class carries its
+``use_experts_implementation`` decorator through ``ExpertsInterface``; ``register`` adds ``experts_forward`` there.
+The forward groups the (token, choice) rows by expert with ``ragdot.moe.permute``, runs the up and down
+projections with ``ragdot.ragged_dot`` on the model's own weight tensors (no copies: the untransposed layout is a
+strided view) and combines the top-k rows with ``ragdot.moe.unpermute``. Nothing is copied to the host, so the
+forward works under CUDA graphs and ``torch.compile``.
+
+Layout flags the decorator sets, and how they are honoured:
+
+- ``is_transposed``: weights [E, in, out] are used as they are; [E, out, in] through a transposed view.
+- ``has_bias``: the per-expert biases ``*_proj_bias`` [E, out] are added to each row of their expert.
+- ``has_gate``: ``gate_up_proj`` followed by the class's ``_apply_gate`` (the model's activation and its
+  gate/up split); without it, ``up_proj`` followed by ``act_fn``.
+- ``is_concatenated``: the gate/up split is the class's ``_apply_gate``; an interleaved layout
+  (``is_concatenated=False``) is refused unless the class defines its own ``_apply_gate``.
+- ``has_post_expert_norm``: ``post_expert_norm`` is applied to each expert's output row.
+- expert parallelism (``_is_expert_parallel``): ids ``>= num_experts`` mark choices held by another rank; their
+  rows get no matmul work, and they add nothing to the output or to any gradient.
+
+Inputs in another dtype than the weights (autocast) are cast to the weights' dtype; the output has the input's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ragdot.api import ragged_dot
+from ragdot.moe.permute import permute, unpermute
+
+__all__ = ["NAME", "experts_forward", "make_experts_forward", "register", "is_registered"]
+
+NAME = "ragdot"
+
+_FORWARDS: dict[str | None, Callable] = {}
+
+
+def _flag(module: torch.nn.Module, name: str, default: bool) -> bool:
+    return bool(getattr(module, name, default))
+
+
+def _check_layout(module: torch.nn.Module) -> None:
+    """Raise a one-line error naming the flag when the module's layout is not one this forward handles."""
+    if not isinstance(getattr(module, "num_experts", None), int) or module.num_experts < 1:
+        raise ValueError(f"{type(module).__name__}.num_experts must be a positive int, got {module.num_experts!r}")
+    has_gate = _flag(module, "has_gate", True)
+    if has_gate and not hasattr(module, "_apply_gate"):
+        raise ValueError(f"has_gate=True needs {type(module).__name__}._apply_gate; it is missing")
+    if has_gate and not _flag(module, "is_concatenated", True) and _uses_default_gate(module):
+        raise ValueError(
+            f"is_concatenated=False (interleaved gate/up) needs {type(module).__name__} to define its own _apply_gate; "
+            "the default one splits a concatenated [gate; up] layout"
+        )
+    if not has_gate and not callable(getattr(module, "act_fn", None)):
+        raise ValueError(f"has_gate=False needs {type(module).__name__}.act_fn; it is missing")
+    if _flag(module, "has_post_expert_norm", False) and not callable(getattr(module, "post_expert_norm", None)):
+        raise ValueError(f"has_post_expert_norm=True needs {type(module).__name__}.post_expert_norm; it is missing")
+
+
+def _uses_default_gate(module: torch.nn.Module) -> bool:
+    fn = getattr(type(module), "_apply_gate", None)
+    return getattr(fn, "__name__", "") == "_default_apply_gate"
+
+
+def _as_rhs(weight: torch.Tensor, is_transposed: bool, name: str, num_experts: int) -> torch.Tensor:
+    """The [E, in, out] operand of ragged_dot: the weight itself, or a transposed view of [E, out, in]."""
+    if weight.dim() != 3 or weight.shape[0] != num_experts:
+        raise ValueError(
+            f"{name} must have shape [num_experts={num_experts}, ., .], got {tuple(weight.shape)}"
+        )
+    return weight if is_transposed else weight.transpose(1, 2)
+
+
+def _linear(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    sizes: torch.Tensor,
+    row_experts: torch.Tensor | None,
+    backend: str | None,
+) -> torch.Tensor:
+    out = ragged_dot(rows, weight, sizes, backend=backend)
+    if bias is not None:
+        out = out + bias.index_select(0, row_experts)
+    return out
+
+
+def _forward(
+    module: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    backend: str | None,
+) -> torch.Tensor:
+    _check_layout(module)
+    num_experts = module.num_experts
+    has_gate, has_bias = _flag(module, "has_gate", True), _flag(module, "has_bias", False)
+    is_transposed = _flag(module, "is_transposed", False)
+    ep = _flag(module, "_is_expert_parallel", False)
+    prefix = "gate_up_proj" if has_gate else "up_proj"
+    w_up = _as_rhs(getattr(module, prefix), is_transposed, prefix, num_experts)
+    w_down = _as_rhs(module.down_proj, is_transposed, "down_proj", num_experts)
+    b_up = getattr(module, f"{prefix}_bias") if has_bias else None
+    b_down = module.down_proj_bias if has_bias else None
+
+    x = hidden_states.to(w_up.dtype)
+    ids = top_k_index.clamp(max=num_experts) if ep else top_k_index
+    # One extra group at the tail collects the off-rank choices; ragged_dot leaves its rows at zero.
+    rows, routing = permute(x, ids, num_experts + 1 if ep else num_experts)
+    sizes = routing.group_sizes[:num_experts] if ep else routing.group_sizes
+    row_experts = None
+    if has_bias:
+        row_experts = ids.reshape(-1).index_select(0, routing.order()).clamp(max=num_experts - 1)
+
+    h = _linear(rows, w_up, b_up, sizes, row_experts, backend)
+    h = module._apply_gate(h) if has_gate else module.act_fn(h)
+    out = _linear(h.to(w_down.dtype), w_down, b_down, sizes, row_experts, backend)
+    if _flag(module, "has_post_expert_norm", False):
+        out = module.post_expert_norm(out)
+
+    weights = top_k_weights
+    if ep:
+        # Off-rank choices sort to the tail; zero them so they reach neither the output nor a gradient.
+        weights = weights.masked_fill(top_k_index >= num_experts, 0.0)
+        tail = torch.arange(out.shape[0], device=out.device) >= sizes.sum()
+        out = out.masked_fill(tail.unsqueeze(-1), 0.0)
+    return unpermute(out, routing, weights).to(hidden_states.dtype)
+
+
+def make_experts_forward(backend: str | None = None) -> Callable:
+    """The experts forward for ``ExpertsInterface`` running ragged_dot on ``backend`` (None: ragdot's ``auto``).
+
+    One function object per backend, so registering it twice registers the same thing.
+    """
+    if backend not in _FORWARDS:
+        if backend is not None and not isinstance(backend, str):
+            raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+
+        def forward(
+            self: torch.nn.Module,
+            hidden_states: torch.Tensor,
+            top_k_index: torch.Tensor,
+            top_k_weights: torch.Tensor,
+        ) -> torch.Tensor:
+            return _forward(self, hidden_states, top_k_index, top_k_weights, backend)
+
+        forward.__name__ = forward.__qualname__ = "ragdot_experts_forward"
+        forward.__doc__ = f"ragdot experts forward (ragged_dot backend {backend or 'auto'!r})."
+        _FORWARDS[backend] = forward
+    return _FORWARDS[backend]
+
+
+def experts_forward(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """Experts forward with the signature of transformers' experts implementations (backend ``auto``).
+
+    hidden_states [T, D], top_k_index int [T, k], top_k_weights [T, k] -> [T, D] in hidden_states' dtype.
+    """
+    return make_experts_forward(None)(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _interface():
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError as e:
+        raise ImportError(
+            "ragdot.integrations.transformers needs transformers >= 5 (pip install 'ragdot[transformers]'): "
+            f"{e}"
+        ) from None
+    return ExpertsInterface
+
+
+def register(name: str = NAME, *, backend: str | None = None) -> str:
+    """Register the ragdot experts forward in transformers' ExpertsInterface under ``name``; returns ``name``.
+
+    Idempotent: calling it again with the same arguments changes nothing. Afterwards
+    ``experts_implementation=name`` works in ``from_pretrained``, in a config and in ``set_experts_implementation``.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty str, got {name!r}")
+    interface = _interface()
+    builtin = {"eager", "grouped_mm", "batched_mm", "deepgemm", "sonicmoe"}
+    if name in builtin:
+        raise ValueError(f"name={name!r} is one of transformers' own experts implementations; pick another name")
+    fn = make_experts_forward(backend)
+    current = interface._global_mapping.get(name)
+    if current is not None and current not in _FORWARDS.values():
+        raise ValueError(f"name={name!r} is already registered to {current!r} in ExpertsInterface; pick another name")
+    if current is not fn:
+        interface.register(name, fn)
+    return name
+
+
+def is_registered(name: str = NAME) -> bool:
+    """Whether ``name`` is currently registered in transformers' ExpertsInterface by this module."""
+    interface = _interface()
+    return interface._global_mapping.get(name) in _FORWARDS.values()
