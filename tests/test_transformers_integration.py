@@ -1,0 +1,342 @@
+"""experts_implementation="ragdot" inside Hugging Face transformers (skipped without transformers >= 5).
+
+Tiny random configs on the CPU in float32: "ragdot" against transformers' own "grouped_mm" and "eager" on the
+logits, the loss and every parameter gradient; greedy generation with a KV cache; torch.compile; the layout
+flags (biases, transposed and untransposed weights, no gate, post-expert norm) and expert-parallel sentinels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", minversion="5")
+
+import ragdot.integrations.transformers as rt  # noqa: E402
+
+IMPLS = ("ragdot", "grouped_mm", "eager")
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+_COMMON = dict(
+    vocab_size=96,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+# family -> (config class, causal-LM class, config overrides)
+FAMILIES = {
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(intermediate_size=48, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2, head_dim=8),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(intermediate_size=24, num_local_experts=6, num_experts_per_tok=2, head_dim=8),
+    ),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(intermediate_size=24, num_experts=6, num_experts_per_tok=2)),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            num_key_value_heads=4,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=2,
+            topk_group=1,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+        ),
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(intermediate_size=24, num_local_experts=6, num_experts_per_tok=2, head_dim=8, sliding_window=8),
+    ),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    rt.register()
+
+
+def _classes(family: str):
+    config_name, model_name, overrides = FAMILIES[family]
+    if not hasattr(transformers, config_name) or not hasattr(transformers, model_name):
+        pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
+    return getattr(transformers, config_name), getattr(transformers, model_name), overrides
+
+
+def _randomize_biases(module: torch.nn.Module, seed: int) -> None:
+    """Expert biases start at zero; random ones make the bias path count."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "experts" in name and name.endswith("_bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+
+
+def _model(family: str, seed: int = 0) -> torch.nn.Module:
+    config_cls, model_cls, overrides = _classes(family)
+    config = config_cls(**{**_COMMON, **overrides})
+    torch.manual_seed(seed)
+    model = model_cls(config).float()
+    _randomize_biases(model, seed)
+    return model
+
+
+def _step(model: torch.nn.Module, impl: str, ids: torch.Tensor):
+    model.set_experts_implementation(impl)
+    model.zero_grad(set_to_none=True)
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_logits_loss_and_every_gradient_match(family):
+    model = _model(family)
+    ids = torch.randint(3, _COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    results = {impl: _step(model, impl, ids) for impl in IMPLS}
+    logits, loss, grads = results["ragdot"]
+    expert_grads = [n for n in grads if ".experts." in n]
+    assert expert_grads, "no expert parameter received a gradient"
+    assert set(grads) == {n for n, p in model.named_parameters() if p.requires_grad}
+    for other in ("grouped_mm", "eager"):
+        o_logits, o_loss, o_grads = results[other]
+        torch.testing.assert_close(logits, o_logits, **TOL, msg=f"logits vs {other}")
+        torch.testing.assert_close(loss, o_loss, **TOL, msg=f"loss vs {other}")
+        assert set(grads) == set(o_grads)
+        for name, g in grads.items():
+            torch.testing.assert_close(g, o_grads[name], **TOL, msg=f"grad of {name} vs {other}")
+    assert all(grads[n].abs().sum() > 0 for n in expert_grads)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_generation_with_kv_cache_gives_the_same_tokens(family):
+    model = _model(family, seed=2).eval()
+    prompt = torch.randint(3, _COMMON["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(3))
+    tokens = {}
+    for impl in IMPLS:
+        model.set_experts_implementation(impl)
+        with torch.no_grad():
+            tokens[impl] = model.generate(
+                prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False, use_cache=True, pad_token_id=0
+            )
+    assert tokens["ragdot"].shape == (2, 11)
+    assert torch.equal(tokens["ragdot"], tokens["grouped_mm"])
+    assert torch.equal(tokens["ragdot"], tokens["eager"])
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    """aot_eager traces the whole model through dynamo and AOT autograd in seconds on the CPU; inductor's CPU
+    code generation takes about ten times longer, so it is not run here."""
+    model = _model("qwen3_moe")
+    ids = torch.randint(3, _COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(4))
+    eager_logits, eager_loss, eager_grads = _step(model, "ragdot", ids)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    model.zero_grad(set_to_none=True)
+    out = compiled(ids, labels=ids)
+    out.loss.backward()
+    torch.testing.assert_close(out.logits.detach(), eager_logits, **TOL)
+    torch.testing.assert_close(out.loss.detach(), eager_loss, **TOL)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, eager_grads[name], **TOL, msg=name)
+    torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------------------- experts modules directly
+def _experts(family: str, seed: int = 0) -> torch.nn.Module:
+    model = _model(family, seed)
+    for module in model.modules():
+        if type(module).__name__.endswith("Experts") and hasattr(module, "down_proj"):
+            return module
+    raise AssertionError(f"{family} has no experts module")
+
+
+def _experts_step(module, impl, x, idx, w):
+    module.config._experts_implementation = impl
+    module.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    w = w.clone().requires_grad_(True)
+    y = module(x, idx, w)
+    y.backward(torch.linspace(-1, 1, y.numel()).view_as(y))
+    grads = {n: p.grad.clone() for n, p in module.named_parameters()}
+    return y.detach(), x.grad, w.grad, grads
+
+
+def _routing(tokens: int, top_k: int, num_experts: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(tokens)])
+    w = torch.softmax(torch.randn(tokens, top_k, generator=gen), dim=-1)
+    return idx, w
+
+
+def _assert_same(a, b, what):
+    ya, xa, wa, ga = a
+    yb, xb, wb, gb = b
+    torch.testing.assert_close(ya, yb, **TOL, msg=f"output vs {what}")
+    torch.testing.assert_close(xa, xb, **TOL, msg=f"input grad vs {what}")
+    torch.testing.assert_close(wa, wb, **TOL, msg=f"routing-weight grad vs {what}")
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], **TOL, msg=f"grad of {name} vs {what}")
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_expert_parallel_sentinels_add_nothing(family):
+    """Off-rank choices carry the local id num_experts and weight 0 (transformers' EP dispatch)."""
+    module = _experts(family)
+    module._is_expert_parallel = True
+    e = module.num_experts
+    idx, w = _routing(10, 2, e, seed=5)
+    off_rank = torch.zeros_like(idx, dtype=torch.bool)
+    off_rank[::3, 0] = True
+    off_rank[1, :] = True  # a token with no local expert at all
+    idx = idx.masked_fill(off_rank, e)
+    w = w.masked_fill(off_rank, 0.0)
+    x = torch.randn(10, _hidden(module))
+    got = _experts_step(module, "ragdot", x, idx, w)
+    _assert_same(got, _experts_step(module, "grouped_mm", x, idx, w), "grouped_mm")
+    assert torch.all(got[2][off_rank] == 0), "off-rank routing weights got a gradient"
+    # the same tokens routed only to local experts, the off-rank choices dropped (weight 0 on expert 0)
+    module._is_expert_parallel = False
+    local = _experts_step(module, "ragdot", x, idx.masked_fill(off_rank, 0), w)
+    torch.testing.assert_close(got[0], local[0], **TOL)
+    torch.testing.assert_close(got[1], local[1], **TOL)
+
+
+def _hidden(module: torch.nn.Module) -> int:
+    up = module.gate_up_proj if getattr(module, "has_gate", True) else module.up_proj
+    return up.shape[1] if module.is_transposed else up.shape[2]
+
+
+def test_weights_in_another_dtype_than_the_input():
+    """bfloat16 experts fed float32 activations (as under autocast): computed in bfloat16, returned in float32."""
+    module = _experts("qwen3_moe").to(torch.bfloat16)
+    idx, w = _routing(16, 2, module.num_experts, seed=6)
+    x = torch.randn(16, _hidden(module))
+    outs = {}
+    for impl in ("ragdot", "grouped_mm"):
+        module.config._experts_implementation = impl
+        with torch.no_grad():
+            outs[impl] = module(x, idx, w.to(torch.bfloat16))
+    assert outs["ragdot"].dtype == torch.float32
+    torch.testing.assert_close(outs["ragdot"], outs["grouped_mm"], rtol=2e-2, atol=2e-2)
+
+
+def _standalone(model_module: str, config_name: str, experts_name: str, **config_kwargs) -> torch.nn.Module:
+    try:
+        mod = __import__(f"transformers.models.{model_module}.modeling_{model_module}", fromlist=[experts_name])
+        config_mod = __import__(
+            f"transformers.models.{model_module}.configuration_{model_module}", fromlist=[config_name]
+        )
+    except ImportError as e:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_module}: {e}")
+    if not hasattr(mod, experts_name) or not hasattr(config_mod, config_name):
+        pytest.skip(f"transformers {transformers.__version__} has no {experts_name}")
+    config = getattr(config_mod, config_name)(**config_kwargs)
+    torch.manual_seed(7)
+    module = getattr(mod, experts_name)(config).float()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(0.2 * torch.randn_like(p) + (1.0 if p.dim() == 1 else 0.0))
+    return module
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("nemotron_h", "NemotronHConfig", "NemotronHExperts", dict(n_routed_experts=6, moe_intermediate_size=16)),
+        (
+            "muse_spark",
+            "MuseSparkTextConfig",
+            "MuseSparkExperts",
+            dict(
+                num_local_experts=6,
+                moe_intermediate_size=16,
+                moe_hidden_size=32,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            ),
+        ),
+    ],
+    ids=["no_gate", "post_expert_norm"],
+)
+def test_other_layout_flags_match_eager_and_grouped_mm(case):
+    model_module, config_name, experts_name, kwargs = case
+    module = _standalone(model_module, config_name, experts_name, hidden_size=32, **kwargs)
+    idx, w = _routing(12, 2, module.num_experts, seed=8)
+    x = torch.randn(12, _hidden(module))
+    got = _experts_step(module, "ragdot", x, idx, w)
+    _assert_same(got, _experts_step(module, "grouped_mm", x, idx, w), "grouped_mm")
+    _assert_same(got, _experts_step(module, "eager", x, idx, w), "eager")
+
+
+# ------------------------------------------------------------------------------------- registration, errors
+def test_register_is_idempotent_and_visible_to_models():
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    assert rt.register() == "ragdot"
+    fn = ALL_EXPERTS_FUNCTIONS["ragdot"]
+    assert rt.register() == "ragdot"
+    assert ALL_EXPERTS_FUNCTIONS["ragdot"] is fn
+    assert rt.is_registered()
+    assert rt.make_experts_forward(None) is fn
+    model = _model("olmoe")
+    model.set_experts_implementation("ragdot")
+    assert model.config._experts_implementation == "ragdot"
+
+
+def test_register_under_another_name_with_a_backend():
+    assert rt.register("ragdot_reference", backend="reference") == "ragdot_reference"
+    assert rt.is_registered("ragdot_reference")
+    module = _experts("mixtral")
+    idx, w = _routing(8, 2, module.num_experts, seed=9)
+    x = torch.randn(8, _hidden(module))
+    outs = {}
+    for impl in ("ragdot_reference", "grouped_mm"):
+        module.config._experts_implementation = impl
+        with torch.no_grad():
+            outs[impl] = module(x, idx, w)
+    torch.testing.assert_close(outs["ragdot_reference"], outs["grouped_mm"], **TOL)
+
+
+@pytest.mark.parametrize("name", ["grouped_mm", "eager", ""])
+def test_register_refuses_names_it_does_not_own(name):
+    with pytest.raises(ValueError, match="name"):
+        rt.register(name)
+
+
+def test_interleaved_gate_up_without_its_own_gate_is_refused():
+    module = _experts("qwen3_moe")
+    module.is_concatenated = False
+    module.config._experts_implementation = "ragdot"
+    idx, w = _routing(4, 2, module.num_experts, seed=10)
+    with pytest.raises(ValueError, match="is_concatenated=False"):
+        module(torch.randn(4, _hidden(module)), idx, w)
+
+
+def test_missing_post_expert_norm_is_refused():
+    module = _experts("qwen3_moe")
+    module.has_post_expert_norm = True
+    module.config._experts_implementation = "ragdot"
+    idx, w = _routing(4, 2, module.num_experts, seed=11)
+    with pytest.raises(ValueError, match="has_post_expert_norm=True"):
+        module(torch.randn(4, _hidden(module)), idx, w)
