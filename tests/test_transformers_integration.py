@@ -340,3 +340,8 @@ def test_missing_post_expert_norm_is_refused():
     idx, w = _routing(4, 2, module.num_experts, seed=11)
     with pytest.raises(ValueError, match="has_post_expert_norm=True"):
         module(torch.randn(4, _hidden(module)), idx, w)
+
+
+def test_register_refuses_an_unknown_backend():
+    with pytest.raises(ValueError, match="backend='nope'"):
+        rt.register("ragdot_nope", backend="nope")

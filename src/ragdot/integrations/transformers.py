@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from ragdot.api import ragged_dot
+from ragdot.api import _check_backend, ragged_dot
 from ragdot.moe.permute import permute, unpermute
 
 __all__ = ["NAME", "experts_forward", "make_experts_forward", "register", "is_registered"]
@@ -73,9 +73,7 @@ def _uses_default_gate(module: torch.nn.Module) -> bool:
 def _as_rhs(weight: torch.Tensor, is_transposed: bool, name: str, num_experts: int) -> torch.Tensor:
     """The [E, in, out] operand of ragged_dot: the weight itself, or a transposed view of [E, out, in]."""
     if weight.dim() != 3 or weight.shape[0] != num_experts:
-        raise ValueError(
-            f"{name} must have shape [num_experts={num_experts}, ., .], got {tuple(weight.shape)}"
-        )
+        raise ValueError(f"{name} must have shape [num_experts={num_experts}, ., .], got {tuple(weight.shape)}")
     return weight if is_transposed else weight.transpose(1, 2)
 
 
@@ -141,8 +139,7 @@ def make_experts_forward(backend: str | None = None) -> Callable:
     One function object per backend, so registering it twice registers the same thing.
     """
     if backend not in _FORWARDS:
-        if backend is not None and not isinstance(backend, str):
-            raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+        _check_backend(backend)  # unknown or unusable here: one clear error now, not inside a model's forward
 
         def forward(
             self: torch.nn.Module,
@@ -176,8 +173,7 @@ def _interface():
         from transformers.integrations.moe import ExpertsInterface
     except ImportError as e:
         raise ImportError(
-            "ragdot.integrations.transformers needs transformers >= 5 (pip install 'ragdot[transformers]'): "
-            f"{e}"
+            f"ragdot.integrations.transformers needs transformers >= 5 (pip install 'ragdot[transformers]'): {e}"
         ) from None
     return ExpertsInterface
 
