@@ -91,9 +91,9 @@ def _randomize_biases(module: torch.nn.Module, seed: int) -> None:
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
 
 
-def _model(family: str, seed: int = 0) -> torch.nn.Module:
+def _model(family: str, seed: int = 0, **extra) -> torch.nn.Module:
     config_cls, model_cls, overrides = _classes(family)
-    config = config_cls(**{**_COMMON, **overrides})
+    config = config_cls(**{**_COMMON, **overrides, **extra})
     torch.manual_seed(seed)
     model = model_cls(config).float()
     _randomize_biases(model, seed)
@@ -345,3 +345,36 @@ def test_missing_post_expert_norm_is_refused():
 def test_register_refuses_an_unknown_backend():
     with pytest.raises(ValueError, match="backend='nope'"):
         rt.register("ragdot_nope", backend="nope")
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+def test_bfloat16_on_cuda_matches_grouped_mm(family, compiled):
+    """bfloat16 on the GPU (ragdot's own kernels): logits, loss and gradients within bfloat16 tolerance.
+
+    One MoE layer, so that rounding differences cannot flip a later layer's top-k choice."""
+    extra = dict(first_k_dense_replace=0) if family == "deepseek_v3" else {}
+    model = _model(family, num_hidden_layers=1, **extra).to("cuda", torch.bfloat16)
+    ids = torch.randint(3, _COMMON["vocab_size"], (4, 64), generator=torch.Generator().manual_seed(12)).cuda()
+    results = {}
+    for impl in ("ragdot", "grouped_mm"):
+        torch._dynamo.reset()
+        model.set_experts_implementation(impl)
+        run = torch.compile(model) if compiled else model
+        model.zero_grad(set_to_none=True)
+        out = run(ids, labels=ids)
+        out.loss.backward()
+        results[impl] = (out.logits.detach(), out.loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+    torch._dynamo.reset()
+    (logits, loss, grads), (o_logits, o_loss, o_grads) = results["ragdot"], results["grouped_mm"]
+    assert _rel_err(logits, o_logits) < 2e-2
+    assert abs(float(loss) - float(o_loss)) < 2e-2
+    for name, g in grads.items():
+        assert g is not None and o_grads[name] is not None, name
+        assert _rel_err(g, o_grads[name]) < 5e-2, name
