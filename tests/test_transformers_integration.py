@@ -146,7 +146,7 @@ def test_greedy_generation_with_kv_cache_gives_the_same_tokens(family):
 
 def test_torch_compile_fullgraph_forward_and_backward():
     """aot_eager traces the whole model through dynamo and AOT autograd in seconds on the CPU; inductor's CPU
-    code generation takes about ten times longer, so it is not run here."""
+    code generation takes several times as long, so it runs only in the GPU test below."""
     model = _model("qwen3_moe")
     ids = torch.randint(3, _COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(4))
     eager_logits, eager_loss, eager_grads = _step(model, "ragdot", ids)
@@ -220,6 +220,19 @@ def test_expert_parallel_sentinels_add_nothing(family):
     local = _experts_step(module, "ragdot", x, idx.masked_fill(off_rank, 0), w)
     torch.testing.assert_close(got[0], local[0], **TOL)
     torch.testing.assert_close(got[1], local[1], **TOL)
+
+
+@pytest.mark.parametrize("tokens", [0, 7])
+def test_all_to_all_hand_off_top1_unit_weights(tokens):
+    """transformers' all-to-all expert parallelism hands each rank its own rows as top-1 with unit weights."""
+    module = _experts("gpt_oss")
+    module._is_expert_parallel = True
+    idx = torch.arange(tokens).remainder(module.num_experts).unsqueeze(-1)
+    w = torch.ones(tokens, 1)
+    x = torch.randn(tokens, _hidden(module))
+    got = _experts_step(module, "ragdot", x, idx, w)
+    assert got[0].shape == (tokens, _hidden(module))
+    _assert_same(got, _experts_step(module, "grouped_mm", x, idx, w), "grouped_mm")
 
 
 def _hidden(module: torch.nn.Module) -> int:
