@@ -360,6 +360,15 @@ def test_register_refuses_an_unknown_backend():
         rt.register("ragdot_nope", backend="nope")
 
 
+def test_missing_bias_is_refused():
+    module = _experts("qwen3_moe")
+    module.has_bias = True
+    module.config._experts_implementation = "ragdot"
+    idx, w = _routing(4, 2, module.num_experts, seed=13)
+    with pytest.raises(ValueError, match="has_bias=True needs .*gate_up_proj_bias"):
+        module(torch.randn(4, _hidden(module)), idx, w)
+
+
 # ------------------------------------------------------------------------------------------------- GPU
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))

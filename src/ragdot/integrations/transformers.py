@@ -49,20 +49,26 @@ def _flag(module: torch.nn.Module, name: str, default: bool) -> bool:
 
 def _check_layout(module: torch.nn.Module) -> None:
     """Raise a one-line error naming the flag when the module's layout is not one this forward handles."""
-    if not isinstance(getattr(module, "num_experts", None), int) or module.num_experts < 1:
-        raise ValueError(f"{type(module).__name__}.num_experts must be a positive int, got {module.num_experts!r}")
+    cls = type(module).__name__
+    num_experts = getattr(module, "num_experts", None)
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"{cls}.num_experts must be a positive int, got {num_experts!r}")
     has_gate = _flag(module, "has_gate", True)
+    if _flag(module, "has_bias", False):
+        for name in ("gate_up_proj_bias" if has_gate else "up_proj_bias", "down_proj_bias"):
+            if not isinstance(getattr(module, name, None), torch.Tensor):
+                raise ValueError(f"has_bias=True needs {cls}.{name}; it is missing")
     if has_gate and not hasattr(module, "_apply_gate"):
-        raise ValueError(f"has_gate=True needs {type(module).__name__}._apply_gate; it is missing")
+        raise ValueError(f"has_gate=True needs {cls}._apply_gate; it is missing")
     if has_gate and not _flag(module, "is_concatenated", True) and _uses_default_gate(module):
         raise ValueError(
-            f"is_concatenated=False (interleaved gate/up) needs {type(module).__name__} to define its own _apply_gate; "
+            f"is_concatenated=False (interleaved gate/up) needs {cls} to define its own _apply_gate; "
             "the default one splits a concatenated [gate; up] layout"
         )
     if not has_gate and not callable(getattr(module, "act_fn", None)):
-        raise ValueError(f"has_gate=False needs {type(module).__name__}.act_fn; it is missing")
+        raise ValueError(f"has_gate=False needs {cls}.act_fn; it is missing")
     if _flag(module, "has_post_expert_norm", False) and not callable(getattr(module, "post_expert_norm", None)):
-        raise ValueError(f"has_post_expert_norm=True needs {type(module).__name__}.post_expert_norm; it is missing")
+        raise ValueError(f"has_post_expert_norm=True needs {cls}.post_expert_norm; it is missing")
 
 
 def _uses_default_gate(module: torch.nn.Module) -> bool:
