@@ -3,10 +3,10 @@
 The eager hot path: everything that depends only on a call's static signature (operand shapes, strides,
 dtypes and devices, the group sizes' shape/dtype/device, dimension numbers, output dtype, backend, validate)
 is checked and resolved once into a `_Call` (the canonical views, the output layout, the prepared runner of
-the forward problem), kept in a dictionary; a repeated call is that lookup, the views, one launch for the
-group ends and the backend's launch. Checks run only when a signature is first seen, so every mistake still
-raises at once and a cached call cannot change a result. Under `torch.compile` the same checks run while
-tracing and the problems are custom ops (`ragdot.ops`).
+the forward problem, and after the first backward its bound gradient products, `grad_plan`), kept in a
+dictionary; a repeated call is that lookup and the backend's prepared call. Checks run only when a
+signature is first seen, so every mistake still raises at once and a cached call cannot change a result.
+Under `torch.compile` the same checks run while tracing and the problems are custom ops (`ragdot.ops`).
 """
 
 from __future__ import annotations
@@ -214,8 +214,15 @@ class _Call:
                     self.bwd.clear()
                 grads, self.bwd[key] = grad_plan.build(self, lhs, rhs, sizes, dout, needs)
                 return grads
+        return self.vjp(lhs, rhs, sizes, dout, needs)
+
+    def vjp(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, dout: torch.Tensor,
+            needs: tuple[bool, bool], apply=ops.run) -> tuple:
+        """The general backward: the canonical problem's VJP (`ops.vjp`, products through `apply`) on the
+        canonical views, mapped back to the user's layouts."""
         a, b = self.plan.views(lhs, rhs)
-        da, db = ops.vjp(self.mode, a, b, sizes, self.unfinish(dout), self.backend, self.plan.group_scale, needs)
+        da, db = ops.vjp(self.mode, a, b, sizes, self.unfinish(dout), self.backend, self.plan.group_scale, needs,
+                         apply=apply)
         return None if da is None else self.grad_lhs(da), None if db is None else self.grad_rhs(db)
 
     # ---- the inverse maps of the views (for gradients) ---------------------------------------------------

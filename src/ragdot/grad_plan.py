@@ -90,31 +90,26 @@ def _distinct(*tensors: torch.Tensor) -> bool:
 
 def build(call: Any, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, dout: torch.Tensor,
           needs: tuple[bool, bool]) -> tuple[tuple, tuple | None]:
-    """(the gradients, the bound products or None) for the first backward of a key of `call` (an api._Call);
-    runs outside grad mode and transforms, like every backward `run` binds."""
-    a, b = call.plan.views(lhs, rhs)
-    dc = call.unfinish(dout)
-    acc = ops.accumulation_operands(a, b, dc)
-    bindable = all(p is q for p, q in zip(acc, (a, b, dc))) and _distinct(lhs, rhs, dout)
-    users = (lhs, rhs, dout)
+    """(the gradients, the bound products or None) for the first backward of a key of `call` (an api._Call):
+    its general VJP, with each product's prepared runner recorded and then bound. Runs outside grad mode and
+    transforms, as every backward that binds does."""
     groups = 0 if sizes is None else sizes.shape[0]
-    grads, bound = [], []
-    products = ops.vjp_products(call.mode)
-    for need, dtype, (product, operands, view), finish in zip(
-        needs, (a.dtype, b.dtype), products, (call.grad_lhs, call.grad_rhs)
-    ):
-        if not need:
-            grads.append(None)
-            bound.append(None)
-            continue
-        x, y = operands(*acc)
-        runner = ops.runner(product, call.backend, x, y, groups, dtype, call.plan.group_scale)
-        out = runner(x, y, sizes)
-        grad = finish(out if view is None else view(out))
-        grads.append(grad)
-        bound.append(_bind(runner, x, y, out, grad, users) if bindable else None)
-    ok = all(p is not None for p, need in zip(bound, needs) if need)
-    return tuple(grads), (tuple(bound) if ok else None)
+    made: list[tuple] = []  # (runner, operands x and y, canonical output) of each product, in order
+
+    def apply(product, x, y, sizes_, dtype, backend, scale):
+        runner = ops.runner(product, backend, x, y, groups, dtype, scale)
+        out = runner(x, y, sizes_)
+        made.append((runner, x, y, out))
+        return out
+
+    grads = call.vjp(lhs, rhs, sizes, dout, needs, apply=apply)
+    # no cast before contracting (the accumulation dtype is every operand's own), no shared storage
+    if not (lhs.dtype == rhs.dtype == dout.dtype and _distinct(lhs, rhs, dout)):
+        return grads, None
+    users, records = (lhs, rhs, dout), iter(made)
+    bound = tuple(None if g is None else _bind(*next(records), g, users) for g in grads)
+    ok = all(p is not None for p, g in zip(bound, grads) if g is not None)
+    return grads, (bound if ok else None)
 
 
 def run(bound: tuple, lhs: torch.Tensor, rhs: torch.Tensor, dout: torch.Tensor, sizes: torch.Tensor | None,

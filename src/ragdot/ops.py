@@ -211,22 +211,12 @@ _VJP_PRODUCTS: dict[str, tuple[tuple[str, Callable, Callable | None], tuple[str,
 }
 
 
-def vjp_products(problem: str) -> tuple[tuple[str, Callable, Callable | None], ...]:
-    """(product problem, operands(a, b, dc), output view or None) for da and db of `problem`."""
-    return _VJP_PRODUCTS[problem]
-
-
-def accumulation_operands(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor):
-    """(a, b, dc) in the accumulation dtype of a gradient: the wider of the cotangent's and the operands'."""
-    acc = torch.promote_types(dc.dtype, a.dtype)
-    return tuple(t if t.dtype == acc else t.to(acc) for t in (a, b, dc))
-
-
 def vjp(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, dc: torch.Tensor,
         backend: str, scale: int, needs: tuple[bool, bool], apply: Callable[..., torch.Tensor] = run):
     """(da, db) of one canonical problem, as canonical problems through `apply(problem, a, b, sizes, dtype,
     backend, scale)`; the cotangent is contracted in the accumulation dtype."""
-    acc = accumulation_operands(a, b, dc)
+    acc_dtype = torch.promote_types(dc.dtype, a.dtype)  # the wider of the cotangent's and the operands'
+    acc = tuple(t if t.dtype == acc_dtype else t.to(acc_dtype) for t in (a, b, dc))
     grads = []
     for need, dtype, (product, operands, view) in zip(needs, (a.dtype, b.dtype), _VJP_PRODUCTS[problem]):
         if not need:

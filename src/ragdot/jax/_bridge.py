@@ -2,8 +2,8 @@
 
 Each callback receives XLA's own buffers. They are wrapped as torch tensors with `torch.from_dlpack` (no
 copy) and handed to ragdot's PyTorch code: the forward runs the prepared runner of the call's `_Call` (the
-same object `ragdot.ragged_dot_general` caches), the backward runs `ragdot.ops.vjp` on the canonical views
-and maps the canonical gradients back with the `_Call`'s inverse maps. On a GPU everything is launched on
+same object `ragdot.ragged_dot_general` caches), the backward runs that `_Call`'s general VJP (`ragdot.ops.vjp`
+on the canonical views, the gradients mapped back by its inverse maps). On a GPU everything is launched on
 XLA's stream (`torch.cuda.ExternalStream(ctx.stream)`), so no synchronisation is needed either way.
 
 Where the prepared backend can write into a given output (the Triton kernels, direct_kind "address"), the
@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from ragdot import ops
 from ragdot.api import _Call
 from ragdot.dimension_numbers import RaggedDotDimensionNumbers
 
@@ -112,13 +111,11 @@ class Bridge:
 
     def backward(self, ctx: Any, outs: Any, lhs: Any, rhs: Any, sizes: Any, dout: Any) -> None:
         """(dlhs, drhs)[...] = the vjp of ragged_dot_general at (lhs, rhs) for the cotangent dout: ragdot's
-        canonical vjp on the canonical views, mapped back by the `_Call`'s inverse maps."""
+        general vjp of the signature's `_Call` (canonical views, products, inverse maps)."""
         with _on_stream(ctx, _device_of(lhs)):
             dlhs_t, drhs_t, lhs_t, rhs_t, sizes_t, dout_t = _tensors(*outs, lhs, rhs, sizes, dout)
             call = self._call(lhs_t, rhs_t, sizes_t)
-            a, b = call.plan.views(lhs_t, rhs_t)
             used = None if call.mode == "batch" else sizes_t
-            da, db = ops.vjp(call.mode, a, b, used, call.unfinish(dout_t), call.backend, call.plan.group_scale,
-                             (True, True))
-            dlhs_t.copy_(call.grad_lhs(da))
-            drhs_t.copy_(call.grad_rhs(db))
+            da, db = call.vjp(lhs_t, rhs_t, used, dout_t, (True, True))
+            dlhs_t.copy_(da)
+            drhs_t.copy_(db)
