@@ -186,3 +186,12 @@ def test_cuda_path_chunks_holds_and_retries(monkeypatch, early, device_passes, g
     assert len(holds) == 3 * device_passes and len(set(holds[:3])) == 1
     if early:
         assert holds[3] >= 4 * holds[0] - 4  # the repeated pass holds the GPU 4x longer
+
+
+def test_interleaved_passes_alternate_between_calls():
+    order: list[str] = []
+    named = {name: (lambda n=name: order.append(n)) for name in ("a", "b")}
+    timings = host.time_host_interleaved(named, CPU, calls=2, repeats=3, warmup=1)
+    assert set(timings) == {"a", "b"} and all(t.calls == 2 for t in timings.values())
+    timed = order[2 * (1 + 2):]  # after each call's warm-up and pilot
+    assert timed == ["a", "a", "b", "b"] * 3  # one pass of each per round

@@ -15,7 +15,9 @@ require grad; their `.grad` is reset to None before each call, as a train step's
 Clocks (every figure names its own):
 - host: wall clock around back-to-back calls without a sync between them (after warm-up and a sync), per call;
   the median of `--repeats` passes of `--calls` calls (fewer calls when `--max-seconds` would be exceeded, at
-  least MIN_CALLS; each row records its count). On CUDA a pass is issued in chunks of at most `--chunk`
+  least MIN_CALLS; each row records its count). The systems of one shape and phase are timed side by side:
+  their passes alternate round by round (`ragdot.measure.host.time_host_interleaved`), so a slow spell of a
+  shared host lands on all of them. On CUDA a pass is issued in chunks of at most `--chunk`
   calls, each starting on an idle GPU (the sync before a chunk is not timed): the launch queue then never
   fills, so a slow kernel's back-pressure is never counted as host time;
 - eager (CUDA only): CUDA events around the same chunks, per call: the GPU's timeline of eager calls, host
@@ -55,7 +57,7 @@ from ragdot.cli_common import (
     parse_shape_args,
 )
 from ragdot.measure import records
-from ragdot.measure.host import MIN_CALLS, HostTiming, time_host
+from ragdot.measure.host import MIN_CALLS, HostTiming, time_host, time_host_interleaved  # noqa: F401
 from ragdot.measure.host import budgeted_calls as _budgeted_calls  # noqa: F401 - part of this module's surface
 from ragdot.measure.host import chunk_sizes as _chunk_sizes  # noqa: F401
 from ragdot.measure.progress import Progress
@@ -399,19 +401,25 @@ def measure_shape(
     """Every (system, phase) of one shape; one whose first call fails goes to `failed` and is not timed."""
     ops = make_operands(shape, plan.dtype, plan.device, plan.routing, seed)
     done = []
-    for system in systems:
-        for phase in phases_of(system, plan.phases):
+    for phase in plan.phases:  # the systems of a phase are timed side by side, their passes interleaved
+        named: dict[str, Callable[[], Any]] = {}
+        for system in systems:
+            if phase not in phases_of(system, plan.phases):
+                continue
             call = make_call(system, phase, ops)
             try:
                 call()
             except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:  # OOM is a RuntimeError
                 failed[f"{shape.name} {system} {phase}"] = _first_line(exc)
                 continue
-            timing = time_host(
-                call, plan.device, calls=plan.calls, repeats=plan.repeats, warmup=plan.warmup,
-                chunk=plan.chunk, max_seconds=plan.max_seconds,
-            )
-            done.append(Measured(shape, system, phase, timing))
+            named[system] = call
+        if not named:
+            continue
+        timings = time_host_interleaved(
+            named, plan.device, calls=plan.calls, repeats=plan.repeats, warmup=plan.warmup,
+            chunk=plan.chunk, max_seconds=plan.max_seconds,
+        )
+        done.extend(Measured(shape, system, phase, timings[system]) for system in named)
     del ops
     if plan.device.type == "cuda":
         torch.cuda.empty_cache()

@@ -4,13 +4,17 @@ A pass issues `calls` calls in chunks (all at once with chunk 0), a sync before 
 wall time of issuing them; eager time, CUDA events around each chunk; device time, the same events with the
 GPU held by a spin kernel long enough that every launch of the chunk is queued before the first one runs
 (a pass whose hold ran out early is retried with a longer hold, and given up after four tries).
+
+`time_host_interleaved` times several calls side by side: their passes alternate round by round, so a slow
+phase of a shared host (host times move by 10-30% over seconds on a virtual machine) lands on every system
+alike instead of on whichever one happened to run then.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +22,7 @@ import torch
 
 from ragdot.measure.timing import synchronize
 
-__all__ = ["HostTiming", "time_host", "budgeted_calls", "chunk_sizes", "MIN_CALLS"]
+__all__ = ["HostTiming", "time_host", "time_host_interleaved", "budgeted_calls", "chunk_sizes", "MIN_CALLS"]
 
 MIN_CALLS = 10  # the time budget never cuts a pass below this many calls
 PILOT_CALLS = 10
@@ -110,18 +114,46 @@ def time_host(
     that all passes fit `max_seconds` (0: no bound), then `repeats` passes (host and eager time) and on CUDA
     up to DEVICE_REPEATS passes with the GPU held (device time).
     """
-    for _ in range(warmup):
-        call()
-    synchronize(device)
-    device_repeats = min(repeats, DEVICE_REPEATS) if device.type == "cuda" else 0
-    passes = repeats + device_repeats
-    pilot_host, pilot_event, _ = _pass(call, min(calls, PILOT_CALLS), chunk, device)
-    calls = budgeted_calls(max(pilot_host, pilot_event or 0.0), calls, passes, max_seconds)
-    samples = [_pass(call, calls, chunk, device) for _ in range(repeats)]
-    host_us = statistics.median(s[0] for s in samples)
+    return time_host_interleaved({"call": call}, device, calls=calls, repeats=repeats, warmup=warmup,
+                                 chunk=chunk, max_seconds=max_seconds)["call"]
+
+
+def time_host_interleaved(
+    named: Mapping[str, Callable[[], Any]],
+    device: torch.device,
+    *,
+    calls: int,
+    repeats: int,
+    warmup: int,
+    chunk: int = 0,
+    max_seconds: float = 0.0,
+) -> dict[str, HostTiming]:
+    """`time_host` of several calls, their passes interleaved: warm-up and pilot of each, then `repeats` rounds
+    of one pass per call (host and eager time), then on CUDA the device-time rounds the same way. Each call
+    keeps its own calls per pass (its pilot and `max_seconds`, which bounds each call's passes)."""
+    counts: dict[str, int] = {}
+    for name, call in named.items():
+        for _ in range(warmup):
+            call()
+        synchronize(device)
+        pilot_host, pilot_event, _ = _pass(call, min(calls, PILOT_CALLS), chunk, device)
+        device_repeats = min(repeats, DEVICE_REPEATS) if device.type == "cuda" else 0
+        counts[name] = budgeted_calls(max(pilot_host, pilot_event or 0.0), calls, repeats + device_repeats,
+                                      max_seconds)
+    samples: dict[str, list] = {name: [] for name in named}
+    for _ in range(repeats):
+        for name, call in named.items():
+            samples[name].append(_pass(call, counts[name], chunk, device))
+    host = {name: statistics.median(s[0] for s in samples[name]) for name in named}
     if device.type != "cuda":
-        return HostTiming(host_us, calls)
-    eager_us = statistics.median(s[1] for s in samples)
-    device_samples = [_device_us(call, calls, chunk, device, host_us) for _ in range(device_repeats)]
-    device_us = None if None in device_samples else statistics.median(device_samples)
-    return HostTiming(host_us, calls, eager_us, device_us)
+        return {name: HostTiming(host[name], counts[name]) for name in named}
+    held: dict[str, list] = {name: [] for name in named}
+    for _ in range(min(repeats, DEVICE_REPEATS)):
+        for name, call in named.items():
+            held[name].append(_device_us(call, counts[name], chunk, device, host[name]))
+    out = {}
+    for name in named:
+        eager_us = statistics.median(s[1] for s in samples[name])
+        device_us = None if None in held[name] else statistics.median(held[name])
+        out[name] = HostTiming(host[name], counts[name], eager_us, device_us)
+    return out
