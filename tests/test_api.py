@@ -41,13 +41,14 @@ def test_unknown_backend_raises_value_error():
         (lambda x, r, g: (x.int(), r.int(), g), TypeError, "lhs must be float16"),
         (lambda x, r, g: (x, r, g.float()), TypeError, "group_sizes must be an integer"),
         (lambda x, r, g: (x, r, g[None]), ValueError, "group_sizes must be 1-D"),
+        (lambda x, r, g: (x, r, g[None]), TypeError, "group_sizes must be 1-D"),  # as jax raises: both
         (lambda x, r, g: (x, r, g[:2]), ValueError, "group_sizes has 2 entries"),
         (lambda x, r, g: (x[:, :5], r, g), ValueError, "contracting dimensions differ in size"),
         (lambda x, r, g: (x[None], r, g), ValueError, "ragged_dot expects lhs of rank 2"),
         (lambda x, r, g: (x.numpy(), r, g), TypeError, "lhs must be a torch.Tensor"),
     ],
-    ids=["dtype_mismatch", "int_operands", "float_sizes", "2d_sizes", "g_mismatch", "k_mismatch", "rank",
-         "numpy"],
+    ids=["dtype_mismatch", "int_operands", "float_sizes", "2d_sizes", "2d_sizes_type", "g_mismatch", "k_mismatch",
+         "rank", "numpy"],
 )
 def test_bad_arguments_raise_clear_errors(mutate, exc, pattern):
     with pytest.raises(exc, match=pattern):

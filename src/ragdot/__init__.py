@@ -10,6 +10,8 @@ batch modes); every call is differentiable in both operands and can run on sever
 
 from ragdot._version import __version__
 from ragdot.api import backends, explain, ragged_dot, ragged_dot_general
-from ragdot.dimension_numbers import RaggedDotDimensionNumbers
+from ragdot.dimension_numbers import RaggedDotDimensionNumbers, ShapeError
 
-__all__ = ["RaggedDotDimensionNumbers", "backends", "explain", "ragged_dot", "ragged_dot_general", "__version__"]
+__all__ = [
+    "RaggedDotDimensionNumbers", "ShapeError", "backends", "explain", "ragged_dot", "ragged_dot_general", "__version__",
+]

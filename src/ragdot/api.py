@@ -17,7 +17,14 @@ import torch
 
 from ragdot import grad_plan, ops
 from ragdot.backends import BACKEND_NAMES, available_backends, unusable_reason
-from ragdot.dimension_numbers import RAGGED_DOT_DN, Canonical, RaggedDotDimensionNumbers, canonicalize, plan_views
+from ragdot.dimension_numbers import (
+    RAGGED_DOT_DN,
+    Canonical,
+    RaggedDotDimensionNumbers,
+    ShapeError,
+    canonicalize,
+    plan_views,
+)
 from ragdot.groups import group_ends_from_sizes, validate_sizes
 
 __all__ = ["ragged_dot", "ragged_dot_general", "backends", "explain", "group_ends_from_sizes"]
@@ -76,9 +83,9 @@ def _check_operands(lhs, rhs, group_sizes, preferred_element_type) -> torch.dtyp
     if group_sizes.dtype.is_floating_point or group_sizes.dtype.is_complex or group_sizes.dtype == torch.bool:
         raise TypeError(f"group_sizes must be an integer tensor, got {group_sizes.dtype}")
     if group_sizes.ndim != 1:
-        raise ValueError(
-            f"group_sizes must be 1-D (one size per group), got shape {tuple(group_sizes.shape)}; "
-            "per-batch group sizes are not supported"
+        raise ShapeError(
+            f"group_sizes must be 1-D (one size per group) here, got shape {tuple(group_sizes.shape)} "
+            "(ragged_dot_general also takes jax's [slices..., G] form: one row of sizes per slice)"
         )
     if lhs.device != rhs.device:
         raise ValueError(f"lhs and rhs must be on one device, got {lhs.device} and {rhs.device}")
@@ -287,6 +294,8 @@ def _traced(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, ba
     """The call under torch.compile: the same checks while tracing, then the problems' custom ops."""
     if not isinstance(validate, bool):
         raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
+    if isinstance(group_sizes, torch.Tensor) and group_sizes.ndim > 1:
+        return _stacked(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate)
     can, group_sizes, out_dtype, name = _prepare(
         lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend
     )
@@ -314,6 +323,11 @@ def ragged_dot_general(
     dot_general shape without it), contracting (output `(G,) + dot shape`; group g contracts only over its
     slice), batch (a plain batched dot; group_sizes is not read). Indices at or past sum(group_sizes) belong
     to no group: their output rows are zero and they contribute to no group, whatever they hold.
+
+    group_sizes is int [G] (one partition shared by every slice of the operands) or, as in jax, one row per
+    slice: shape `(lhs.shape[d] for d in prefix) + (G,)` with `prefix` the lhs batch dimensions and then the
+    lhs dimensions of the ragged dimension's kind that precede it (`ragdot.stacked`; one call per slice).
+    Shape mistakes raise `ragdot.ShapeError`, both a ValueError and, as in jax, a TypeError.
     """
     if torch.compiler.is_compiling():
         return _traced(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
@@ -328,12 +342,22 @@ def ragged_dot_general(
     if call is None:
         cacheable = key is not None and isinstance(group_sizes, torch.Tensor)
         group_sizes = _as_sizes(group_sizes, lhs)
+        if isinstance(group_sizes, torch.Tensor) and group_sizes.ndim > 1:  # jax's [slices..., G] form
+            return _stacked(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
+                            validate)
         call = _Call(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend, validate)
         if cacheable:
             if len(_CALLS) >= _MAX_CALLS:  # many distinct shapes (e.g. serving): start over rather than grow
                 _CALLS.clear()
             _CALLS[key] = call
     return call(lhs, rhs, group_sizes)
+
+
+def _stacked(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> torch.Tensor:
+    from ragdot.stacked import ragged_dot_stacked
+
+    return ragged_dot_stacked(lhs, rhs, group_sizes, dimension_numbers, ragged_dot_general, preferred_element_type,
+                              backend=backend, validate=validate)
 
 
 def explain(

@@ -22,9 +22,15 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["RaggedDotDimensionNumbers", "Canonical", "canonicalize", "plan_views", "Mode"]
+__all__ = ["RaggedDotDimensionNumbers", "Canonical", "canonicalize", "plan_views", "Mode", "ShapeError"]
 
 Mode = Literal["ragged_m", "ragged_k", "batch"]
+
+
+class ShapeError(ValueError, TypeError):
+    """Operand shapes, group sizes and dimension numbers that do not fit together. A ValueError, as ragdot
+    raises for bad argument values, and a TypeError, as `jax.lax.ragged_dot_general` raises for the same
+    mistakes (its shape rule), so code written against either catches it."""
 
 
 def _int_tuple(value: Any, what: str) -> tuple[int, ...]:
@@ -112,7 +118,7 @@ class Canonical:
 def _check_dims(dims: Sequence[int], ndim: int, what: str) -> None:
     for d in dims:
         if not 0 <= d < ndim:
-            raise ValueError(f"{what} {d} is out of range for an operand of rank {ndim}")
+            raise ShapeError(f"{what} {d} is out of range for an operand of rank {ndim}")
 
 
 def _prod(sizes: Sequence[int]) -> int:
@@ -201,29 +207,29 @@ def _plan(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], num_groups: in
     _check_dims(rgrp, rhs.ndim, "rhs group dimension")
     _check_dims(lrag, lhs.ndim, "lhs ragged dimension")
     if len(lc) != len(rc):
-        raise ValueError(f"lhs and rhs must name as many contracting dimensions, got {lc} and {rc}")
+        raise ShapeError(f"lhs and rhs must name as many contracting dimensions, got {lc} and {rc}")
     if len(lb) != len(rb):
-        raise ValueError(f"lhs and rhs must name as many batch dimensions, got {lb} and {rb}")
+        raise ShapeError(f"lhs and rhs must name as many batch dimensions, got {lb} and {rb}")
     if len(set(lc) | set(lb)) != len(lc) + len(lb):
-        raise ValueError(f"lhs contracting {lc} and batch {lb} dimensions must be distinct")
+        raise ShapeError(f"lhs contracting {lc} and batch {lb} dimensions must be distinct")
     if len(set(rc) | set(rb) | set(rgrp)) != len(rc) + len(rb) + len(rgrp):
-        raise ValueError(f"rhs contracting {rc}, batch {rb} and group {rgrp} dimensions must be distinct")
+        raise ShapeError(f"rhs contracting {rc}, batch {rb} and group {rgrp} dimensions must be distinct")
     for l_dim, r_dim in zip(lc, rc):
         if lhs.shape[l_dim] != rhs.shape[r_dim]:
-            raise ValueError(
+            raise ShapeError(
                 f"contracting dimensions differ in size: lhs dim {l_dim} has {lhs.shape[l_dim]}, "
                 f"rhs dim {r_dim} has {rhs.shape[r_dim]}"
             )
     for l_dim, r_dim in zip(lb, rb):
         if lhs.shape[l_dim] != rhs.shape[r_dim]:
-            raise ValueError(
+            raise ShapeError(
                 f"batch dimensions differ in size: lhs dim {l_dim} has {lhs.shape[l_dim]}, "
                 f"rhs dim {r_dim} has {rhs.shape[r_dim]}"
             )
     if len(lrag) != 1:
-        raise ValueError(f"lhs_ragged_dimensions must name exactly one dimension, got {lrag}")
+        raise ShapeError(f"lhs_ragged_dimensions must name exactly one dimension, got {lrag}")
     if len(rgrp) > 1:
-        raise ValueError(f"rhs_group_dimensions must name at most one dimension, got {rgrp}")
+        raise ShapeError(f"rhs_group_dimensions must name at most one dimension, got {rgrp}")
     (r,) = lrag
     lf = [d for d in range(lhs.ndim) if d not in lc and d not in lb]
     rf = [d for d in range(rhs.ndim) if d not in rc and d not in rb and d not in rgrp]
@@ -234,13 +240,13 @@ def _plan(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], num_groups: in
 
     if r in lb:
         if rgrp:
-            raise ValueError("rhs_group_dimensions must be empty when the lhs ragged dimension is a batch dimension")
+            raise ShapeError("rhs_group_dimensions must be empty when the lhs ragged dimension is a batch dimension")
         return _Plan("batch", (*lb, *lf, *lc), (_prod(bsz), _prod(msz), _prod(csz)), (*rb, *rc, *rf),
                      (_prod(bsz), _prod(csz), _prod(nsz)), 1, 0, 1, (*bsz, *msz, *nsz), None)
 
     if r in lc:
         if rgrp:
-            raise ValueError(
+            raise ShapeError(
                 "rhs_group_dimensions must be empty when the lhs ragged dimension is contracted (the output "
                 "gets a leading group dimension instead)"
             )
@@ -255,13 +261,13 @@ def _plan(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], num_groups: in
 
     # Non-contracting: the ragged dim is a row dim of lhs; rhs must carry the group dim.
     if not rgrp:
-        raise ValueError(
+        raise ShapeError(
             "rhs_group_dimensions must name rhs's group dimension when the lhs ragged dimension "
             "is a non-contracting dimension"
         )
     (g,) = rgrp
     if rhs.shape[g] != num_groups:
-        raise ValueError(
+        raise ShapeError(
             f"rhs group dimension {g} has size {rhs.shape[g]} but group_sizes has {num_groups} entries"
         )
     # Other lhs free dims (rare) travel with the batch: rows of every such slice share the group partition.
