@@ -294,6 +294,9 @@ def _traced(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, ba
     """The call under torch.compile: the same checks while tracing, then the problems' custom ops."""
     if not isinstance(validate, bool):
         raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
+    common = _common_dtype(lhs, rhs)
+    if common is not None:
+        lhs, rhs = lhs.to(common), rhs.to(common)
     if isinstance(group_sizes, torch.Tensor) and group_sizes.ndim > 1:
         return _stacked(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate)
     can, group_sizes, out_dtype, name = _prepare(
@@ -327,7 +330,9 @@ def ragged_dot_general(
     group_sizes is int [G] (one partition shared by every slice of the operands) or, as in jax, one row per
     slice: shape `(lhs.shape[d] for d in prefix) + (G,)` with `prefix` the lhs batch dimensions and then the
     lhs dimensions of the ragged dimension's kind that precede it (`ragdot.stacked`; one call per slice).
-    Shape mistakes raise `ragdot.ShapeError`, both a ValueError and, as in jax, a TypeError.
+    Shape mistakes raise `ragdot.ShapeError`, both a ValueError and, as in jax, a TypeError. Floating operands
+    of different dtypes are promoted to a common one first, as jax does (a cast per call: pass one dtype to
+    avoid it).
     """
     if torch.compiler.is_compiling():
         return _traced(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
@@ -342,6 +347,11 @@ def ragged_dot_general(
     if call is None:
         cacheable = key is not None and isinstance(group_sizes, torch.Tensor)
         group_sizes = _as_sizes(group_sizes, lhs)
+        common = _common_dtype(lhs, rhs)
+        if common is not None:  # mixed float operands: promoted as jax promotes them (never cached: a cast each call)
+            return ragged_dot_general(lhs.to(common), rhs.to(common), group_sizes, ragged_dot_dimension_numbers,
+                                      preferred_element_type=preferred_element_type, backend=backend,
+                                      validate=validate)
         if isinstance(group_sizes, torch.Tensor) and group_sizes.ndim > 1:  # jax's [slices..., G] form
             return _stacked(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
                             validate)
@@ -351,6 +361,16 @@ def ragged_dot_general(
                 _CALLS.clear()
             _CALLS[key] = call
     return call(lhs, rhs, group_sizes)
+
+
+def _common_dtype(lhs, rhs) -> torch.dtype | None:
+    """The dtype both operands are promoted to when they are floating tensors of different dtypes (jax's
+    rule, which torch.promote_types gives for these four: e.g. bfloat16 with float32 is float32), else None."""
+    if not (isinstance(lhs, torch.Tensor) and isinstance(rhs, torch.Tensor)) or lhs.dtype == rhs.dtype:
+        return None
+    if lhs.dtype not in _FLOAT_DTYPES or rhs.dtype not in _FLOAT_DTYPES:
+        return None
+    return torch.promote_types(lhs.dtype, rhs.dtype)
 
 
 def _stacked(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> torch.Tensor:
