@@ -263,3 +263,43 @@ def test_float64_with_x64_enabled(case):
         assert nerr(torch.tensor(np.asarray(out)), ref) < TOL[torch.float64]
         dl, dr = jax.grad(lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn).sum(), (0, 1))(lhs, rhs)
         assert dl.dtype == jnp.float64 and dr.dtype == jnp.float64
+
+
+def _run_bridge(prepared, monkeypatch, f, lhs, rhs, dout, times):
+    from ragdot.jax import _bridge
+
+    monkeypatch.setattr(_bridge, "PREPARED", prepared)
+    results = []
+    for _ in range(times):  # the first call binds, the later ones take what was bound
+        out, vjp = jax.vjp(f, lhs, rhs)
+        results.append((np.asarray(out), *(np.asarray(g) for g in vjp(dout))))
+    return results
+
+
+@pytest.mark.parametrize("backend", [None, "triton"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_prepared_bridge_gives_the_general_path_s_bits(case, backend, monkeypatch):
+    dtype = jnp.float16 if backend == "triton" else jnp.float32
+    lhs, rhs, sizes = _inputs(case, dtype)
+    jdn, _ = _dns(case)
+    f = jax.jit(lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn, backend=backend))
+    dout = jnp.asarray(np.random.default_rng(2).standard_normal(jax.eval_shape(f, lhs, rhs).shape), dtype)
+    (want,) = _run_bridge(False, monkeypatch, f, lhs, rhs, dout, 1)
+    for got in _run_bridge(True, monkeypatch, f, lhs, rhs, dout, 3):
+        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got, want))
+
+
+def test_prepared_triton_backward_writes_xla_s_buffers(monkeypatch):
+    from ragdot.jax import _bridge
+
+    lhs, rhs, sizes = _inputs("fwd_wi", jnp.float16)
+    taken = []
+    original = _bridge._in_place
+    monkeypatch.setattr(_bridge, "_in_place", lambda bound: taken.append(original(bound)) or taken[-1])
+    f = jax.jit(lambda x, w: rj.ragged_dot(x, w, sizes, backend="triton"))
+    for _ in range(2):
+        out, vjp = jax.vjp(f, lhs, rhs)
+        dl, dr = vjp(jnp.ones_like(out))
+    assert taken and all(taken)  # a backward after the one that bound the products writes in place
+    da, db = _oracle_grads(lhs, rhs, sizes, _dns("fwd_wi")[1], jnp.ones_like(out))
+    assert nerr(_t(dl), da) < TOL[torch.float16] and nerr(_t(dr), db) < TOL[torch.float16]
