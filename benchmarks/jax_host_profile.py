@@ -4,7 +4,8 @@
 
 Clock: host wall time (`ragdot.measure.host.time_host` on the host device, so no CUDA events): one timed
 call is a batch of `--calls` jitted calls dispatched back to back and ending in one `block_until_ready`;
-the per-call time is the batch's wall time / calls (median of 5 batches). Sections (rows of host_profile.csv):
+the per-call time is the batch's wall time / calls (median of 5 batches; 3 in the gil section). Sections
+(rows of host_profile.csv):
 
 - per_call: jax.lax.ragged_dot, an empty buffer_callback, the callback with the DLPack views of its four
   buffers, ragdot.jax.ragged_dot and both gradients (jax.lax and ragdot.jax), all jitted; ragdot.jax through
@@ -13,9 +14,12 @@ the per-call time is the batch's wall time / calls (median of 5 batches). Sectio
 - inside: the wall time spent inside ragdot's forward callback per call (perf_counter around the body, on the
   thread XLA runs it on; which thread that is: the main one or another), and the cost of one
   `torch.from_dlpack` of each buffer and of reading `ctx.stream`, from inside a callback.
-- gil: the batch of calls with the default switch interval (sys.getswitchinterval(), 5 ms) and with 1e-5 s,
-  the main thread waiting in `block_until_ready` (blocks, releases the GIL) or spinning in Python on
-  `is_ready()` (holds it); and one call at a time (each call waited for).
+- gil (first shape and the sync shape): batches of at most 200 calls with the default switch interval
+  (sys.getswitchinterval(), 5 ms) and with 1e-5 s, the main thread waiting in `block_until_ready` (blocks,
+  releases the GIL) or spinning in Python on `is_ready()` (holds it); and one call at a time (each waited for).
+- sync: a shape whose device time dwarfs the host's (16384x4096x4096, 8 groups on a GPU): the batch against
+  only dispatching it and the time inside the callback (does a call wait for the device?), the gil rows,
+  and ragdot's PyTorch call of that shape (triton): host, eager (CUDA events) and device time.
 - a cProfile of the forward callback (profile-<shape>.txt), collected on XLA's thread.
 
 Runs on the CPU (jax CPU build, `--cpu`, float32) and on a GPU (bfloat16). Writes host_profile.csv/json
@@ -42,6 +46,7 @@ if str(ROOT / "src") not in sys.path:
 
 PREPARED_DEFAULT = os.environ.get("RAGDOT_JAX_BRIDGE", "prepared") != "general"
 SWITCH_FAST = 1e-5  # seconds: the short switch interval of the gil section
+GIL_CALLS = 200  # at most this many calls per batch in the gil section
 COLUMNS = ("section", "what", "M", "K", "N", "G", "dtype", "us_per_call", "calls", "note")
 
 
@@ -76,13 +81,13 @@ def _batch(fn: Callable[..., Any], args: tuple, calls: int, wait: str = "block")
     return run
 
 
-def _per_call_us(fn: Callable[..., Any], args: tuple, calls: int, wait: str = "block") -> float:
+def _per_call_us(fn: Callable[..., Any], args: tuple, calls: int, wait: str = "block", repeats: int = 5) -> float:
     import torch
 
     from ragdot.measure.host import time_host
 
     run = _batch(fn, args, calls, wait)
-    timing = time_host(run, torch.device("cpu"), calls=1, repeats=5, warmup=2)
+    timing = time_host(run, torch.device("cpu"), calls=1, repeats=repeats, warmup=1)
     return timing.host_us / calls
 
 
@@ -166,7 +171,32 @@ def _profile_text(profile: cProfile.Profile, calls: int, top: int = 30) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure_shape(jax: Any, mkng: tuple[int, int, int, int], cpu: bool, calls: int, out: Path) -> list[dict]:
+class _Rows:
+    """The rows of one shape, printed as they come."""
+
+    def __init__(self, mkng: tuple[int, int, int, int], dtype: str, calls: int) -> None:
+        m, k, n, g = mkng
+        self.base = {"M": m, "K": k, "N": n, "G": g, "dtype": dtype, "calls": calls}
+        self.rows: list[dict] = []
+
+    def add(self, section: str, what: str, us: float | None, note: str = "") -> None:
+        self.rows.append({"section": section, "what": what, **self.base,
+                          "us_per_call": None if us is None else round(us, 2), "note": note})
+        shown = "     n/a" if us is None else f"{us:9.2f}"
+        print(f"{section:9s} {what:58s} {shown} us  {note}", flush=True)
+
+
+def _operands(jax: Any, mkng: tuple[int, int, int, int], dt: Any) -> tuple[Any, Any, Any]:
+    m, k, n, g = mkng
+    kx, kw = jax.random.split(jax.random.PRNGKey(0))
+    x = jax.random.normal(kx, (m, k), dt)
+    w = (jax.random.normal(kw, (g, k, n), jax.numpy.float32) * k**-0.5).astype(dt)
+    return x, w, jax.numpy.full((g,), m // g, jax.numpy.int32)
+
+
+def _per_call(jax: Any, rows: _Rows, ops: tuple, calls: int) -> None:
+    """Host time per jitted call: jax.lax, the empty and the DLPack-viewing callback, ragdot.jax before
+    (general bridge) and after (prepared bridge), and both gradients."""
     import torch
     from jax.experimental.buffer_callback import buffer_callback
 
@@ -174,63 +204,81 @@ def measure_shape(jax: Any, mkng: tuple[int, int, int, int], cpu: bool, calls: i
     from ragdot.jax import _bridge
 
     jnp = jax.numpy
-    m, k, n, g = mkng
-    dt = jnp.float32 if cpu else jnp.bfloat16
-    base = {"M": m, "K": k, "N": n, "G": g, "dtype": jnp.dtype(dt).name, "calls": calls}
-    rows: list[dict] = []
-
-    def add(section: str, what: str, us: float, note: str = "") -> None:
-        rows.append({"section": section, "what": what, **base, "us_per_call": round(us, 2), "note": note})
-        print(f"{section:9s} {what:58s} {us:9.2f} us  {note}", flush=True)
-
-    x, w = jnp.ones((m, k), dt), jnp.ones((g, k, n), dt)
-    s = jnp.full((g,), m // g, jnp.int32)
-    struct = jax.ShapeDtypeStruct((m, n), dt)
+    x, w, s = ops
+    struct = jax.ShapeDtypeStruct((x.shape[0], w.shape[2]), x.dtype)
 
     def wraps(ctx, o, *a):
         for buf in (o, *a):
             torch.from_dlpack(buf)
 
-    lax_f = jax.jit(jax.lax.ragged_dot)
-    rj_f = jax.jit(rj.ragged_dot)
+    lax_f, rj_f = jax.jit(jax.lax.ragged_dot), jax.jit(rj.ragged_dot)
     empty = jax.jit(buffer_callback(lambda ctx, o, *a: None, struct))
     wrapped = jax.jit(buffer_callback(wraps, struct))
-    add("per_call", "jax.lax.ragged_dot (jit)", _per_call_us(lax_f, (x, w, s), calls))
-    add("per_call", "empty buffer_callback (jit)", _per_call_us(empty, (x, w, s), calls))
-    add("per_call", "buffer_callback + 4 DLPack views (jit)", _per_call_us(wrapped, (x, w, s), calls))
+    rows.add("per_call", "jax.lax.ragged_dot (jit)", _per_call_us(lax_f, ops, calls))
+    rows.add("per_call", "empty buffer_callback (jit)", _per_call_us(empty, ops, calls))
+    rows.add("per_call", "buffer_callback + 4 DLPack views (jit)", _per_call_us(wrapped, ops, calls))
     grad_calls = max(calls // 4, 10)
     lax_g = jax.jit(jax.grad(lambda a, b: jax.lax.ragged_dot(a, b, s).astype(jnp.float32).sum(), (0, 1)))
     rj_g = jax.jit(jax.grad(lambda a, b: rj.ragged_dot(a, b, s).astype(jnp.float32).sum(), (0, 1)))
-    for prepared in (False, True):  # the general path of every call (before), the prepared bridge (after)
-        _bridge.PREPARED = prepared
-        tag = "prepared bridge" if prepared else "general bridge"
-        add("per_call", f"ragdot.jax.ragged_dot (jit), {tag}", _per_call_us(rj_f, (x, w, s), calls))
-        add("per_call", f"grad ragdot.jax (jit), {tag}", _per_call_us(rj_g, (x, w), grad_calls))
-    _bridge.PREPARED = PREPARED_DEFAULT
-    add("per_call", "grad jax.lax (jit)", _per_call_us(lax_g, (x, w), grad_calls))
+    try:
+        for prepared in (False, True):  # the general path of every call (before), the prepared bridge (after)
+            _bridge.PREPARED = prepared
+            tag = "prepared bridge" if prepared else "general bridge"
+            rows.add("per_call", f"ragdot.jax.ragged_dot (jit), {tag}", _per_call_us(rj_f, ops, calls))
+            rows.add("per_call", f"grad ragdot.jax (jit), {tag}", _per_call_us(rj_g, (x, w), grad_calls))
+    finally:
+        _bridge.PREPARED = PREPARED_DEFAULT
+    rows.add("per_call", "grad jax.lax (jit)", _per_call_us(lax_g, (x, w), grad_calls))
+
+
+def _inside(jax: Any, rows: _Rows, ops: tuple, calls: int, profile: Path | None) -> None:
+    """Wall time inside the forward callback (and the thread it runs on) against the batch's wall time per
+    call and the time of only dispatching the calls; optionally a cProfile of the callback."""
+    import ragdot.jax as rj
 
     inside = _Inside()
     undo = inside.install()
     try:
-        inside.reset()
         rj_f = _fresh_jit(rj)  # traced again, so that its callback is the wrapped one
-        rj_f(x, w, s).block_until_ready()
+        rj_f(*ops).block_until_ready()
         inside.reset()
-        run = _batch(rj_f, (x, w, s), calls)
         start = time.perf_counter()
-        run()
+        for _ in range(calls):
+            result = rj_f(*ops)
+        issued = time.perf_counter() - start
+        result.block_until_ready()
         total = time.perf_counter() - start
-        add("inside", "ragdot.jax forward callback body", inside.seconds / inside.count * 1e6,
-            f"{inside.count} calls; batch wall {total / calls * 1e6:.1f} us per call; callback thread: "
-            f"{'+'.join(sorted(inside.threads))}")
-        inside.reset(profile=True)
-        _batch(rj_f, (x, w, s), calls)()
-        (out / f"profile-{m}x{k}x{n}x{g}.txt").write_text(_profile_text(inside.profile, inside.count))
+        rows.add("inside", "ragdot.jax forward callback body", inside.seconds / inside.count * 1e6,
+                 f"{inside.count} calls; callback thread: {'+'.join(sorted(inside.threads))}")
+        rows.add("inside", "the same batch: dispatch only", issued / calls * 1e6, "the calls issued, not waited for")
+        rows.add("inside", "the same batch: dispatch and wait", total / calls * 1e6, "ending in block_until_ready")
+        if profile is not None:
+            inside.reset(profile=True)
+            _batch(rj_f, ops, calls)()
+            profile.write_text(_profile_text(inside.profile, inside.count))
     finally:
         undo()
-    for name, us in _dlpack_costs(jax, buffer_callback, x, w, s, struct, 200).items():
-        add("inside", f"torch.from_dlpack({name})" if name != "ctx.stream" else "ctx.stream read", us)
+        from ragdot.jax import _api
 
+        _api._callbacks.cache_clear()  # later sections get callbacks without the wrapper
+
+
+def _dlpack_rows(jax: Any, rows: _Rows, ops: tuple) -> None:
+    from jax.experimental.buffer_callback import buffer_callback
+
+    x, w, s = ops
+    struct = jax.ShapeDtypeStruct((x.shape[0], w.shape[2]), x.dtype)
+    for name, us in _dlpack_costs(jax, buffer_callback, x, w, s, struct, 200).items():
+        rows.add("inside", f"torch.from_dlpack({name})" if name != "ctx.stream" else "ctx.stream read", us)
+
+
+def _gil(jax: Any, rows: _Rows, ops: tuple, calls: int) -> None:
+    """Hypothesis (a): the batch with the default and a short switch interval, the main thread blocking,
+    spinning in Python, or waiting for each call."""
+    import ragdot.jax as rj
+
+    lax_f, rj_f = jax.jit(jax.lax.ragged_dot), _fresh_jit(rj)
+    calls = min(calls, GIL_CALLS)  # a call that waits a whole switch interval costs 5 ms
     default = sys.getswitchinterval()
     try:
         for interval in (default, SWITCH_FAST):
@@ -238,10 +286,70 @@ def measure_shape(jax: Any, mkng: tuple[int, int, int, int], cpu: bool, calls: i
             note = f"switch interval {interval:g} s"
             for wait in ("block", "spin", "each"):
                 for label, fn in (("jax.lax.ragged_dot", lax_f), ("ragdot.jax.ragged_dot", rj_f)):
-                    add("gil", f"{label}, wait={wait}", _per_call_us(fn, (x, w, s), calls, wait), note)
+                    us = _per_call_us(fn, ops, calls, wait, repeats=3)
+                    rows.add("gil", f"{label}, wait={wait}", us, f"{note}; median of 3 batches of {calls}")
     finally:
         sys.setswitchinterval(default)
-    return rows
+
+
+def _torch_eager(rows: _Rows, ops_shape: tuple[int, int, int, int], dtype: Any, cpu: bool, calls: int) -> None:
+    """ragdot's PyTorch call of the same shape (triton on a GPU): host, eager (CUDA events) and device time."""
+    import torch
+
+    import ragdot
+    from ragdot.measure.host import time_host
+
+    m, k, n, g = ops_shape
+    dev = torch.device("cpu" if cpu else "cuda")
+    tdt = getattr(torch, dtype)
+    x = torch.randn(m, k, device=dev, dtype=tdt)
+    w = torch.randn(g, k, n, device=dev, dtype=tdt).mul_(k**-0.5)
+    s = torch.full((g,), m // g, dtype=torch.int32, device=dev)
+    backend = None if cpu else "triton"
+    t = time_host(lambda: ragdot.ragged_dot(x, w, s, backend=backend), dev, calls=calls, repeats=5, warmup=5)
+    label = f"ragdot.ragged_dot torch eager ({backend or 'auto'})"
+    rows.add("sync", f"{label}: host", t.host_us, "ragdot.measure.host: wall time of back-to-back calls")
+    rows.add("sync", f"{label}: eager", t.eager_us, "CUDA events around the same calls")
+    rows.add("sync", f"{label}: device", t.device_us, "CUDA events, launches queued behind a spin kernel")
+
+
+def measure_shape(jax: Any, mkng: tuple[int, int, int, int], cpu: bool, calls: int, out: Path,
+                  gil: bool = True) -> list[dict]:
+    """Every section at one small shape (the host dominates); the gil section where `gil`."""
+    dt = jax.numpy.float32 if cpu else jax.numpy.bfloat16
+    rows = _Rows(mkng, jax.numpy.dtype(dt).name, calls)
+    ops = _operands(jax, mkng, dt)
+    _per_call(jax, rows, ops, calls)
+    _inside(jax, rows, ops, calls, out / f"profile-{'x'.join(map(str, mkng))}.txt")
+    _dlpack_rows(jax, rows, ops)
+    if gil:
+        _gil(jax, rows, ops, calls)
+    return rows.rows
+
+
+def measure_sync(jax: Any, mkng: tuple[int, int, int, int], cpu: bool, calls: int, out: Path) -> list[dict]:
+    """A shape whose device time dwarfs the host's: does the host wait for the device inside a call? The
+    batch against only dispatching it, the time inside the callback, the gil rows, and ragdot's PyTorch
+    call's host, eager and device time for comparison."""
+    dt = jax.numpy.float32 if cpu else jax.numpy.bfloat16
+    rows = _Rows(mkng, jax.numpy.dtype(dt).name, calls)
+    ops = _operands(jax, mkng, dt)
+    lax_f = jax.jit(jax.lax.ragged_dot)
+    rows.add("sync", "jax.lax.ragged_dot (jit): dispatch and wait", _per_call_us(lax_f, ops, calls))
+    _inside(jax, rows, ops, calls, out / f"profile-{'x'.join(map(str, mkng))}.txt")
+    _gil(jax, rows, ops, calls)
+    _torch_eager(rows, mkng, jax.numpy.dtype(dt).name, cpu, calls)
+    return rows.rows
+
+
+def _shape(spec: str, flag: str) -> tuple[int, int, int, int]:
+    try:
+        mkng = tuple(int(v) for v in spec.split(","))
+    except ValueError:
+        mkng = ()
+    if len(mkng) != 4:
+        raise SystemExit(f"{flag}: expected M,K,N,G, got {spec!r}")
+    return mkng  # type: ignore[return-value]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="jax's CPU build, float32 (else the GPU, bfloat16)")
     parser.add_argument("--calls", type=int, default=0, help="calls per timed batch (default 200 CPU, 1000 GPU)")
     parser.add_argument("--shapes", nargs="+", default=None, help="M,K,N,G each (default two small shapes)")
+    parser.add_argument("--sync-shape", default=None, help="M,K,N,G of the sync section ('none': skip it)")
+    parser.add_argument("--sync-calls", type=int, default=0, help="calls per batch there (default 50)")
     args = parser.parse_args(argv)
     jax = _jax(args.cpu)
     import torch
@@ -260,11 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     calls = args.calls or (200 if args.cpu else 1000)
     default = ["64,32,32,4", "256,128,128,8"] if args.cpu else ["128,128,128,8", "512,256,256,8"]
     rows: list[dict] = []
-    for spec in args.shapes or default:
-        mkng = tuple(int(v) for v in spec.split(","))
-        if len(mkng) != 4:
-            raise SystemExit(f"--shapes: expected M,K,N,G, got {spec!r}")
-        rows += measure_shape(jax, mkng, args.cpu, calls, args.out)
+    for i, spec in enumerate(args.shapes or default):  # the gil section at the first shape only
+        rows += measure_shape(jax, _shape(spec, "--shapes"), args.cpu, calls, args.out, gil=i == 0)
+    sync = args.sync_shape or ("1024,256,256,8" if args.cpu else "16384,4096,4096,8")
+    if sync != "none":
+        rows += measure_sync(jax, _shape(sync, "--sync-shape"), args.cpu, args.sync_calls or 50, args.out)
     device = torch.device("cpu" if args.cpu else "cuda")
     meta = {**run_meta(device, with_triton=True), "jax": jax.__version__, "clock": "host wall time, batch of calls "
             "ending in block_until_ready (ragdot.measure.host.time_host), median of 5", "cpus": os.cpu_count()}

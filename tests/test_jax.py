@@ -295,7 +295,7 @@ def test_prepared_triton_backward_writes_xla_s_buffers(monkeypatch):
     lhs, rhs, sizes = _inputs("fwd_wi", jnp.float16)
     taken = []
     original = _bridge._in_place
-    monkeypatch.setattr(_bridge, "_in_place", lambda bound: taken.append(original(bound)) or taken[-1])
+    monkeypatch.setattr(_bridge, "_in_place", lambda bound, outs: taken.append(original(bound, outs)) or taken[-1])
     f = jax.jit(lambda x, w: rj.ragged_dot(x, w, sizes, backend="triton"))
     for _ in range(2):
         out, vjp = jax.vjp(f, lhs, rhs)
@@ -303,3 +303,41 @@ def test_prepared_triton_backward_writes_xla_s_buffers(monkeypatch):
     assert taken and all(taken)  # a backward after the one that bound the products writes in place
     da, db = _oracle_grads(lhs, rhs, sizes, _dns("fwd_wi")[1], jnp.ones_like(out))
     assert nerr(_t(dl), da) < TOL[torch.float16] and nerr(_t(dr), db) < TOL[torch.float16]
+
+
+def test_the_cuda_stream_switch_and_views_without_a_gpu(monkeypatch):
+    """The CUDA branches of the prepared bridge, against stand-ins for torch's stream calls and a buffer."""
+    from ragdot.jax import _bridge
+
+    state = {"device": 1, "streams": {0: (7, 0, 1), 1: (8, 1, 1)}}
+
+    class FakeStream:
+        def __init__(self, ptr, device):
+            self.stream_id, self.device_index, self.device_type = 99, device.index, 1
+
+    def set_stream(stream_id, device_index, device_type):
+        state["device"] = device_index
+        state["streams"][device_index] = (stream_id, device_index, device_type)
+
+    monkeypatch.setattr(torch.cuda, "ExternalStream", FakeStream)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: state["device"], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_setDevice", lambda d: state.update(device=d), raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentStream", lambda d: state["streams"][d], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_setStream", set_stream, raising=False)
+    switch = _bridge._Stream(torch.device("cuda", 0), 1234)
+    before = switch.enter()
+    assert state["device"] == 0 and state["streams"][0] == (99, 0, 1)
+    switch.exit(before)
+    assert state == {"device": 1, "streams": {0: (7, 0, 1), 1: (8, 1, 1)}}
+
+    seen = []
+
+    class Buffer:
+        def __dlpack__(self, **kwargs):
+            seen.append(kwargs)
+            return "capsule"
+
+    monkeypatch.setattr(_bridge, "_from_capsule", lambda capsule: capsule)
+    assert _bridge._Views(torch.device("cuda", 0), 0)(Buffer()) == ["capsule"]
+    assert _bridge._Views(torch.device("cuda", 0), 1234)(Buffer()) == ["capsule"]
+    assert seen == [{"max_version": (1, 0), "stream": 1}, {"max_version": (1, 0), "stream": 1234}]

@@ -112,18 +112,20 @@ _from_capsule = torch._C._from_dlpack
 
 
 class _Stream:
-    """XLA's stream made torch's current one for a callback (CUDA), then the previous one back; on the CPU,
-    torch single-threaded for the call. Bound once per (device, stream pointer): a call is two setStream."""
+    """XLA's stream made torch's current one for a callback (CUDA), then the previous stream and device back;
+    on the CPU, torch single-threaded for the call. Bound once per (device, stream pointer): a call is two
+    stream switches (what `torch.cuda.stream` does, without its Python around them)."""
 
     __slots__ = ("device", "target", "cpu")
 
     def __init__(self, device: torch.device, stream: int | None) -> None:
         self.cpu = device.type != "cuda"
         self.device = device.index or 0
-        self.target = None
+        self.target: dict[str, int] = {}
         if not self.cpu:
             ext = torch.cuda.ExternalStream(stream, device=device)
-            self.target = (ext.stream_id, ext.device_index, ext.device_type)
+            self.target = {"stream_id": ext.stream_id, "device_index": ext.device_index,
+                           "device_type": ext.device_type}
 
     def enter(self) -> Any:
         if self.cpu:
@@ -131,16 +133,19 @@ class _Stream:
             if threads != 1:
                 torch.set_num_threads(1)
             return threads
-        previous = torch._C._cuda_getCurrentStream(self.device)
-        torch._C._cuda_setStream(*self.target)
-        return previous
+        before = (torch._C._cuda_getDevice(), torch._C._cuda_getCurrentStream(self.device))
+        torch._C._cuda_setStream(**self.target)  # also makes the stream's device the current one
+        return before
 
-    def exit(self, previous: Any) -> None:
+    def exit(self, before: Any) -> None:
         if self.cpu:
-            if previous != 1:
-                torch.set_num_threads(previous)
+            if before != 1:
+                torch.set_num_threads(before)
             return
-        torch._C._cuda_setStream(*previous)
+        device, (stream_id, device_index, device_type) = before
+        torch._C._cuda_setStream(stream_id=stream_id, device_index=device_index, device_type=device_type)
+        if device != self.device:
+            torch._C._cuda_setDevice(device)
 
 
 class _Prepared:
@@ -195,11 +200,12 @@ def _copying(call: _Call, runner: ops.Runner) -> Any:
     return launch
 
 
-def _in_place(bound: tuple) -> bool:
-    """Whether every bound gradient product is a Triton kernel whose output is the gradient itself (so it can
-    write XLA's gradient buffer)."""
-    return bool(bound) and all(p is not None and p.view_shape is None and hasattr(p.fn, "prepared")
-                               for p in bound)
+def _in_place(bound: tuple, outs: tuple[torch.Tensor, ...]) -> bool:
+    """Whether every bound gradient product is a Triton kernel whose output is the gradient itself, in the
+    dtype of XLA's contiguous gradient buffer (so it can write that buffer)."""
+    return bool(bound) and all(
+        p is not None and p.view_shape is None and hasattr(p.fn, "prepared") and dst.is_contiguous()
+        and dst.dtype == p.fn.prepared.out_dtype for p, dst in zip(bound, outs))
 
 
 def _operand(users: tuple[torch.Tensor, ...], source: tuple) -> torch.Tensor:
@@ -284,7 +290,7 @@ class Bridge:
             call = p.call if p.call is not None else p.bind(self, lhs_t, rhs_t, sizes_t)
             used = None if p.batch else sizes_t
             bound = call.bwd.get((dout_t.dtype, dout_t.stride(), (True, True), ops._state(lhs_t)))
-            if bound and _in_place(bound):
+            if bound and _in_place(bound, (dlhs_t, drhs_t)):
                 users = (lhs_t, rhs_t, dout_t)
                 for product, dst in zip(bound, (dlhs_t, drhs_t)):
                     (i, v), (j, w) = product.sources
