@@ -10,7 +10,8 @@ the per-call time is the batch's wall time / calls (median of 5 batches; 3 in th
 - per_call: jax.lax.ragged_dot, an empty buffer_callback, the callback with the DLPack views of its four
   buffers, ragdot.jax.ragged_dot and both gradients (jax.lax and ragdot.jax), all jitted; ragdot.jax through
   the general path of every call (`ragdot.jax._bridge.PREPARED = False`: before) and the prepared bridge
-  (after), in one process.
+  (after), in one process; and the programs compiled ahead of time (`jit(f).lower(...).compile()`, as
+  `ragdot bench` timed every JAX system), called directly.
 - inside: the wall time spent inside ragdot's forward callback per call (perf_counter around the body, on the
   thread XLA runs it on; which thread that is: the main one or another), and the cost of one
   `torch.from_dlpack` of each buffer and of reading `ctx.stream`, from inside a callback.
@@ -229,6 +230,11 @@ def _per_call(jax: Any, rows: _Rows, ops: tuple, calls: int) -> None:
     finally:
         _bridge.PREPARED = PREPARED_DEFAULT
     rows.add("per_call", "grad jax.lax (jit)", _per_call_us(lax_g, (x, w), grad_calls))
+    for label, fn in (("jax.lax.ragged_dot", lax_f), ("empty buffer_callback", empty),
+                      ("ragdot.jax.ragged_dot", rj_f)):  # how `ragdot bench` called the programs until now
+        note = "" if fn is lax_f else "a compiled program with a host callback: no C++ fast path"
+        rows.add("per_call", f"{label} (jit(...).lower(...).compile() called)",
+                 _per_call_us(fn.lower(*ops).compile(), ops, calls), note)
 
 
 def _inside(jax: Any, rows: _Rows, ops: tuple, calls: int, profile: Path | None) -> None:
