@@ -342,6 +342,11 @@ def measure_sync(jax: Any, mkng: tuple[int, int, int, int], cpu: bool, calls: in
     ops = _operands(jax, mkng, dt)
     lax_f = jax.jit(jax.lax.ragged_dot)
     rows.add("sync", "jax.lax.ragged_dot (jit): dispatch and wait", _per_call_us(lax_f, ops, calls))
+    import ragdot.jax as rj
+
+    aot = jax.jit(rj.ragged_dot).lower(*ops).compile()
+    rows.add("sync", "ragdot.jax.ragged_dot (compiled ahead, called): dispatch and wait",
+             _per_call_us(aot, ops, calls), "how ragdot bench timed it until now")
     _inside(jax, rows, ops, calls, out / f"profile-{'x'.join(map(str, mkng))}.txt")
     _gil(jax, rows, ops, calls)
     _torch_eager(rows, mkng, jax.numpy.dtype(dt).name, cpu, calls)
