@@ -187,16 +187,18 @@ class _Prepared:
 
 
 def _copying(call: _Call, runner: ops.Runner) -> Any:
-    """The forward of `call.forward` with its runner bound (the state was checked by the caller), copied
-    into XLA's buffer."""
+    """`call.forward` with its runner bound (the caller checked the state), copied into XLA's buffer. Whether
+    the runner takes the user's tensors is asked per call, as `call.forward` does: a runner shared with other
+    calls may have handed over to another backend since."""
     plan = call.plan
-    if runner.takes(call.direct):
-        def launch(lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, out: torch.Tensor) -> None:
+
+    def launch(lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, out: torch.Tensor) -> None:
+        if runner.takes(call.direct):
             out.copy_(runner.call_direct(lhs, rhs, sizes, plan.view_shape))
-    else:
-        def launch(lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, out: torch.Tensor) -> None:
-            a, b = plan.views(lhs, rhs)
-            out.copy_(plan.finish(runner(a, b, sizes)))
+            return
+        a, b = plan.views(lhs, rhs)
+        out.copy_(plan.finish(runner(a, b, sizes)))
+
     return launch
 
 
