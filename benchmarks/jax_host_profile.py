@@ -19,7 +19,8 @@ the per-call time is the batch's wall time / calls (median of 5 batches; 3 in th
   (sys.getswitchinterval(), 5 ms) and with 1e-5 s, the main thread waiting in `block_until_ready` (blocks,
   releases the GIL) or spinning in Python on `is_ready()` (holds it); and one call at a time (each waited for).
 - sync: a shape whose device time dwarfs the host's (16384x4096x4096, 8 groups on a GPU): the batch against
-  only dispatching it and the time inside the callback (does a call wait for the device?), the gil rows,
+  only dispatching it and the time inside the callback (does a call wait for the device?), the gil rows
+  (ragdot.jax only),
   and ragdot's PyTorch call of that shape (triton): host, eager (CUDA events) and device time.
 - a cProfile of the forward callback (profile-<shape>.txt), collected on XLA's thread.
 
@@ -278,12 +279,14 @@ def _dlpack_rows(jax: Any, rows: _Rows, ops: tuple) -> None:
         rows.add("inside", f"torch.from_dlpack({name})" if name != "ctx.stream" else "ctx.stream read", us)
 
 
-def _gil(jax: Any, rows: _Rows, ops: tuple, calls: int) -> None:
+def _gil(jax: Any, rows: _Rows, ops: tuple, calls: int, with_lax: bool = True) -> None:
     """Hypothesis (a): the batch with the default and a short switch interval, the main thread blocking,
-    spinning in Python, or waiting for each call."""
+    spinning in Python, or waiting for each call (ragdot.jax and, `with_lax`, jax.lax)."""
     import ragdot.jax as rj
 
-    lax_f, rj_f = jax.jit(jax.lax.ragged_dot), _fresh_jit(rj)
+    fns = [("ragdot.jax.ragged_dot", _fresh_jit(rj))]
+    if with_lax:
+        fns.insert(0, ("jax.lax.ragged_dot", jax.jit(jax.lax.ragged_dot)))
     calls = min(calls, GIL_CALLS)  # a call that waits a whole switch interval costs 5 ms
     default = sys.getswitchinterval()
     try:
@@ -291,7 +294,7 @@ def _gil(jax: Any, rows: _Rows, ops: tuple, calls: int) -> None:
             sys.setswitchinterval(interval)
             note = f"switch interval {interval:g} s"
             for wait in ("block", "spin", "each"):
-                for label, fn in (("jax.lax.ragged_dot", lax_f), ("ragdot.jax.ragged_dot", rj_f)):
+                for label, fn in fns:
                     us = _per_call_us(fn, ops, calls, wait, repeats=3)
                     rows.add("gil", f"{label}, wait={wait}", us, f"{note}; median of 3 batches of {calls}")
     finally:
@@ -348,7 +351,7 @@ def measure_sync(jax: Any, mkng: tuple[int, int, int, int], cpu: bool, calls: in
     rows.add("sync", "ragdot.jax.ragged_dot (compiled ahead, called): dispatch and wait",
              _per_call_us(aot, ops, calls), "how ragdot bench timed it until now")
     _inside(jax, rows, ops, calls, out / f"profile-{'x'.join(map(str, mkng))}.txt")
-    _gil(jax, rows, ops, calls)
+    _gil(jax, rows, ops, calls, with_lax=False)  # XLA's own lowering is slow at this shape
     _torch_eager(rows, mkng, jax.numpy.dtype(dt).name, cpu, calls)
     return rows.rows
 
