@@ -18,10 +18,11 @@ the per-call time is the batch's wall time / calls (median of 5 batches; 3 in th
 - gil (first shape and the sync shape): batches of at most 200 calls with the default switch interval
   (sys.getswitchinterval(), 5 ms) and with 1e-5 s, the main thread waiting in `block_until_ready` (blocks,
   releases the GIL) or spinning in Python on `is_ready()` (holds it); and one call at a time (each waited for).
-- sync: a shape whose device time dwarfs the host's (16384x4096x4096, 8 groups on a GPU): the batch against
-  only dispatching it and the time inside the callback (does a call wait for the device?), the gil rows
-  (ragdot.jax only),
-  and ragdot's PyTorch call of that shape (triton): host, eager (CUDA events) and device time.
+- sync: a shape whose device time dwarfs the host's (16384x4096x4096, 8 groups on a GPU): for jax.lax,
+  ragdot.jax jitted and ragdot.jax compiled ahead, a batch's dispatch-only time against its dispatch-and-
+  wait time (equal when each call waits for its own work: no overlap), the time inside the callback, the
+  gil rows (ragdot.jax only), and ragdot's PyTorch call of that shape (triton): host, eager (CUDA events)
+  and device time.
 - a cProfile of the forward callback (profile-<shape>.txt), collected on XLA's thread.
 
 Runs on the CPU (jax CPU build, `--cpu`, float32) and on a GPU (bfloat16). Writes host_profile.csv/json
@@ -35,6 +36,7 @@ import cProfile
 import io
 import os
 import pstats
+import statistics
 import sys
 import threading
 import time
@@ -301,6 +303,21 @@ def _gil(jax: Any, rows: _Rows, ops: tuple, calls: int, with_lax: bool = True) -
         sys.setswitchinterval(default)
 
 
+def _dispatch_split(fn: Callable[..., Any], ops: tuple, calls: int, repeats: int = 3) -> tuple[float, float]:
+    """(µs per call to issue a batch of calls, µs per call to issue and wait for it), medians of `repeats`
+    batches after one warm-up call: equal when a call waits for its own work before returning."""
+    fn(*ops).block_until_ready()
+    issued, total = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            result = fn(*ops)
+        issued.append((time.perf_counter() - start) / calls * 1e6)
+        result.block_until_ready()
+        total.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(issued), statistics.median(total)
+
+
 def _torch_eager(rows: _Rows, ops_shape: tuple[int, int, int, int], dtype: Any, cpu: bool, calls: int) -> None:
     """ragdot's PyTorch call of the same shape (triton on a GPU): host, eager (CUDA events) and device time."""
     import torch
@@ -344,12 +361,15 @@ def measure_sync(jax: Any, mkng: tuple[int, int, int, int], cpu: bool, calls: in
     rows = _Rows(mkng, jax.numpy.dtype(dt).name, calls)
     ops = _operands(jax, mkng, dt)
     lax_f = jax.jit(jax.lax.ragged_dot)
-    rows.add("sync", "jax.lax.ragged_dot (jit): dispatch and wait", _per_call_us(lax_f, ops, calls))
     import ragdot.jax as rj
 
     aot = jax.jit(rj.ragged_dot).lower(*ops).compile()
-    rows.add("sync", "ragdot.jax.ragged_dot (compiled ahead, called): dispatch and wait",
-             _per_call_us(aot, ops, calls), "how ragdot bench timed it until now")
+    for label, fn, note in (("jax.lax.ragged_dot (jit)", lax_f, ""),
+                            ("ragdot.jax.ragged_dot (jit)", jax.jit(rj.ragged_dot), ""),
+                            ("ragdot.jax.ragged_dot (compiled ahead, called)", aot, "how ragdot bench timed it")):
+        issued, total = _dispatch_split(fn, ops, calls)
+        rows.add("sync", f"{label}: dispatch only", issued, f"median of 3 batches; {note}".rstrip("; "))
+        rows.add("sync", f"{label}: dispatch and wait", total, f"median of 3 batches; {note}".rstrip("; "))
     _inside(jax, rows, ops, calls, out / f"profile-{'x'.join(map(str, mkng))}.txt")
     _gil(jax, rows, ops, calls, with_lax=False)  # XLA's own lowering is slow at this shape
     _torch_eager(rows, mkng, jax.numpy.dtype(dt).name, cpu, calls)
