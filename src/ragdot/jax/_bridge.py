@@ -1,14 +1,19 @@
 """The torch side of the bridge: what runs inside XLA's buffer callbacks.
 
-Each callback receives XLA's own buffers. They are wrapped as torch tensors with `torch.from_dlpack` (no
-copy) and handed to ragdot's PyTorch code: the forward runs the prepared runner of the call's `_Call` (the
-same object `ragdot.ragged_dot_general` caches), the backward runs that `_Call`'s general VJP (`ragdot.ops.vjp`
-on the canonical views, the gradients mapped back by its inverse maps). On a GPU everything is launched on
-XLA's stream (`torch.cuda.ExternalStream(ctx.stream)`), so no synchronisation is needed either way.
+Each callback receives XLA's own buffers. They are wrapped as torch tensors through DLPack (no copy) and
+handed to ragdot's PyTorch code: the forward runs the prepared runner of the call's `_Call` (the same object
+`ragdot.ragged_dot_general` caches), the backward that `_Call`'s backward outside grad mode (its gradient
+products bound once by `ragdot.grad_plan`). On a GPU everything is launched on XLA's stream (made torch's
+current stream for the call), so no synchronisation is needed either way.
 
 Where the prepared backend can write into a given output (the Triton kernels, direct_kind "address"), the
-forward writes straight into XLA's output buffer; otherwise ragdot's result is copied into it (one device
-copy of the output).
+forward writes straight into XLA's output buffer, and so do the backward's Triton products into XLA's
+gradient buffers; otherwise ragdot's results are copied into them (one device copy each).
+
+What does not change between calls is bound at the first call on a device and stream (`_Prepared`: the
+stream switch, the DLPack arguments, the `_Call`, the forward launch for the current backend state), so a
+call is the DLPack views and the prepared launches. `PREPARED = False` runs the general path of every call
+(`forward_general`, `backward_general`): the same bits, kept to measure the difference.
 """
 
 from __future__ import annotations
@@ -88,8 +93,8 @@ class _Views:
     """The DLPack views of XLA's buffers on one device, made the short way: `buffer.__dlpack__` with the
     arguments `torch.from_dlpack` would pass (DLPack 1.0; on CUDA the consumer stream, which inside a callback
     is XLA's own), then `torch._C._from_dlpack`. It skips `torch.from_dlpack`'s device and stream queries of
-    every call (about 1.5 µs a buffer on the CPU). A producer that refuses these arguments (TypeError) gets
-    `torch.from_dlpack` from then on."""
+    every call (1.1-1.4 µs a buffer on the CPU, benchmarks/jax_host_profile.py). A producer that refuses
+    these arguments (TypeError) gets `torch.from_dlpack` from then on."""
 
     __slots__ = ("kwargs", "plain")
 
