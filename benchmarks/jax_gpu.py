@@ -13,10 +13,13 @@ runs; the whole run stays within --budget seconds):
    wrote XLA's output buffer in place (zero copy).
 3. host: host time per jitted call of ragdot.jax against a jitted jax.lax.ragged_dot of the same shapes
    (small shapes, so the host dominates), plus an empty buffer_callback and ragdot's eager PyTorch call.
-4. bench: `ragdot bench` over the 48 anchor cells with triton, xla, ragdot-jax and (if it imports) tokamax,
+4. profile: benchmarks/jax_host_profile.py (where a call's host time goes: the bridge before and after its
+   calls were prepared, the time inside the callback and on which thread, the DLPack views, the GIL
+   hand-over under two switch intervals, and a large shape where the device dominates), under profile/.
+5. bench: `ragdot bench` over the 48 anchor cells with triton, xla, ragdot-jax and (if it imports) tokamax,
    side by side (triton: graph and eager clocks; the JAX systems: the batch clock), in four parts.
 
-Everything lands under --out: env.json, check.json, host.csv/json, bench/ (the bench's CSV/JSON/summary),
+Everything lands under --out: env.json, check.json, host.csv/json, profile/, bench/ (the bench's CSV/JSON/summary),
 steps.json (each step's status, seconds and log tail) and one log per step.
 """
 
@@ -32,8 +35,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("env", "check", "host", "bench")
-LIMITS = {"env": 60, "check": 150, "host": 90, "bench": 110}  # seconds per step (bench: per part)
+STEPS = ("env", "check", "host", "profile", "bench")
+LIMITS = {"env": 60, "check": 150, "host": 90, "profile": 150, "bench": 110}  # seconds per step (bench: per part)
 BENCH_PARTS = 4  # the bench runs in parts of 2 anchor shapes: a part cut by its limit loses only its cells
 # The H200 ceilings measured at d2e757e (benchmarks/results/h200-eager-path-20261201/bench-log-d2e757e.txt),
 # given so that each part does not measure them again.
@@ -365,6 +368,19 @@ def step_host(out: Path, cpu: bool) -> None:
     _write_json(out / "host.json", rows)
 
 
+# ----------------------------------------------------------------------------------------------- profile
+
+
+def step_profile(out: Path, cpu: bool) -> None:
+    _jax(cpu)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import jax_host_profile
+
+    code = jax_host_profile.main(["--out", str(out / "profile"), *(["--cpu"] if cpu else [])])
+    if code:
+        raise SystemExit(code)
+
+
 # ------------------------------------------------------------------------------------------------- bench
 
 
@@ -432,7 +448,8 @@ def main() -> int:
         if args.step == "bench":
             step_bench(args.out, args.cpu, args.part)
         else:
-            {"env": step_env, "check": step_check, "host": step_host}[args.step](args.out, args.cpu)
+            steps = {"env": step_env, "check": step_check, "host": step_host, "profile": step_profile}
+            steps[args.step](args.out, args.cpu)
         return 0
     start = time.perf_counter()
     report = []

@@ -263,3 +263,81 @@ def test_float64_with_x64_enabled(case):
         assert nerr(torch.tensor(np.asarray(out)), ref) < TOL[torch.float64]
         dl, dr = jax.grad(lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn).sum(), (0, 1))(lhs, rhs)
         assert dl.dtype == jnp.float64 and dr.dtype == jnp.float64
+
+
+def _run_bridge(prepared, monkeypatch, f, lhs, rhs, dout, times):
+    from ragdot.jax import _bridge
+
+    monkeypatch.setattr(_bridge, "PREPARED", prepared)
+    results = []
+    for _ in range(times):  # the first call binds, the later ones take what was bound
+        out, vjp = jax.vjp(f, lhs, rhs)
+        results.append((np.asarray(out), *(np.asarray(g) for g in vjp(dout))))
+    return results
+
+
+@pytest.mark.parametrize("backend", [None, "triton"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_prepared_bridge_gives_the_general_path_s_bits(case, backend, monkeypatch):
+    dtype = jnp.float16 if backend == "triton" else jnp.float32
+    lhs, rhs, sizes = _inputs(case, dtype)
+    jdn, _ = _dns(case)
+    f = jax.jit(lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn, backend=backend))
+    dout = jnp.asarray(np.random.default_rng(2).standard_normal(jax.eval_shape(f, lhs, rhs).shape), dtype)
+    (want,) = _run_bridge(False, monkeypatch, f, lhs, rhs, dout, 1)
+    for got in _run_bridge(True, monkeypatch, f, lhs, rhs, dout, 3):
+        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got, want))
+
+
+def test_prepared_triton_backward_writes_xla_s_buffers(monkeypatch):
+    from ragdot.jax import _bridge
+
+    lhs, rhs, sizes = _inputs("fwd_wi", jnp.float16)
+    taken = []
+    original = _bridge._in_place
+    monkeypatch.setattr(_bridge, "_in_place", lambda bound, outs: taken.append(original(bound, outs)) or taken[-1])
+    f = jax.jit(lambda x, w: rj.ragged_dot(x, w, sizes, backend="triton"))
+    for _ in range(2):
+        out, vjp = jax.vjp(f, lhs, rhs)
+        dl, dr = vjp(jnp.ones_like(out))
+    assert taken and all(taken)  # a backward after the one that bound the products writes in place
+    da, db = _oracle_grads(lhs, rhs, sizes, _dns("fwd_wi")[1], jnp.ones_like(out))
+    assert nerr(_t(dl), da) < TOL[torch.float16] and nerr(_t(dr), db) < TOL[torch.float16]
+
+
+def test_the_cuda_stream_switch_and_views_without_a_gpu(monkeypatch):
+    """The CUDA branches of the prepared bridge, against stand-ins for torch's stream calls and a buffer."""
+    from ragdot.jax import _bridge
+
+    state = {"device": 1, "streams": {0: (7, 0, 1), 1: (8, 1, 1)}}
+
+    class FakeStream:
+        def __init__(self, ptr, device):
+            self.stream_id, self.device_index, self.device_type = 99, device.index, 1
+
+    def set_stream(stream_id, device_index, device_type):
+        state["device"] = device_index
+        state["streams"][device_index] = (stream_id, device_index, device_type)
+
+    monkeypatch.setattr(torch.cuda, "ExternalStream", FakeStream)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: state["device"], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_setDevice", lambda d: state.update(device=d), raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentStream", lambda d: state["streams"][d], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_setStream", set_stream, raising=False)
+    switch = _bridge._Stream(torch.device("cuda", 0), 1234)
+    before = switch.enter()
+    assert state["device"] == 0 and state["streams"][0] == (99, 0, 1)
+    switch.exit(before)
+    assert state == {"device": 1, "streams": {0: (7, 0, 1), 1: (8, 1, 1)}}
+
+    seen = []
+
+    class Buffer:
+        def __dlpack__(self, **kwargs):
+            seen.append(kwargs)
+            return "capsule"
+
+    monkeypatch.setattr(_bridge, "_from_capsule", lambda capsule: capsule)
+    assert _bridge._Views(torch.device("cuda", 0), 0)(Buffer()) == ["capsule"]
+    assert _bridge._Views(torch.device("cuda", 0), 1234)(Buffer()) == ["capsule"]
+    assert seen == [{"max_version": (1, 0), "stream": 1}, {"max_version": (1, 0), "stream": 1234}]

@@ -50,3 +50,43 @@ def test_bench_cli_times_ragdot_jax(tmp_path):
     (result,) = tmp_path.glob("*.json")
     rows = [r for r in json.loads(result.read_text())["rows"] if r["backend"] == RAGDOT_JAX]
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+
+
+def test_switch_interval_is_set_for_ragdot_jax_cells_only(monkeypatch):
+    import sys
+
+    from ragdot.bench.jax_system import SWITCH_ENV
+    from ragdot.measure.classes import CLASSES as classes
+
+    before = sys.getswitchinterval()
+    sets = [Operands(torch.randn(24, 16), torch.randn(3, 16, 8), torch.tensor([10, 0, 9], dtype=torch.int32))]
+    system = RagdotJaxSystem(torch.device("cpu"))
+    monkeypatch.setenv(SWITCH_ENV, "1e-4")
+    calls = system.prepare(classes[0], sets, torch.float32)
+    assert sys.getswitchinterval() == pytest.approx(1e-4)
+    system.to_torch(calls[0]())
+    system.release()
+    assert sys.getswitchinterval() == before
+    monkeypatch.setenv(SWITCH_ENV, "soon")
+    with pytest.raises(ValueError, match=SWITCH_ENV):
+        system.prepare(classes[0], sets, torch.float32)
+
+
+def test_host_profile_script_runs_every_section_on_the_cpu(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "jax_host_profile.py"
+    spec = importlib.util.spec_from_file_location("jax_host_profile", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["--out", str(tmp_path), "--cpu", "--calls", "10", "--shapes", "16,8,8,2", "--sync-shape", "32,8,8,2",
+            "--sync-calls", "5"]
+    assert module.main(argv) == 0
+    rows = json.loads((tmp_path / "host_profile.json").read_text())["rows"]
+    assert {r["section"] for r in rows} == {"per_call", "inside", "gil", "sync"}
+    assert any("prepared bridge" in r["what"] for r in rows) and any("general bridge" in r["what"] for r in rows)
+    assert (tmp_path / "profile-16x8x8x2.txt").read_text().startswith("cProfile")
+    from ragdot.jax import _bridge
+
+    assert _bridge.PREPARED  # restored after the before/after rows

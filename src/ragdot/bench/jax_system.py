@@ -6,7 +6,11 @@ around a batch ending in `block_until_ready`.
 
 `ragdot-jax` runs ragdot's own kernels inside XLA's program (a buffer callback on XLA's stream), with
 ragdot's choice of backend; its extra memory is XLA's account (the output buffer; with the Triton kernels
-the output is written in place and nothing else is allocated).
+the output is written in place and nothing else is allocated). With $RAGDOT_JAX_SWITCH_INTERVAL set (seconds),
+its cells run under that CPython switch interval (the interpreter's own is restored after each cell).
+Its calls go through the jitted function (jax's C++ fast path), not the ahead-of-time compiled object
+(which jax dispatches in Python when the program holds a host callback; $RAGDOT_JAX_BENCH_CALL=aot times
+that instead).
 
 `tokamax` has only `ragged_dot` ([M, K] x [G, K, N]): the forward classes call it as is, the data-gradient
 classes swap the rhs's last two axes first (inside the jitted program, as a user of that API must), and the
@@ -16,22 +20,68 @@ forward part left to XLA's dead-code elimination).
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ragdot.bench.systems import RAGDOT_JAX, TOKAMAX
+from ragdot.bench.systems import RAGDOT_JAX, TOKAMAX, Operands
 from ragdot.bench.xla import XlaSystem, import_jax, xla_unavailable_reason
 from ragdot.measure.classes import RaggedClass
 
-__all__ = ["RagdotJaxSystem", "TokamaxSystem", "jax_system"]
+__all__ = ["RagdotJaxSystem", "TokamaxSystem", "jax_system", "SWITCH_ENV", "CALL_ENV"]
+
+# Seconds: CPython's switch interval while `ragdot-jax` cells run (unset: the interpreter's, 5 ms by default).
+# For measuring whether XLA's thread waits for the GIL while the timing loop holds it (docs/jax.md).
+SWITCH_ENV = "RAGDOT_JAX_SWITCH_INTERVAL"
+# "aot": time the ahead-of-time compiled program itself, as `xla` is timed. A compiled program that holds a
+# host callback gets no C++ fast path from jax (`MeshExecutable.create_cpp_call` declines it), so each of its
+# calls runs jax's Python dispatch; the jitted function keeps the fast path. Default "jit", what a user calls.
+CALL_ENV = "RAGDOT_JAX_BENCH_CALL"
+
+
+def switch_interval() -> float | None:
+    """$RAGDOT_JAX_SWITCH_INTERVAL as seconds, or None when unset."""
+    text = os.environ.get(SWITCH_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{SWITCH_ENV} must be a positive number of seconds, got {text!r}")
+    return value
 
 
 class RagdotJaxSystem(XlaSystem):
-    """`ragdot.jax.ragged_dot_general` under `jax.jit` (ragdot's backend choice, as `auto`)."""
+    """`ragdot.jax.ragged_dot_general` under `jax.jit` (ragdot's backend choice, as `auto`), called through the
+    jitted function."""
 
     name = RAGDOT_JAX
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self._saved_interval: float | None = None
+
+    def prepare(self, cls: RaggedClass, sets: list[Operands], out_dtype: torch.dtype) -> list[Callable[[], Any]]:
+        interval = switch_interval()
+        if interval is not None and self._saved_interval is None:  # restored by release()
+            self._saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(interval)
+        compiled = super().prepare(cls, sets, out_dtype)  # compiled ahead of time: XLA's memory account
+        if os.environ.get(CALL_ENV, "jit") == "aot":
+            return compiled
+        fn = self._fn(cls, sets[0].lhs.dtype, out_dtype)
+        return [lambda a=args: fn(*a) for args in self._args]
+
+    def release(self) -> None:
+        super().release()
+        if self._saved_interval is not None:
+            sys.setswitchinterval(self._saved_interval)
+            self._saved_interval = None
 
     def _op(self, cls: RaggedClass, dims: Any, precision: Any, out: Any) -> Callable[[Any, Any, Any], Any]:
         import ragdot.jax
