@@ -14,7 +14,8 @@ import torch
 
 from ragdot.bench.host import make_call, make_operands
 from ragdot.measure.host import _pass
-from ragdot.shapes import Shape, get_shape as shape_by_name
+from ragdot.shapes import Shape
+from ragdot.shapes import get_shape as shape_by_name
 
 dev = torch.device("cuda")
 shapes = [Shape("1024,512,512,8", 1024, 512, 512, 8), shape_by_name("deepseek3-test"), shape_by_name("qwen3-30b-a3b"),
