@@ -1,0 +1,248 @@
+"""The Gluon weight gradient on the GPU: its tests, then its speed against the triton backend and the vendor.
+
+    python benchmarks/gluon_gpu.py --out DIR [--routing balanced] [--budget 330]
+
+1. runs tests/test_gluon.py (the GPU-marked checks against float64 included) in a subprocess with a timeout;
+2. times, on the 8 anchor shapes (ragdot.catalog, tag "anchor") and both weight-gradient classes (wgrad_wi:
+   [M, K] x [M, N] -> [E, K, N]; wgrad_wo: [M, N] x [M, K] -> [E, N, K]), bf16, three systems:
+   `gluon` and `triton` (the backends' prepared ragged_k calls, fed the raw group sizes) and `vendor` (raw
+   torch._grouped_mm(a.t(), b, offs=cumsum(sizes)), offsets formed in the call as a user must). Clocks:
+   `graph` = CUDA-graph replays of one call, `eager` = eager calls, each timed by CUDA events, median of
+   --reps after 2 warm-up calls (ragdot.measure.timing.median_ms), the same inputs every call (no L2
+   rotation). The gluon output is checked against the vendor's (normalised error, bf16 bound).
+
+The shapes run in one child process that reports each cell as it finishes; a cell with no answer within
+--cell-timeout seconds counts as a hang: the child is killed and a new one goes on with the next shape.
+Writes DIR/gluon_gpu-<date>.csv / .json (one row per shape, class and system), DIR/gluon_gpu-summary.json,
+DIR/gluon_gpu-tests.txt (the pytest output) and DIR/gluon_gpu-stderr.txt (the timing children's stderr);
+prints one line per cell and the geometric means of the speed ratios against the vendor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "CELL "
+SYSTEMS = ("gluon", "triton", "vendor")
+CLASSES = ("wgrad_wi", "wgrad_wo")
+COLUMNS = ("shape", "cls", "system", "routing", "M", "K", "N", "E", "status", "graph_ms", "eager_ms",
+           "graph_tflops", "eager_tflops", "graph_vs_vendor", "eager_vs_vendor", "error_vs_vendor", "message")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _shapes() -> list[tuple[str, int, int, int, int]]:
+    from ragdot.catalog import with_tag
+
+    return [s for model in with_tag("anchor") for s in model.shapes()]
+
+
+# ---- child: the timed cells ----------------------------------------------------------------------------------
+
+
+def _system_call(system: str, a, b, sizes, e: int):
+    import torch
+
+    if system == "vendor":
+        return lambda: torch._grouped_mm(a.t(), b, offs=torch.cumsum(sizes, 0, dtype=torch.int32))
+    from ragdot.backends import get_backend
+
+    a3, b3 = a.unsqueeze(0), b.unsqueeze(0)
+    call = get_backend(system).prepare("ragged_k", a3, b3, e, torch.bfloat16)
+    return lambda: call(a3, b3, sizes)
+
+
+def _cell(shape, cls: str, routing: str, reps: int) -> list[dict]:
+    import torch
+
+    from ragdot.measure.checks import failure_status, normalised_error, within_tolerance
+    from ragdot.measure.timing import median_ms
+    from ragdot.routing import group_sizes
+
+    name, m, k, n, e = shape
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen)
+    a, b = (x, dy) if cls == "wgrad_wi" else (dy, x)
+    sizes = group_sizes(routing, m, e, device=dev)
+    flop = 2 * m * k * n
+    rows, outs = [], {}
+    for system in SYSTEMS:
+        row = dict(shape=name, cls=cls, system=system, routing=routing, M=m, K=k, N=n, E=e)
+        try:
+            fn = _system_call(system, a, b, sizes, e)
+            outs[system] = fn().reshape(e, a.shape[1], b.shape[1])
+            torch.cuda.synchronize()
+            for clock in ("graph", "eager"):
+                ms = median_ms(fn, dev, graph=clock == "graph", reps=reps)
+                row[f"{clock}_ms"], row[f"{clock}_tflops"] = ms, flop / ms / 1e9
+            row["status"] = "ok"
+        except Exception as exc:  # one system failing must not lose the others
+            row["status"], row["message"] = failure_status(exc)
+        rows.append(row)
+    vendor = rows[-1]
+    for row in rows:
+        if row["status"] != "ok" or vendor["status"] != "ok":
+            continue
+        for clock in ("graph", "eager"):
+            row[f"{clock}_vs_vendor"] = vendor[f"{clock}_ms"] / row[f"{clock}_ms"]
+        if row["system"] != "vendor":
+            err = normalised_error(outs[row["system"]], outs["vendor"])
+            row["error_vs_vendor"] = err
+            if not within_tolerance(err, torch.bfloat16):
+                row["status"] = "wrong"
+    return rows
+
+
+def child(first: int, routing: str, reps: int) -> int:
+    for shape in _shapes()[first:]:
+        for cls in CLASSES:
+            print(MARK + json.dumps(_cell(shape, cls, routing, reps)), flush=True)
+    return 0
+
+
+# ---- parent: tests, then the cells with a watchdog -------------------------------------------------------------
+
+
+def run_tests(out: Path, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", str(ROOT / "tests" / "test_gluon.py"), "-p", "no:cacheprovider"]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout, cwd=ROOT)
+        text = proc.stdout + proc.stderr
+        verdict = "passed" if proc.returncode == 0 else f"failed (rc {proc.returncode})"
+    except subprocess.TimeoutExpired as exc:
+        text, verdict = str(exc.stdout or "") + str(exc.stderr or ""), f"hang (no end within {timeout:.0f} s)"
+    (out / "gluon_gpu-tests.txt").write_text(text)
+    tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [""]
+    return {"verdict": verdict, "seconds": round(time.perf_counter() - t0, 1), "summary": tail[0]}
+
+
+def _reader(proc: subprocess.Popen, lines: queue.Queue) -> None:
+    for line in proc.stdout:
+        lines.put(line)
+    lines.put(None)
+
+
+def run_cells(routing: str, reps: int, cell_timeout: float, deadline: float, on_rows, log: Path) -> list[str]:
+    """Cells in child processes (their stderr appended to `log`); returns the notes on hangs, crashes and
+    what the budget left out."""
+    shapes, notes, first = _shapes(), [], 0
+    while first < len(shapes):
+        with open(log, "a") as err:
+            proc = subprocess.Popen([sys.executable, __file__, "--child", str(first), "--routing", routing,
+                                     "--reps", str(reps)], stdout=subprocess.PIPE, stderr=err, text=True,
+                                    env=_env(), cwd=ROOT)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_reader, args=(proc, lines), daemon=True).start()
+        done_cells = 0
+        while True:
+            wait = min(cell_timeout, deadline - time.monotonic())
+            try:
+                line = lines.get(timeout=max(wait, 0.1))
+            except queue.Empty:
+                line = "TIMEOUT"
+            if line == "TIMEOUT" or line is None:
+                break
+            if line.startswith(MARK):
+                on_rows(json.loads(line[len(MARK):]))
+                done_cells += 1
+        shape_now = first + done_cells // len(CLASSES)
+        if line is None and proc.wait() == 0:
+            break
+        proc.kill()
+        proc.wait()
+        if time.monotonic() >= deadline:
+            notes.append(f"budget spent: shapes from {shapes[shape_now][0]} on not measured")
+            break
+        last = [ln for ln in log.read_text().splitlines() if ln.strip()][-1:] or [""]
+        why = "hang" if line == "TIMEOUT" else f"crash (rc {proc.returncode}): {last[0][-300:]}"
+        notes.append(f"{shapes[shape_now][0]}: {why}")
+        first = shape_now + 1
+    return notes
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--routing", default="balanced", help="group sizes: balanced, skewed or empty")
+    ap.add_argument("--reps", type=int, default=20, help="timed calls per clock (median)")
+    ap.add_argument("--budget", type=float, default=330.0, help="seconds for the whole run (tests included)")
+    ap.add_argument("--tests-timeout", type=float, default=150.0)
+    ap.add_argument("--cell-timeout", type=float, default=60.0, help="seconds without a finished cell = hang")
+    ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    if args.child is not None:
+        return child(args.child, args.routing, args.reps)
+    if args.out is None:
+        ap.error("--out: a directory is required")
+    import torch
+
+    from ragdot.measure.records import RowWriter, run_meta, write_document
+
+    deadline = time.monotonic() + args.budget
+    args.out.mkdir(parents=True, exist_ok=True)
+    tests = {"verdict": "skipped"} if args.skip_tests else run_tests(args.out, args.tests_timeout)
+    print(f"tests/test_gluon.py: {tests['verdict']} {tests.get('summary', '')}", flush=True)
+    meta = run_meta(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"), torch.bfloat16,
+                    with_triton=True)
+    meta.update(routing=args.routing, reps=args.reps, tests=tests,
+                clocks={"graph": "CUDA-graph replays, CUDA events, median",
+                        "eager": "eager calls, CUDA events, median"})
+    writer = RowWriter(args.out, "gluon_gpu", meta, COLUMNS)
+
+    def on_rows(rows: list[dict]) -> None:
+        for row in rows:
+            writer.add(row)
+        cells = ", ".join(f"{r['system']} {r.get('graph_tflops', 0):.0f}/{r.get('eager_tflops', 0):.0f}"
+                          f"{'' if r['status'] == 'ok' else ' ' + r['status']}" for r in rows)
+        print(f"{rows[0]['shape']} {rows[0]['cls']}: TFLOP/s graph/eager: {cells}", flush=True)
+
+    if torch.cuda.is_available():
+        notes = run_cells(args.routing, args.reps, args.cell_timeout, deadline, on_rows,
+                          args.out / "gluon_gpu-stderr.txt")
+    else:
+        notes = ["no CUDA device here: the timing was left out"]
+    summary = {}
+    for system in ("gluon", "triton"):
+        for clock in ("graph", "eager"):
+            ratios = [r[f"{clock}_vs_vendor"] for r in writer.rows if r["system"] == system
+                      and r["status"] == "ok" and r.get(f"{clock}_vs_vendor")]
+            summary[f"{system} {clock}"] = {"geomean_vs_vendor": _geomean(ratios), "cells": len(ratios),
+                                            "min_vs_vendor": min(ratios) if ratios else None}
+    meta.update(notes=notes, summary=summary)
+    writer.rewrite()
+    write_document(args.out / "gluon_gpu-summary.json", {"meta": meta})
+    for key, s in summary.items():
+        gm = "n/a" if s["geomean_vs_vendor"] is None else f"{s['geomean_vs_vendor']:.2f}x"
+        lo = "" if s["min_vs_vendor"] is None else f", lowest cell {s['min_vs_vendor']:.2f}x"
+        print(f"{key}: geomean vs vendor {gm} over {s['cells']} cells{lo}")
+    for note in notes:
+        print(f"note: {note}")
+    bad = [r for r in writer.rows if r["system"] == "gluon" and r["status"] != "ok"]
+    return 0 if tests["verdict"] in ("passed", "skipped") and not bad and not notes else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
