@@ -112,6 +112,26 @@ def test_prepared_refuses_what_it_does_not_serve():
         Prepared(torch.zeros(1, 128, 64, dtype=bf).transpose(1, 2), torch.zeros(1, 64, 128, dtype=bf), 2, bf)
 
 
+def test_misaligned_operands_run_the_triton_kernel():
+    """TMA needs 16-byte aligned starts: such calls go to the triton kernel (here through its interpreter)."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from ragdot.kernels.gluon.ragged_k import Prepared
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(2)
+    r, m, n, sizes = 40, 64, 32, [7, 0, 20]
+    buf = torch.randn(r * m + 8, generator=gen).to(dev, torch.float16)
+    a = buf[1 : 1 + r * m].view(1, r, m)  # starts 2 bytes past a 16-byte boundary
+    b = torch.randn(1, r, n, generator=gen).to(dev, torch.float16)
+    a[:, 27:] = float("nan")
+    prepared = Prepared(a, b, len(sizes), torch.float32, from_sizes=True)
+    out = prepared(a, b, torch.tensor(sizes, device=dev))[0]
+    ref = _reference(a.nan_to_num(0), b, sizes)
+    assert prepared.fallback is not None and out.dtype == torch.float32
+    assert torch.isfinite(out).all() and (out[1] == 0).all()
+    assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
+
+
 # ---- compiled code, checked without a GPU (Triton's bundled ptxas, sm_90 target) -----------------------------
 
 _COMPILE_SCRIPT = textwrap.dedent(

@@ -198,7 +198,8 @@ class Prepared:
     ranks the groups (one small Triton launch), builds the three descriptors and launches once.
 
     Raises NotImplementedError for what it does not serve: dtypes other than bf16/fp16 operands, operands that
-    are not [Bt*R, X] row views with 16-byte aligned rows, M not a multiple of 64, N rows not 16-byte aligned."""
+    are not [Bt*R, X] row views with 16-byte aligned rows, M not a multiple of 64, N rows not 16-byte aligned.
+    A call on operands whose start is not 16-byte aligned runs the triton kernel instead (TMA needs it)."""
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype,
                  config: GluonConfig | None = None, from_sizes: bool = False, scale: int = 1):
@@ -210,6 +211,7 @@ class Prepared:
         self.scale = scale
         self.empty = g * bt * m * n == 0
         self.zero = r == 0
+        self.fallback: Any = None
         if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
             raise NotImplementedError(f"gluon ragged_k: operand dtypes {a.dtype}, {b.dtype} (bf16/fp16 only)")
         if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
@@ -241,13 +243,21 @@ class Prepared:
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps)}
 
     def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
+        """The three TMA descriptors at these operands' addresses (layout and alignment checked already)."""
         (ra, sa), (rb, sb) = self.views
         g, bt, m, n = self.shape
-        return (TensorDescriptor(a, [ra, m], [sa, 1], self.blocks[0], self.layouts[0]),
-                TensorDescriptor(b, [rb, n], [sb, 1], self.blocks[1], self.layouts[1]),
-                TensorDescriptor(c, [g * bt * m, n], [n, 1], self.blocks[2], self.layouts[2]))
+        return (_descriptor(a, [ra, m], [sa, 1], self.blocks[0], self.layouts[0]),
+                _descriptor(b, [rb, n], [sb, 1], self.blocks[1], self.layouts[1]),
+                _descriptor(c, [g * bt * m, n], [n, 1], self.blocks[2], self.layouts[2]))
+
+    def _fallback(self, a: torch.Tensor, b: torch.Tensor) -> Any:
+        """The triton kernel for operands whose start is not 16-byte aligned (TMA cannot address them)."""
+        if self.fallback is None:
+            from ragdot.kernels.ragged_k import Prepared as TritonPrepared
+
+            self.fallback = TritonPrepared(a, b, self.shape[0], self.out_dtype, None,
+                                           from_sizes=self.sizes_extent is not None, scale=self.scale)
+        return self.fallback
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None,
                  sched: torch.Tensor | None = None) -> tuple[torch.Tensor, object]:
@@ -255,11 +265,23 @@ class Prepared:
         c, done = prepared_output(self, out)
         if done:
             return c, None
+        if (a.data_ptr() | b.data_ptr() | c.data_ptr()) % 16:
+            return self._fallback(a, b)(a, b, ends, c, sched)
         if sched is None:
             sched = schedule(ends, self.sizes_extent, self.scale)
         handle = run_kernel(ragged_k_ws_kernel, self.grid, *self.descriptors(a, b, c), sched, *self.scalars,
                             *self.consts, **self.options)
         return c, handle
+
+
+def _descriptor(base: torch.Tensor, shape: list[int], strides: list[int], block: list[int], layout: Any) -> Any:
+    """A Gluon host TensorDescriptor without its constructor's checks, for a layout checked once by Prepared
+    (last dim contiguous, 16-byte rows) and a base whose 16-byte alignment was checked on this call."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block, layout=layout, padding="zero")
+    return desc
 
 
 def ragged_k(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype | None = None,
