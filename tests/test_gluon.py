@@ -1,9 +1,11 @@
 """The Gluon (Hopper, warp-specialized) kernels and the `gluon` backend.
 
-CPU: configs, availability, the registry entry, errors, and the sm_90 code compiled with Triton's bundled
-ptxas (wgmma, warp specialization, no spills). GPU (`gpu` marker, sm_90 only): ragged_k against a float64
-reference over balanced / skewed / empty groups, sum < R with NaN-poisoned rows, G=1, batches, every
-candidate config, bitwise repeats, and the backend's prepared call from raw group sizes.
+CPU: configs, availability, the registry entry, errors, the ragged_m row-tile table and the triton fallback
+(through the interpreter), and the sm_90 code compiled with Triton's bundled ptxas (wgmma, warp
+specialization, no spills). GPU (`gpu` marker, sm_90 only): ragged_k and ragged_m against a float64
+reference over balanced / skewed / empty groups, sums below the ragged extent with NaN-poisoned rows, G=1,
+batches, both ragged_m weight layouts, every candidate config, bitwise repeats, and the backend's prepared
+calls from raw group sizes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 from ragdot.kernels.gluon import GluonConfig, gluon_tuning_configs, pick_gluon_config, unavailable_reason
-from ragdot.kernels.gluon.config import SHARED_BYTES
+from ragdot.kernels.gluon.config import SHARED_BYTES, gluon_m_tuning_configs
 from ragdot.routing import balanced, empty, skewed
 
 ON_HOPPER = torch.cuda.is_available() and unavailable_reason() is None
@@ -75,8 +77,13 @@ def test_backend_configs_and_refusals_off_hopper():
     assert isinstance(cfg, GluonConfig)
     assert BACKEND.config_from_dict(BACKEND.config_to_dict(cfg)) == cfg
     assert BACKEND.config_label(cfg) == f"gluon:{cfg.short()}" and BACKEND.config_label(None) == "gluon"
-    assert BACKEND.default_config("ragged_m", (2048, 4096, 1408, 64), torch.bfloat16) is None
-    assert BACKEND.tuning_configs("ragged_m", (2048, 4096, 1408, 64), torch.bfloat16, 8) == []
+    assert BACKEND.default_config("ragged_m", (2048, 4096, 1408, 64), torch.bfloat16).block_m == 64  # 32 rows/group
+    assert BACKEND.default_config("ragged_m", (20480, 4096, 1536, 128), torch.bfloat16).block_m == 128
+    assert BACKEND.default_config("ragged_m", (2048, 4000, 1408, 64), torch.bfloat16) is None  # K % 64 != 0
+    assert BACKEND.tuning_configs("ragged_m", (2048, 4096, 1408, 64), torch.bfloat16, 3) == \
+        gluon_m_tuning_configs(4096, 1408, limit=3)
+    assert BACKEND.default_config("batch", (64, 64, 64, 4), torch.bfloat16) is None
+    assert BACKEND.tuning_configs("batch", (64, 64, 64, 4), torch.bfloat16, 8) == []
     assert BACKEND.tuning_configs("ragged_k", (2048, 4096, 1408, 64), torch.bfloat16, 2) == \
         gluon_tuning_configs(2048, 1408, limit=2)
     if ON_HOPPER:
@@ -132,14 +139,59 @@ def test_misaligned_operands_run_the_triton_kernel():
     assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
 
 
+def _table_reference(sizes: list[int], m: int, block_m: int) -> list[tuple[int, int, int]]:
+    out, start = [], 0
+    for g, end in enumerate([*torch.tensor(sizes).clamp(min=0).cumsum(0).clamp(max=m).tolist(), m]):
+        end = max(end, start)
+        out += [(g, r, end) for r in range(start, end, block_m)]
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("sizes, m", [([5, 0, 130, 64], 300), ([0, 0], 10), ([400, 7], 300), ([-3, 64, 1], 65)])
+def test_ragged_m_tile_table(sizes, m):
+    """Row tiles per group from the raw sizes (clamped, negatives as 0), the tail group G last, -1 after."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from ragdot.kernels.gluon.ragged_m import tile_table
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    raw = torch.tensor(sizes, device=dev)
+    table = tile_table(raw, m, 64, from_sizes=True).cpu()
+    want = _table_reference(sizes, m, 64)
+    assert table.shape == (3, -(-m // 64) + len(sizes) + 1)
+    got = [tuple(col) for col in table.T.tolist()]
+    assert got[: len(want)] == want and all(g == -1 for g, _, _ in got[len(want):])
+    ends = raw.clamp(min=0).cumsum(0).clamp(max=m).to(torch.int32)
+    again = [tuple(col) for col in tile_table(ends, m, 64, from_sizes=False).cpu().T.tolist()]
+    assert again[: len(want)] == want
+
+
+def test_ragged_m_misaligned_operands_run_the_triton_kernel():
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from ragdot.kernels.gluon.ragged_m import Prepared
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(4)
+    m, k, n, sizes = 40, 64, 32, [7, 0, 20]
+    buf = torch.randn(m * k + 8, generator=gen).to(dev, torch.float16)
+    a = buf[1 : 1 + m * k].view(1, m, k)
+    b = torch.randn(1, 3, k, n, generator=gen).to(dev, torch.float16)
+    a[:, 27:] = float("nan")
+    out = Prepared(a, b, torch.float32, from_sizes=True)(a, b, torch.tensor(sizes, device=dev))[0]
+    ref = _reference_m(a.nan_to_num(0), b, sizes)
+    assert torch.isfinite(out).all() and (out[:, 27:] == 0).all()
+    assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
+
+
 # ---- compiled code, checked without a GPU (Triton's bundled ptxas, sm_90 target) -----------------------------
 
 _COMPILE_SCRIPT = textwrap.dedent(
     """
     import json, torch
     from ragdot.kernels.configs import compile_only, resource_usage, run_kernel
-    from ragdot.kernels.gluon.config import gluon_tuning_configs
+    from ragdot.kernels.gluon.config import gluon_m_tuning_configs, gluon_tuning_configs
     from ragdot.kernels.gluon.ragged_k import Prepared
+    from ragdot.kernels.gluon.ragged_m import Prepared as MPrepared
     from ragdot.kernels.gluon import matmul as mm
     from ragdot.kernels.gluon.common import descriptor, maxnreg_for, mma_layout
     bf = torch.bfloat16
@@ -158,6 +210,13 @@ _COMPILE_SCRIPT = textwrap.dedent(
                     p = Prepared(a, b, g, out_dtype, cfg)
                     h = p(a, b, None, sched=torch.zeros(3, g, dtype=torch.int32))[1]
                     out[f"ragged_k {m}x{r}x{n}x{g} {out_dtype} {cfg.short()}"] = info(h)
+        for m, k, n, g in ((3840, 2048, 1408, 64), (5120, 512, 512, 256)):
+            a = torch.empty(1, m, k, dtype=bf)
+            for name, b in (("fwd", torch.empty(1, g, k, n, dtype=bf)),
+                            ("dgrad", torch.empty(1, g, n, k, dtype=bf).transpose(-1, -2))):
+                for cfg in gluon_m_tuning_configs(k, n):
+                    h = MPrepared(a, b, bf, cfg)(a, b, torch.zeros(g, dtype=torch.int32))[1]
+                    out[f"ragged_m {name} {m}x{k}x{n}x{g} {cfg.short()}"] = info(h)
         x, y, z = torch.empty(1024, 512, dtype=bf), torch.empty(512, 1024, dtype=bf), torch.empty(1024, 1024, dtype=bf)
         for ws, bn, nw, st in ((False, 128, 4, 4), (True, 128, 4, 4), (True, 256, 8, 3)):
             d = (descriptor(x, [128, 64]), descriptor(y, [64, bn]), descriptor(z, [128, bn]))
@@ -183,8 +242,8 @@ def _bundled_ptxas() -> bool:
 
 @pytest.mark.skipif(not _bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
 def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
-    """Every candidate config compiles (for sm_90, on any machine) to wgmma with a transposed-A operand from
-    shared memory, register reallocation between the partitions, a TMA store and zero spills."""
+    """Every candidate config compiles (for sm_90, on any machine) to wgmma (ragged_k: a transposed-A operand
+    from shared memory), register reallocation between the partitions, a TMA store and zero spills."""
     import json
 
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
@@ -196,6 +255,7 @@ def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
     assert proc.returncode == 0, proc.stderr[-3000:]
     usage = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sum(k.startswith("ragged_k") for k in usage) >= 12
+    assert sum(k.startswith("ragged_m") for k in usage) >= 12
     for name, info in usage.items():
         assert info["wgmma"] and info["spills"] == 0 and info["shared"] <= SHARED_BYTES, (name, info)
         assert info["tma_store"], name
@@ -215,6 +275,16 @@ def _reference(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tens
     for g, size in enumerate(sizes):
         rows = slice(start, start + size)
         out[g] = a[:, rows].double().transpose(1, 2) @ b[:, rows].double()
+        start += size
+    return out
+
+
+def _reference_m(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """float64 c [Bt, M, N]: rows of group g times b[:, g]; rows past the last group exactly zero."""
+    out = torch.zeros(a.shape[0], a.shape[1], b.shape[3], dtype=torch.float64, device=a.device)
+    start = 0
+    for g, size in enumerate(sizes):
+        out[:, start : start + size] = a[:, start : start + size].double() @ b[:, g].double()
         start += size
     return out
 
@@ -328,3 +398,75 @@ def test_backend_prepared_call_from_raw_sizes_matches_triton():
     assert torch.equal(call(a, b, raw), out)
     with pytest.raises(NotImplementedError, match="M=100"):
         gl_backend.prepare("ragged_k", a[:, :, :100], b, len(sizes), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("layout", ["fwd", "dgrad"])
+@pytest.mark.parametrize("routing", sorted(ROUTINGS))
+@pytest.mark.parametrize("m, k, n, e, used", [(1000, 256, 192, 8, 900), (4096, 512, 384, 16, 4096),
+                                              (777, 128, 136, 5, 700)])
+def test_ragged_m_matches_float64(layout, routing, m, k, n, e, used):
+    from ragdot.kernels.gluon.ragged_m import ragged_m
+
+    sizes = ROUTINGS[routing](used, e)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if layout == "fwd":
+        b = torch.randn(1, e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+    else:  # the data-gradient layout: each group's matrix stored [N, K]
+        b = torch.randn(1, e, n, k, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(2, 3)
+    a[:, used:] = float("nan")  # rows past the last group: their outputs must be exact zeros
+    ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
+    out = ragged_m(a, b, ends)
+    from ragdot.measure.checks import normalised_error
+
+    assert torch.isfinite(out).all() and (out[:, used:] == 0).all()
+    assert normalised_error(out, _reference_m(a.nan_to_num(0), b, sizes)) <= 2e-2
+    assert torch.equal(ragged_m(a, b, ends), out), "not bitwise reproducible"
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("cfg", gluon_m_tuning_configs(512, 264), ids=lambda c: c.short())
+def test_ragged_m_every_candidate_config_batch_and_dtypes(cfg):
+    from ragdot.kernels.gluon.ragged_m import ragged_m
+    from ragdot.measure.checks import normalised_error
+
+    sizes = [300, 0, 17, 64, 0, 129, 1, 200, 63, 65]
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    a = torch.randn(2, 1000, 512, device="cuda", dtype=torch.float16, generator=gen)
+    b = torch.randn(2, len(sizes), 512, 264, device="cuda", dtype=torch.float16, generator=gen)
+    a[:, sum(sizes):] = float("nan")
+    ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
+    ref = _reference_m(a.nan_to_num(0), b, sizes)
+    for out_dtype in (torch.float16, torch.float32):
+        out = ragged_m(a, b, ends, out_dtype, config=cfg)
+        assert out.dtype == out_dtype and torch.isfinite(out).all() and (out[:, sum(sizes):] == 0).all()
+        assert normalised_error(out, ref) <= 3e-3
+    out = ragged_m(a, b[:, :1], ends[-1:], config=cfg)  # G=1: one group over the used rows
+    assert (out[:, sum(sizes):] == 0).all()
+    assert normalised_error(out, _reference_m(a.nan_to_num(0), b[:, :1], [sum(sizes)])) <= 3e-3
+
+
+@pytest.mark.gpu
+@hopper
+def test_backend_ragged_m_from_raw_sizes_matches_triton_and_delegates_odd_k():
+    from ragdot.backends import get_backend
+    from ragdot.measure.checks import normalised_error
+
+    gl_backend, tr_backend = get_backend("gluon"), get_backend("triton")
+    sizes = skewed(3000, 16).tolist()
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    a = torch.randn(1, 3200, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(1, 16, 1024, 768, device="cuda", dtype=torch.bfloat16, generator=gen)
+    raw = torch.tensor(sizes, device="cuda", dtype=torch.int64)
+    call = gl_backend.prepare("ragged_m", a, b, 16, torch.bfloat16)
+    out = call(a, b, raw)
+    ref = tr_backend.prepare("ragged_m", a, b, 16, torch.bfloat16)(a, b, raw)
+    assert normalised_error(out, ref) <= 1e-2 and torch.equal(call(a, b, raw), out)
+    assert (out[:, 3000:] == 0).all()
+    odd = gl_backend.prepare("ragged_m", a[:, :, :1000], b[:, :, :1000], 16, torch.bfloat16)  # K % 64 != 0
+    assert normalised_error(odd(a[:, :, :1000], b[:, :, :1000], raw),
+                            tr_backend.ragged_m(a[:, :, :1000], b[:, :, :1000], raw.cumsum(0).int(), torch.bfloat16)
+                            ) <= 1e-2

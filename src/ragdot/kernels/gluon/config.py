@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["GluonConfig", "SHARED_BYTES", "pick_gluon_config", "gluon_tuning_configs"]
+__all__ = ["GluonConfig", "SHARED_BYTES", "pick_gluon_config", "gluon_tuning_configs", "pick_gluon_m_config",
+           "gluon_m_tuning_configs"]
 
 SHARED_BYTES = 232448  # shared memory one block may use on sm_90 (227 KiB)
 
@@ -80,3 +81,19 @@ def pick_gluon_config(m: int, n: int, out_bytes: int = 2) -> GluonConfig | None:
     """The default config for output [M, N]; None where no candidate fits (M not a multiple of 64)."""
     fits = gluon_tuning_configs(m, n, out_bytes)
     return fits[0] if fits else None
+
+
+def gluon_m_tuning_configs(k: int, n: int, out_bytes: int = 2, limit: int | None = None) -> list[GluonConfig]:
+    """The candidate configs of a ragged_m problem with contraction K and N output columns (K % block_k == 0)."""
+    fits = [c for c in _CANDIDATES if k % c.block_k == 0 and c.shared_bytes(2, out_bytes) <= SHARED_BYTES]
+    if n <= 128:
+        fits = [c for c in fits if c.block_n <= 128] or fits
+    return fits[:limit] if limit else fits
+
+
+def pick_gluon_m_config(m: int, k: int, n: int, g: int, out_bytes: int = 2) -> GluonConfig | None:
+    """The default ragged_m config: 128-row tiles where groups hold 128 rows or more on average, else 64-row
+    tiles (less padding in each group's last tile); None where K is not a multiple of 64."""
+    fits = gluon_m_tuning_configs(k, n, out_bytes)
+    rows = 128 if m >= 128 * max(g, 1) else 64
+    return next((c for c in fits if c.block_m == rows), fits[0] if fits else None)

@@ -241,6 +241,9 @@ class Prepared:
         self.consts = (cfg.stages, cfg.group_m, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
                        gl.BlockedLayout([1, 8], [2, 16], [cfg.num_warps, 1], [1, 0]), cfg.producer_regs)
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps)}
+        from ragdot.kernels.ragged_k import Prepared as TritonPrepared  # for operands TMA cannot address
+
+        self.fallback = TritonPrepared(a, b, g, out_dtype, None, from_sizes=from_sizes, scale=scale)
 
     def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:
         """The three TMA descriptors at these operands' addresses (layout and alignment checked already)."""
@@ -250,15 +253,6 @@ class Prepared:
                 _descriptor(b, [rb, n], [sb, 1], self.blocks[1], self.layouts[1]),
                 _descriptor(c, [g * bt * m, n], [n, 1], self.blocks[2], self.layouts[2]))
 
-    def _fallback(self, a: torch.Tensor, b: torch.Tensor) -> Any:
-        """The triton kernel for operands whose start is not 16-byte aligned (TMA cannot address them)."""
-        if self.fallback is None:
-            from ragdot.kernels.ragged_k import Prepared as TritonPrepared
-
-            self.fallback = TritonPrepared(a, b, self.shape[0], self.out_dtype, None,
-                                           from_sizes=self.sizes_extent is not None, scale=self.scale)
-        return self.fallback
-
     def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None,
                  sched: torch.Tensor | None = None) -> tuple[torch.Tensor, object]:
         """a [Bt, R, M], b [Bt, R, N], ends [G] (raw sizes with from_sizes) -> (c [G, Bt, M, N], kernel)."""
@@ -266,7 +260,7 @@ class Prepared:
         if done:
             return c, None
         if (a.data_ptr() | b.data_ptr() | c.data_ptr()) % 16:
-            return self._fallback(a, b)(a, b, ends, c, sched)
+            return self.fallback(a, b, ends, c, sched)
         if sched is None:
             sched = schedule(ends, self.sizes_extent, self.scale)
         handle = run_kernel(ragged_k_ws_kernel, self.grid, *self.descriptors(a, b, c), sched, *self.scalars,
