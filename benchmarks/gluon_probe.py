@@ -1,13 +1,15 @@
 """Probe Gluon's Hopper primitives on this GPU, each step in its own subprocess with a timeout.
 
-    python benchmarks/gluon_probe.py --out DIR [--timeout 90] [--steps pipelined ws4 ws8 ragged_k]
+    python benchmarks/gluon_probe.py --out DIR [--timeout 90] [--steps pipelined ws4 ws8 ragged_k ragged_m]
 
 Steps (src/ragdot/kernels/gluon):
 - pipelined: plain matmul, TMA ring + mbarriers + async wgmma, no warp specialization;
 - ws4: the same ring under gl.warp_specialize: a one-warp TMA producer, one consumer warpgroup (128x128);
 - ws8: producer plus two consumer warpgroups cooperating on a 128x256 tile;
 - ragged_k: the persistent warp-specialized weight-gradient kernel on a small skewed case with empty
-  groups, a NaN-poisoned tail and group edges inside chunks, against a float64 reference.
+  groups, a NaN-poisoned tail and group edges inside chunks, against a float64 reference;
+- ragged_m: the persistent warp-specialized forward kernel (and its data-gradient layout) on the same groups:
+  rows past the last group must be exact zeros.
 
 Each step compiles, runs, checks against torch.matmul on float32 copies (normalised error within the bf16
 bound of ragdot.measure.checks) and times bf16 4096^3 and M=8192,N=2048,K=512 next to torch.mm: CUDA events
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("pipelined", "ws4", "ws8", "ragged_k")
+STEPS = ("pipelined", "ws4", "ws8", "ragged_k", "ragged_m")
 SHAPES = ((4096, 4096, 4096), (8192, 2048, 512))  # (M, N, K)
 KERNEL_ARGS = {
     "pipelined": dict(warp_specialized=False, block=(128, 128, 64), stages=4, num_warps=4),
@@ -94,6 +96,41 @@ def _ragged_k_step() -> dict:
                           bitwise_repeat=bool(torch.equal(out, again)), ok=ok)], "ok": ok}
 
 
+def _ragged_m_step() -> dict:
+    import torch
+
+    from ragdot.kernels.gluon.ragged_m import ragged_m
+    from ragdot.measure.checks import normalised_error, within_tolerance
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(2)
+    m, k, n = 1000, 256, 192
+    sizes = [300, 0, 17, 64, 0, 129, 200, 90]  # sum 800 < M: rows 800+ are NaN and must come out 0
+    ends = torch.tensor(sizes).cumsum(0).to(device=dev, dtype=torch.int32)
+    a = torch.randn(1, m, k, device=dev, dtype=torch.bfloat16, generator=gen)
+    a[:, 800:] = float("nan")
+    rows = []
+    for layout in ("fwd", "dgrad"):
+        shape = (1, len(sizes), k, n) if layout == "fwd" else (1, len(sizes), n, k)
+        b = torch.randn(shape, device=dev, dtype=torch.bfloat16, generator=gen)
+        b = b if layout == "fwd" else b.transpose(2, 3)
+        out, again = ragged_m(a, b, ends), ragged_m(a, b, ends)
+        torch.cuda.synchronize()
+        ref = torch.zeros(m, n, dtype=torch.float64, device=dev)
+        bounds = [0, *ends.tolist()]
+        for g, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+            ref[s:e] = a[0, s:e].double() @ b[0, g].double()
+        err = normalised_error(out[0], ref)
+        tail_zero = bool((out[0, 800:] == 0).all())
+        ok = within_tolerance(err, torch.bfloat16) and tail_zero and bool(torch.equal(out, again))
+        rows.append(dict(layout=layout, m=m, k=k, n=n, sizes=sizes, error=err, tail_zero=tail_zero,
+                         bitwise_repeat=bool(torch.equal(out, again)), ok=ok))
+    return {"rows": rows, "ok": all(r["ok"] for r in rows)}
+
+
+STEP_FUNCTIONS = {"ragged_k": _ragged_k_step, "ragged_m": _ragged_m_step}
+
+
 def child(step: str) -> int:
     from ragdot.kernels.gluon.common import unavailable_reason
 
@@ -101,7 +138,7 @@ def child(step: str) -> int:
     if reason is not None:
         print(f"UNAVAILABLE {reason}", file=sys.stderr)
         return 2
-    result = _ragged_k_step() if step == "ragged_k" else _matmul_step(step)
+    result = STEP_FUNCTIONS[step]() if step in STEP_FUNCTIONS else _matmul_step(step)
     print(MARK + json.dumps(result), flush=True)
     return 0
 
@@ -144,10 +181,14 @@ def _line(res: dict) -> str:
         if "tflops" in r:
             parts.append(f"{r['m']}x{r['n']}x{r['k']} err {r['error']:.1e} {r['tflops']:.0f} TFLOP/s "
                          f"(torch.mm {r['torch_mm_tflops']:.0f}, {r['vs_torch_mm']:.2f}x)")
+        elif "tail_zero" in r:
+            parts.append(f"{r['layout']} err {r['error']:.1e} tail rows zero {r['tail_zero']} "
+                         f"bitwise repeat {r['bitwise_repeat']}")
         else:
             parts.append(f"err {r['error']:.1e} empty groups zero {r['empty_groups_zero']} "
                          f"bitwise repeat {r['bitwise_repeat']}")
-    return f"{head}: " + "; ".join(parts) + " [CUDA events, eager, median of 20]"
+    timed = any("tflops" in r for r in res.get("rows", []))
+    return f"{head}: " + "; ".join(parts) + (" [CUDA events around eager calls, median of 20]" if timed else "")
 
 
 def main(argv: list[str] | None = None) -> int:
