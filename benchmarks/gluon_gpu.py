@@ -10,6 +10,7 @@
    `graph` = CUDA-graph replays of one call, `eager` = eager calls, each timed by CUDA events, median of
    --reps after 2 warm-up calls (ragdot.measure.timing.median_ms), the same inputs every call (no L2
    rotation). The gluon output is checked against the vendor's (normalised error, bf16 bound).
+   `--classes fwd_wi dgrad_wi` times the ragged_m kernel as well (forward and data-gradient weight layouts).
 
 The shapes run in one child process that reports each cell as it finishes; a cell with no answer within
 --cell-timeout seconds counts as a hang: the child is killed and a new one goes on with the next shape.
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MARK = "CELL "
 SYSTEMS = ("gluon", "triton", "vendor")
 CLASSES = ("wgrad_wi", "wgrad_wo")
+EXTRA_CLASSES = ("fwd_wi", "dgrad_wi")  # the ragged_m kernel, forward and data-gradient weight layouts
 COLUMNS = ("shape", "cls", "system", "routing", "M", "K", "N", "E", "status", "graph_ms", "eager_ms",
            "graph_tflops", "eager_tflops", "graph_vs_vendor", "eager_vs_vendor", "error_vs_vendor", "message")
 
@@ -54,16 +56,32 @@ def _shapes() -> list[tuple[str, int, int, int, int]]:
 # ---- child: the timed cells ----------------------------------------------------------------------------------
 
 
-def _system_call(system: str, a, b, sizes, e: int):
+def _operands(cls: str, m: int, k: int, n: int, e: int, gen):
+    """(problem, ragdot a, ragdot b, vendor mat_a, vendor mat_b) of one class, bf16 (docs of ragdot.bench.systems)."""
     import torch
 
+    dev = torch.device("cuda")
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen)
+    if cls in ("wgrad_wi", "wgrad_wo"):
+        a, b = (x, dy) if cls == "wgrad_wi" else (dy, x)
+        return "ragged_k", a[None], b[None], a.t(), b
+    w = torch.randn(e, k, n, device=dev, dtype=torch.bfloat16, generator=gen)
+    wb = w if cls == "fwd_wi" else w.transpose(1, 2)  # dgrad_wi: dy [M, N] @ w[g]^T, w stored [E, K, N]
+    a = x if cls == "fwd_wi" else dy
+    return "ragged_m", a[None], wb[None], a, wb
+
+
+def _system_call(system: str, ops, sizes, e: int):
+    import torch
+
+    problem, a, b, mat_a, mat_b = ops
     if system == "vendor":
-        return lambda: torch._grouped_mm(a.t(), b, offs=torch.cumsum(sizes, 0, dtype=torch.int32))
+        return lambda: torch._grouped_mm(mat_a, mat_b, offs=torch.cumsum(sizes, 0, dtype=torch.int32))
     from ragdot.backends import get_backend
 
-    a3, b3 = a.unsqueeze(0), b.unsqueeze(0)
-    call = get_backend(system).prepare("ragged_k", a3, b3, e, torch.bfloat16)
-    return lambda: call(a3, b3, sizes)
+    call = get_backend(system).prepare(problem, a, b, e, torch.bfloat16)
+    return lambda: call(a, b, sizes)
 
 
 def _cell(shape, cls: str, routing: str, reps: int) -> list[dict]:
@@ -75,18 +93,16 @@ def _cell(shape, cls: str, routing: str, reps: int) -> list[dict]:
 
     name, m, k, n, e = shape
     dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(0)
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
-    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen)
-    a, b = (x, dy) if cls == "wgrad_wi" else (dy, x)
+    ops = _operands(cls, m, k, n, e, torch.Generator(device=dev).manual_seed(0))
     sizes = group_sizes(routing, m, e, device=dev)
+    out_shape = (e, ops[1].shape[2], ops[2].shape[2]) if ops[0] == "ragged_k" else (m, ops[2].shape[3])
     flop = 2 * m * k * n
     rows, outs = [], {}
     for system in SYSTEMS:
         row = dict(shape=name, cls=cls, system=system, routing=routing, M=m, K=k, N=n, E=e)
         try:
-            fn = _system_call(system, a, b, sizes, e)
-            outs[system] = fn().reshape(e, a.shape[1], b.shape[1])
+            fn = _system_call(system, ops, sizes, e)
+            outs[system] = fn().reshape(out_shape)
             torch.cuda.synchronize()
             for clock in ("graph", "eager"):
                 ms = median_ms(fn, dev, graph=clock == "graph", reps=reps)
@@ -109,9 +125,9 @@ def _cell(shape, cls: str, routing: str, reps: int) -> list[dict]:
     return rows
 
 
-def child(first: int, routing: str, reps: int) -> int:
+def child(first: int, routing: str, reps: int, classes: list[str]) -> int:
     for shape in _shapes()[first:]:
-        for cls in CLASSES:
+        for cls in classes:
             print(MARK + json.dumps(_cell(shape, cls, routing, reps)), flush=True)
     return 0
 
@@ -139,15 +155,16 @@ def _reader(proc: subprocess.Popen, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def run_cells(routing: str, reps: int, cell_timeout: float, deadline: float, on_rows, log: Path) -> list[str]:
+def run_cells(routing: str, reps: int, classes: list[str], cell_timeout: float, deadline: float, on_rows,
+              log: Path) -> list[str]:
     """Cells in child processes (their stderr appended to `log`); returns the notes on hangs, crashes and
     what the budget left out."""
     shapes, notes, first = _shapes(), [], 0
     while first < len(shapes):
         with open(log, "a") as err:
             proc = subprocess.Popen([sys.executable, __file__, "--child", str(first), "--routing", routing,
-                                     "--reps", str(reps)], stdout=subprocess.PIPE, stderr=err, text=True,
-                                    env=_env(), cwd=ROOT)
+                                     "--reps", str(reps), "--classes", *classes], stdout=subprocess.PIPE,
+                                    stderr=err, text=True, env=_env(), cwd=ROOT)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_reader, args=(proc, lines), daemon=True).start()
         done_cells = 0
@@ -162,7 +179,7 @@ def run_cells(routing: str, reps: int, cell_timeout: float, deadline: float, on_
             if line.startswith(MARK):
                 on_rows(json.loads(line[len(MARK):]))
                 done_cells += 1
-        shape_now = first + done_cells // len(CLASSES)
+        shape_now = first + done_cells // len(classes)
         if line is None and proc.wait() == 0:
             break
         proc.kill()
@@ -189,12 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=330.0, help="seconds for the whole run (tests included)")
     ap.add_argument("--tests-timeout", type=float, default=150.0)
     ap.add_argument("--cell-timeout", type=float, default=60.0, help="seconds without a finished cell = hang")
+    ap.add_argument("--classes", nargs="+", choices=CLASSES + EXTRA_CLASSES, default=list(CLASSES),
+                    help="classes to time (default: the weight gradient; fwd_wi / dgrad_wi time the ragged_m kernel)")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     if args.child is not None:
-        return child(args.child, args.routing, args.reps)
+        return child(args.child, args.routing, args.reps, args.classes)
     if args.out is None:
         ap.error("--out: a directory is required")
     import torch
@@ -207,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tests/test_gluon.py: {tests['verdict']} {tests.get('summary', '')}", flush=True)
     meta = run_meta(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"), torch.bfloat16,
                     with_triton=True)
-    meta.update(routing=args.routing, reps=args.reps, tests=tests,
+    meta.update(routing=args.routing, reps=args.reps, classes=args.classes, tests=tests,
                 clocks={"graph": "CUDA-graph replays, CUDA events, median",
                         "eager": "eager calls, CUDA events, median"})
     writer = RowWriter(args.out, "gluon_gpu", meta, COLUMNS)
@@ -220,17 +239,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rows[0]['shape']} {rows[0]['cls']}: TFLOP/s graph/eager: {cells}", flush=True)
 
     if torch.cuda.is_available():
-        notes = run_cells(args.routing, args.reps, args.cell_timeout, deadline, on_rows,
+        notes = run_cells(args.routing, args.reps, args.classes, args.cell_timeout, deadline, on_rows,
                           args.out / "gluon_gpu-stderr.txt")
     else:
         notes = ["no CUDA device here: the timing was left out"]
     summary = {}
-    for system in ("gluon", "triton"):
-        for clock in ("graph", "eager"):
-            ratios = [r[f"{clock}_vs_vendor"] for r in writer.rows if r["system"] == system
-                      and r["status"] == "ok" and r.get(f"{clock}_vs_vendor")]
-            summary[f"{system} {clock}"] = {"geomean_vs_vendor": _geomean(ratios), "cells": len(ratios),
-                                            "min_vs_vendor": min(ratios) if ratios else None}
+    kinds = dict.fromkeys("wgrad" if c.startswith("wgrad") else c for c in args.classes)
+    for kind, system, clock in ((k, s, c) for k in kinds for s in ("gluon", "triton") for c in ("graph", "eager")):
+        ratios = [r[f"{clock}_vs_vendor"] for r in writer.rows if r["system"] == system and r["cls"].startswith(kind)
+                  and r["status"] == "ok" and r.get(f"{clock}_vs_vendor")]
+        summary[f"{kind} {system} {clock}"] = {"geomean_vs_vendor": _geomean(ratios), "cells": len(ratios),
+                                               "min_vs_vendor": min(ratios) if ratios else None}
     meta.update(notes=notes, summary=summary)
     writer.rewrite()
     write_document(args.out / "gluon_gpu-summary.json", {"meta": meta})
