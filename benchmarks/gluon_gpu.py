@@ -10,12 +10,14 @@
    `graph` = CUDA-graph replays of one call, `eager` = eager calls, each timed by CUDA events, median of
    --reps after 2 warm-up calls (ragdot.measure.timing.median_ms), the same inputs every call (no L2
    rotation). The gluon output is checked against the vendor's (normalised error, bf16 bound).
-   `--classes fwd_wi dgrad_wi` times the ragged_m kernel as well (forward and data-gradient weight layouts).
+   `--classes wgrad_wi wgrad_wo fwd_wi dgrad_wi` times the ragged_m kernel too (forward and data-gradient
+   weight layouts; raise --budget then).
 
 The shapes run in one child process that reports each cell as it finishes; a cell with no answer within
 --cell-timeout seconds counts as a hang: the child is killed and a new one goes on with the next shape.
 Writes DIR/gluon_gpu-<date>.csv / .json (one row per shape, class and system), DIR/gluon_gpu-summary.json,
 DIR/gluon_gpu-tests.txt (the pytest output) and DIR/gluon_gpu-stderr.txt (the timing children's stderr);
+with --memcheck also DIR/gluon_gpu-memcheck.txt (a few Gluon calls under compute-sanitizer memcheck);
 prints one line per cell and the geometric means of the speed ratios against the vendor.
 """
 
@@ -26,6 +28,7 @@ import json
 import math
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -132,6 +135,61 @@ def child(first: int, routing: str, reps: int, classes: list[str]) -> int:
     return 0
 
 
+def memcheck_calls() -> int:
+    """A few small Gluon calls (NaN tails, empty groups, group edges inside chunks and tiles, both ragged_m
+    layouts, fp32 output), for compute-sanitizer; exit status 1 when a result breaks the contract."""
+    import torch
+
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+    from ragdot.kernels.gluon.ragged_m import ragged_m
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    sizes = [70, 0, 129, 1, 64, 0, 33]
+    used = sum(sizes)
+    ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
+    a = torch.randn(1, 400, 192, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(1, 400, 136, device="cuda", dtype=torch.bfloat16, generator=gen)
+    a[:, used:], b[:, used:] = float("nan"), float("nan")
+    bad = []
+    for out_dtype in (torch.bfloat16, torch.float32):
+        c = ragged_k(a, b, ends, out_dtype)
+        if not torch.isfinite(c).all() or (c[1] != 0).any() or (c[5] != 0).any():
+            bad.append(f"ragged_k {out_dtype}: NaN or nonzero empty groups")
+    w = torch.randn(1, len(sizes), 192, 136, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for b4 in (w, w.transpose(2, 3).contiguous().transpose(2, 3)):
+        c = ragged_m(a, b4, ends)
+        if not torch.isfinite(c).all() or (c[:, used:] != 0).any():
+            bad.append(f"ragged_m (b strides {b4.stride()}): NaN or nonzero rows past the groups")
+    torch.cuda.synchronize()
+    for line in bad:
+        print(f"memcheck calls: {line}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    return next((str(p) for p in sorted(Path("/usr/local").glob("cuda*/bin/compute-sanitizer")) if p.is_file()), None)
+
+
+def run_memcheck(out: Path, timeout: float) -> dict:
+    tool = _sanitizer()
+    if tool is None:
+        return {"verdict": "skipped (compute-sanitizer not found: PATH, /usr/local/cuda*/bin)"}
+    cmd = [tool, "--tool", "memcheck", "--error-exitcode", "3", "--print-limit", "50", sys.executable, __file__,
+           "--memcheck-child"]
+    env = dict(_env(), PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+        text = proc.stdout + proc.stderr
+        verdict = {0: "passed", 1: "wrong results", 3: "memcheck errors"}.get(proc.returncode, f"rc {proc.returncode}")
+    except subprocess.TimeoutExpired as exc:
+        text, verdict = str(exc.stdout or "") + str(exc.stderr or ""), f"hang (no end within {timeout:.0f} s)"
+    (out / "gluon_gpu-memcheck.txt").write_text(text)
+    return {"verdict": verdict}
+
+
 # ---- parent: tests, then the cells with a watchdog -------------------------------------------------------------
 
 
@@ -209,11 +267,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--classes", nargs="+", choices=CLASSES + EXTRA_CLASSES, default=list(CLASSES),
                     help="classes to time (default: the weight gradient; fwd_wi / dgrad_wi time the ragged_m kernel)")
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--memcheck", action="store_true",
+                    help="also run a few Gluon calls under compute-sanitizer memcheck (up to 120 s more)")
+    ap.add_argument("--memcheck-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     if args.child is not None:
         return child(args.child, args.routing, args.reps, args.classes)
+    if args.memcheck_child:
+        return memcheck_calls()
     if args.out is None:
         ap.error("--out: a directory is required")
     import torch
@@ -224,9 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     tests = {"verdict": "skipped"} if args.skip_tests else run_tests(args.out, args.tests_timeout)
     print(f"tests/test_gluon.py: {tests['verdict']} {tests.get('summary', '')}", flush=True)
+    memcheck = run_memcheck(args.out, 120.0) if args.memcheck else {"verdict": "not run (--memcheck)"}
+    if args.memcheck:
+        print(f"memcheck: {memcheck['verdict']}", flush=True)
+        deadline += 120.0
     meta = run_meta(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"), torch.bfloat16,
                     with_triton=True)
-    meta.update(routing=args.routing, reps=args.reps, classes=args.classes, tests=tests,
+    meta.update(routing=args.routing, reps=args.reps, classes=args.classes, tests=tests, memcheck=memcheck,
                 clocks={"graph": "CUDA-graph replays, CUDA events, median",
                         "eager": "eager calls, CUDA events, median"})
     writer = RowWriter(args.out, "gluon_gpu", meta, COLUMNS)
@@ -260,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}")
     bad = [r for r in writer.rows if r["system"] == "gluon" and r["status"] != "ok"]
-    return 0 if tests["verdict"] in ("passed", "skipped") and not bad and not notes else 1
+    checks_ok = tests["verdict"] in ("passed", "skipped") and memcheck["verdict"] in ("passed", "not run (--memcheck)")
+    return 0 if checks_ok and not bad and not notes else 1
 
 
 if __name__ == "__main__":
