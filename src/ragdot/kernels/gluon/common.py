@@ -31,13 +31,14 @@ def hopper_device(device: torch.device | None = None) -> bool:
 
 
 def unavailable_reason(device: torch.device | None = None) -> str | None:
-    """None where the Gluon kernels can run on `device`; otherwise why not, in one line."""
-    if not gluon_importable():
-        return "this Triton has no Gluon (triton.experimental.gluon; Triton >= 3.5)"
+    """None where the Gluon kernels can run on `device`; otherwise why not, in one line (the cheap checks
+    first, so that a machine without a Hopper GPU never imports Gluon for this)."""
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return "Gluon kernels do not run in Triton's interpreter (TRITON_INTERPRET=1)"
     if not hopper_device(device):
         return "the Gluon kernels need an NVIDIA sm_90 (Hopper) GPU"
+    if not gluon_importable():
+        return "this Triton has no Gluon (triton.experimental.gluon; Triton >= 3.5)"
     return None
 
 
