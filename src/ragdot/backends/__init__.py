@@ -101,6 +101,7 @@ _REGISTRY: dict[str, _Entry] = {
     "padded": _Entry("ragdot.backends.padded"),
     "torch": _Entry("ragdot.backends.torch_gmm"),
     "triton": _Entry("ragdot.backends.triton_gmm"),
+    "gluon": _Entry("ragdot.backends.gluon_gmm"),
 }
 
 BACKEND_NAMES: tuple[str, ...] = tuple(_REGISTRY)

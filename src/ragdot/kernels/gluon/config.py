@@ -1,0 +1,99 @@
+"""Launch configs of the Gluon kernels (pure Python: no Triton import, so it loads and tests anywhere)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["GluonConfig", "SHARED_BYTES", "pick_gluon_config", "gluon_tuning_configs", "pick_gluon_m_config",
+           "gluon_m_tuning_configs"]
+
+SHARED_BYTES = 232448  # shared memory one block may use on sm_90 (227 KiB)
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """One launch of the warp-specialized kernels: tile, ring depth, consumer warps (4 = one warpgroup, 8 = two
+    cooperating on the tile), row tiles per band, registers of the producer warp."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    stages: int = 4
+    num_warps: int = 4
+    group_m: int = 8
+    producer_regs: int = 24
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 16 or value & (value - 1):
+                raise ValueError(f"{name}: expected a power of two >= 16, got {value!r}")
+        if self.block_m < 64:
+            raise ValueError(f"block_m: wgmma needs at least 64 rows per tile, got {self.block_m}")
+        if self.stages < 2:
+            raise ValueError(f"stages: expected at least 2, got {self.stages}")
+        if self.num_warps not in (4, 8):
+            raise ValueError(f"num_warps: expected 4 or 8 (one or two consumer warpgroups), got {self.num_warps}")
+        if self.num_warps == 8 and self.block_m < 128:
+            raise ValueError(f"num_warps: 8 consumer warps need block_m >= 128, got {self.block_m}")
+        if self.group_m < 1:
+            raise ValueError(f"group_m: expected >= 1, got {self.group_m}")
+        if self.producer_regs % 8 or not 24 <= self.producer_regs <= 256:
+            raise ValueError(f"producer_regs: expected a multiple of 8 in [24, 256], got {self.producer_regs}")
+
+    def shared_bytes(self, in_bytes: int = 2, out_bytes: int = 2) -> int:
+        """Shared memory of the ring, the epilogue tile and the barriers."""
+        ring = self.stages * self.block_k * (self.block_m + self.block_n) * in_bytes
+        return ring + self.block_m * self.block_n * out_bytes + 16 * self.stages + 1024
+
+    def short(self) -> str:
+        return (f"{self.block_m}x{self.block_n}x{self.block_k}s{self.stages}w{self.num_warps}"
+                f"g{self.group_m}r{self.producer_regs}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_CANDIDATES = (
+    GluonConfig(128, 128, 64, 4, 4),
+    GluonConfig(128, 256, 64, 3, 8),
+    GluonConfig(128, 128, 64, 4, 8),
+    GluonConfig(64, 128, 64, 5, 4),
+    GluonConfig(128, 64, 64, 6, 4),
+    GluonConfig(64, 256, 64, 4, 4),
+)
+
+
+def _fits(cfg: GluonConfig, m: int, out_bytes: int) -> bool:
+    return m % cfg.block_m == 0 and cfg.shared_bytes(2, out_bytes) <= SHARED_BYTES
+
+
+def gluon_tuning_configs(m: int, n: int, out_bytes: int = 2, limit: int | None = None) -> list[GluonConfig]:
+    """The candidate configs a ragged_k problem with output [M, N] can run (M a multiple of block_m)."""
+    fits = [c for c in _CANDIDATES if _fits(c, m, out_bytes)]
+    if n <= 128:
+        fits = [c for c in fits if c.block_n <= 128] or fits
+    return fits[:limit] if limit else fits
+
+
+def pick_gluon_config(m: int, n: int, out_bytes: int = 2) -> GluonConfig | None:
+    """The default config for output [M, N]; None where no candidate fits (M not a multiple of 64)."""
+    fits = gluon_tuning_configs(m, n, out_bytes)
+    return fits[0] if fits else None
+
+
+def gluon_m_tuning_configs(k: int, n: int, out_bytes: int = 2, limit: int | None = None) -> list[GluonConfig]:
+    """The candidate configs of a ragged_m problem with contraction K and N output columns (K % block_k == 0)."""
+    fits = [c for c in _CANDIDATES if k % c.block_k == 0 and c.shared_bytes(2, out_bytes) <= SHARED_BYTES]
+    if n <= 128:
+        fits = [c for c in fits if c.block_n <= 128] or fits
+    return fits[:limit] if limit else fits
+
+
+def pick_gluon_m_config(m: int, k: int, n: int, g: int, out_bytes: int = 2) -> GluonConfig | None:
+    """The default ragged_m config: 128-row tiles where groups hold 128 rows or more on average, else 64-row
+    tiles (less padding in each group's last tile); None where K is not a multiple of 64."""
+    fits = gluon_m_tuning_configs(k, n, out_bytes)
+    rows = 128 if m >= 128 * max(g, 1) else 64
+    return next((c for c in fits if c.block_m == rows), fits[0] if fits else None)

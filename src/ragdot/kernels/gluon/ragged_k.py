@@ -1,0 +1,288 @@
+"""Ragged-K Group-GEMM (the MoE weight gradient) for Hopper in Gluon: persistent and warp-specialized.
+
+    c[g, bt] = a[bt, rows of g, :]^T @ b[bt, rows of g, :]       rows of g = [ends[g-1], ends[g])
+
+Work items are (slot, batch, output tile), slots being the groups longest first (ragdot.kernels.ragged_k's
+`_schedule_kernel`); program p of the persistent grid takes items p, p + P, ... Each item contracts only
+over its group's token rows, in chunks of BLOCK_K rows, so there are no atomics and the result is bitwise
+reproducible (one fixed order of accumulation per tile).
+
+Partitions (gl.warp_specialize):
+- producer (worker, 1 warp): walks the same items and issues two TMA loads per chunk into a ring of STAGES
+  shared-memory stages: a rows [BLOCK_K, BLOCK_M] and b rows [BLOCK_K, BLOCK_N]. It runs ahead into the next
+  item while the consumer finishes the current one, so the epilogue overlaps the next tile's loads.
+- consumer (default partition, 4 warps = one warpgroup or 8 = two cooperating on the tile): wgmma with one
+  group in flight, releases each stage once its MMA retired, then the epilogue: the tile goes through shared
+  memory to a TMA store that is only waited for before the next tile's epilogue reuses the buffer.
+
+Group edges: a chunk starts at a row of its group, so only the last chunk of a group can straddle its end;
+the TMA load of that chunk brings in rows of the next group (or rows past ends[-1], NaN possibly). Before
+its MMA the consumer overwrites those rows of both stages with zeros (a select in registers, stored back,
+then fenced for the async proxy), so no value outside the group reaches a result. Rows past the tensor end
+are zero-filled by TMA itself. An empty group has no chunks: its tiles store exact zeros.
+
+Layout requirements (checked by the host side): a and b are viewed [Bt*R, M] and [Bt*R, N] (last dim
+contiguous, 16-byte aligned rows), c is [G*Bt*M, N] with M a multiple of BLOCK_M (so a tile's TMA store
+never crosses into the next slab); the TMA store clips columns at N.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, prepared_output, run_kernel
+from ragdot.kernels.gluon.common import maxnreg_for, mma_layout
+from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_config
+from ragdot.kernels.ragged_k import schedule
+
+__all__ = ["Prepared", "ragged_k", "ragged_k_ws_kernel"]
+
+
+@gluon.jit
+def _item(item, sched_ptr, G, M, N, Bt, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """Item -> (group, first row, end row, batch index, row tile, column tile); tiles walked in bands."""
+    num_m = gl.cdiv(M, BLOCK_M)
+    num_n = gl.cdiv(N, BLOCK_N)
+    tiles = num_m * num_n
+    slot = item // (Bt * tiles)
+    rest = item % (Bt * tiles)
+    bt = rest // tiles
+    tile = rest % tiles
+    width = GROUP_M * num_n
+    band_m = (tile // width) * GROUP_M
+    band_h = gl.minimum(num_m - band_m, GROUP_M)
+    pid_m = band_m + (tile % width) % band_h
+    pid_n = (tile % width) // band_h
+    g = gl.load(sched_ptr + slot)
+    start = gl.load(sched_ptr + G + slot)
+    end = gl.load(sched_ptr + 2 * G + slot)
+    return g, start, end, bt, pid_m, pid_n
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt,
+              GROUP_M: gl.constexpr):
+    """Worker partition (1 warp): TMA loads of every chunk of this program's items into the ring."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    NBYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    total = G * Bt * gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    it = 0
+    for item in range(pid, total, nprog):
+        g, start, end, bt, pid_m, pid_n = _item(item, sched_ptr, G, M, N, Bt, BLOCK_M, BLOCK_N, GROUP_M)
+        row0 = bt * R + start
+        for kk in range(gl.cdiv(end - start, BLOCK_K)):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
+            mbarrier.expect(ready.index(s), NBYTES)
+            row = row0 + kk * BLOCK_K
+            tma.async_copy_global_to_shared(a_desc, [row, pid_m * BLOCK_M], ready.index(s), a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [row, pid_n * BLOCK_N], ready.index(s), b_bufs.index(s))
+            it += 1
+
+
+@gluon.jit
+def _zero_rows_from(buf, valid, LAYOUT: gl.constexpr):
+    """Overwrite rows >= valid of the shared [BLOCK_K, X] stage `buf` with zeros (a select, not a product)."""
+    x = buf.load(LAYOUT)
+    rows = gl.arange(0, buf.type.shape[0], layout=gl.SliceLayout(1, LAYOUT))
+    keep = gl.expand_dims(rows, 1) < valid
+    buf.store(gl.where(keep, x, gl.zeros_like(x)))
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, ready, empty, c_desc, sched_ptr, M, N, G, Bt,
+              GROUP_M: gl.constexpr, MMA_LAYOUT: gl.constexpr, EDGE_LAYOUT: gl.constexpr):
+    """Default partition: wgmma over each item's chunks, edge rows zeroed first, epilogue by TMA store."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    total = G * Bt * gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    it = 0
+    for item in range(pid, total, nprog):
+        g, start, end, bt, pid_m, pid_n = _item(item, sched_ptr, G, M, N, Bt, BLOCK_M, BLOCK_N, GROUP_M)
+        n_k = gl.cdiv(end - start, BLOCK_K)
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
+        for kk in range(n_k):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            valid = end - start - kk * BLOCK_K
+            if valid < BLOCK_K:  # the group's last chunk straddles its end: rows >= valid are not ours
+                _zero_rows_from(a_bufs.index(s), valid, EDGE_LAYOUT)
+                _zero_rows_from(b_bufs.index(s), valid, EDGE_LAYOUT)
+                fence_async_shared()  # generic-proxy stores, then wgmma reads through the async proxy
+                gl.thread_barrier()
+            acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)  # chunk it - 1 retired
+            it += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=n_k > 0)  # this item's last chunk
+        tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [(g * Bt + bt) * M + pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def ragged_k_ws_kernel(
+    a_desc,  # TMA descriptor of a viewed [Bt*R, M] (token rows, M contiguous), block [BLOCK_K, BLOCK_M]
+    b_desc,  # TMA descriptor of b viewed [Bt*R, N], block [BLOCK_K, BLOCK_N]
+    c_desc,  # TMA descriptor of c viewed [G*Bt*M, N] (out dtype), block [BLOCK_M, BLOCK_N]; M % BLOCK_M == 0
+    sched_ptr,  # [3, G] int32 from ragged_k._schedule_kernel: per slot (longest first) group / start / end
+    R, M, N, G, Bt,  # scalars: token rows per batch, output rows, output columns, groups, batch count
+    STAGES: gl.constexpr,  # shared-memory ring depth (>= 2)
+    GROUP_M: gl.constexpr,  # row tiles walked together inside one group (L2 reuse of b)
+    MMA_LAYOUT: gl.constexpr,  # NVMMADistributedLayout of the [BLOCK_M, BLOCK_N] accumulator (consumer warps)
+    EDGE_LAYOUT: gl.constexpr,  # BlockedLayout over the consumer warps for zeroing the edge rows of a stage
+    PRODUCER_REGS: gl.constexpr,  # registers per thread of the TMA producer warp
+):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_consumer, (a_bufs, b_bufs, ready, empty, c_desc, sched_ptr, M, N, G, Bt, GROUP_M, MMA_LAYOUT,
+                     EDGE_LAYOUT)),
+        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt, GROUP_M)),
+    ], [1], [PRODUCER_REGS])
+
+
+# ---- host side ---------------------------------------------------------------------------------------------
+
+_GL_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+def _gl_dtype(dtype: torch.dtype):
+    return getattr(gl, _GL_DTYPES[str(dtype).removeprefix("torch.")])
+
+
+def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
+    """(rows, row stride) of [Bt, R, X] `t` seen as [Bt*R, X] with X contiguous; None if it cannot be."""
+    bt, r, x = t.shape
+    if t.stride(2) != 1 and x > 1:
+        return None
+    if bt > 1 and t.stride(0) != r * t.stride(1):
+        return None
+    stride = t.stride(1) if r > 1 else (t.stride(0) if bt > 1 else x)
+    if (stride * t.element_size()) % 16 or (x * t.element_size()) % 16:
+        return None
+    return bt * r, stride
+
+
+class Prepared:
+    """The Gluon ragged_k for one static signature: checks, config, layouts and grid resolved once; a call
+    ranks the groups (one small Triton launch), builds the three descriptors and launches once.
+
+    Raises NotImplementedError for what it does not serve: dtypes other than bf16/fp16 operands, operands that
+    are not [Bt*R, X] row views with 16-byte aligned rows, M not a multiple of 64, N rows not 16-byte aligned.
+    A call on operands whose start is not 16-byte aligned runs the triton kernel instead (TMA needs it)."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype,
+                 config: GluonConfig | None = None, from_sizes: bool = False, scale: int = 1):
+        bt, r, m = a.shape
+        n = b.shape[2]
+        self.shape = (g, bt, m, n)
+        self.out_dtype, self.device = out_dtype, a.device
+        self.sizes_extent = r if from_sizes else None
+        self.scale = scale
+        self.empty = g * bt * m * n == 0
+        self.zero = r == 0
+        self.fallback: Any = None
+        if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+            raise NotImplementedError(f"gluon ragged_k: operand dtypes {a.dtype}, {b.dtype} (bf16/fp16 only)")
+        if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise NotImplementedError(f"gluon ragged_k: out_dtype {out_dtype}")
+        out_bytes = torch.empty((), dtype=out_dtype).element_size()
+        cfg = config if config is not None else pick_gluon_config(m, n, out_bytes)
+        if cfg is None or m % cfg.block_m:
+            raise NotImplementedError(f"gluon ragged_k: M={m} is not a multiple of the tile's rows")
+        if cfg.shared_bytes(2, out_bytes) > SHARED_BYTES:
+            raise NotImplementedError(f"gluon ragged_k: config {cfg.short()} needs too much shared memory")
+        self.cfg = cfg
+        if self.empty or self.zero:
+            return
+        views = (_rows_view(a), _rows_view(b))
+        if None in views or (n * out_bytes) % 16:
+            raise NotImplementedError("gluon ragged_k: operands are not row views with 16-byte aligned rows")
+        self.views = views
+        self.scalars = (r, m, n, g, bt)
+        in_dt, out_dt = _gl_dtype(a.dtype), _gl_dtype(out_dtype)
+        blocks = ([cfg.block_k, cfg.block_m], [cfg.block_k, cfg.block_n], [cfg.block_m, cfg.block_n])
+        self.blocks = blocks
+        self.layouts = (gl.NVMMASharedLayout.get_default_for(blocks[0], in_dt),
+                        gl.NVMMASharedLayout.get_default_for(blocks[1], in_dt),
+                        gl.NVMMASharedLayout.get_default_for(blocks[2], out_dt))
+        tiles = (m // cfg.block_m) * -(-n // cfg.block_n)
+        self.grid = (max(1, min(g * bt * tiles, num_sms(a.device))),)
+        self.consts = (cfg.stages, cfg.group_m, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
+                       gl.BlockedLayout([1, 8], [2, 16], [cfg.num_warps, 1], [1, 0]), cfg.producer_regs)
+        self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps)}
+        from ragdot.kernels.ragged_k import Prepared as TritonPrepared  # for operands TMA cannot address
+
+        self.fallback = TritonPrepared(a, b, g, out_dtype, None, from_sizes=from_sizes, scale=scale)
+
+    def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:
+        """The three TMA descriptors at these operands' addresses (layout and alignment checked already)."""
+        (ra, sa), (rb, sb) = self.views
+        g, bt, m, n = self.shape
+        return (_descriptor(a, [ra, m], [sa, 1], self.blocks[0], self.layouts[0]),
+                _descriptor(b, [rb, n], [sb, 1], self.blocks[1], self.layouts[1]),
+                _descriptor(c, [g * bt * m, n], [n, 1], self.blocks[2], self.layouts[2]))
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None,
+                 sched: torch.Tensor | None = None) -> tuple[torch.Tensor, object]:
+        """a [Bt, R, M], b [Bt, R, N], ends [G] (raw sizes with from_sizes) -> (c [G, Bt, M, N], kernel)."""
+        c, done = prepared_output(self, out)
+        if done:
+            return c, None
+        if (a.data_ptr() | b.data_ptr() | c.data_ptr()) % 16:
+            return self.fallback(a, b, ends, c, sched)
+        if sched is None:
+            sched = schedule(ends, self.sizes_extent, self.scale)
+        handle = run_kernel(ragged_k_ws_kernel, self.grid, *self.descriptors(a, b, c), sched, *self.scalars,
+                            *self.consts, **self.options)
+        return c, handle
+
+
+def _descriptor(base: torch.Tensor, shape: list[int], strides: list[int], block: list[int], layout: Any) -> Any:
+    """A Gluon host TensorDescriptor without its constructor's checks, for a layout checked once by Prepared
+    (last dim contiguous, 16-byte rows) and a base whose 16-byte alignment was checked on this call."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block, layout=layout, padding="zero")
+    return desc
+
+
+def ragged_k(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype | None = None,
+             *, config: GluonConfig | None = None) -> torch.Tensor:
+    """c[G, Bt, M, N]: c[g, bt] = a[bt, rows of g]^T @ b[bt, rows of g] on an sm_90 GPU (see Prepared)."""
+    check_operands(a, b, 3)
+    g = group_ends.shape[0]
+    ends = check_group_ends(group_ends, g, a.device)
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    return Prepared(a, b, g, out_dtype, config)(a, b, ends)[0]

@@ -1,0 +1,326 @@
+"""Ragged-M Group-GEMM (MoE forward and data gradient) for Hopper in Gluon: persistent, warp-specialized.
+
+    c[bt, r, :] = a[bt, r, :] @ b[bt, group(r)]      rows r < ends[-1];   c[bt, r, :] = 0 beyond
+
+Row tiles. Group g owns rows [ends[g-1], ends[g]) and is cut into ceil(size / BLOCK_M) row tiles starting at
+its first row, so a tile never spans two groups' outputs; rows from ends[-1] to M form a "tail group" (G)
+whose tiles store zeros without contracting. A one-program Triton kernel (`_m_tile_table_kernel`, no host
+sync) writes the table of row tiles: per slot its group (G: tail, -1: unused slot), first row and end row;
+the slot count cdiv(M, BLOCK_M) + G + 1 bounds the tiles of any routing.
+
+Work items are (slot, column tile, batch entry), walked in bands of GROUP_M slots; program p of the
+persistent grid takes items p, p + P, ... The partitions are those of the weight gradient (gluon/ragged_k.py):
+a one-warp TMA producer filling a ring of (a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N] or [BLOCK_N, BLOCK_K])
+stages, and the wgmma consumer (one or two warpgroups) that releases each stage once its MMA retired.
+
+Rows of a from the next group (or the NaN tail) may be loaded into a tile, but each output row depends only on
+its own a row, and only the tile's own rows are stored: a full tile through shared memory and a TMA store
+(waited for only before the next full tile reuses the buffer), a tile at a group's edge by a masked store
+from registers. K must be a multiple of BLOCK_K (a chunk of b never reaches into the next group's matrix);
+TMA zero-fills past K, N and the tensor ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, prepared_output, run_kernel
+from ragdot.kernels.gluon.common import maxnreg_for, mma_layout
+from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_m_config
+from ragdot.kernels.gluon.ragged_k import _descriptor, _gl_dtype
+
+__all__ = ["Prepared", "ragged_m", "ragged_m_ws_kernel", "tile_table"]
+
+
+@triton.jit
+def _m_tile_table_kernel(
+    groups_ptr,  # [G] inclusive clamped group ends (int32/int64); FROM_SIZES: raw group sizes, any integer dtype
+    table_ptr,  # [3, T] int32 output: per row-tile slot its group (G = tail, -1 = unused), first row, end row
+    M,  # scalar: rows of a (the ragged extent the ends are clamped to)
+    G,  # scalar: number of groups
+    size_scale,  # scalar: rows per unit of group size (FROM_SIZES only)
+    T,  # scalar: slots, cdiv(M, BLOCK_M) + G + 1
+    BLOCK_M: tl.constexpr,  # rows per tile
+    BLOCK_T: tl.constexpr,  # slots written per step (power of two)
+    FROM_SIZES: tl.constexpr,  # form the clamped ends from the raw sizes (negatives count as 0, int64 sums)
+):
+    offs = tl.arange(0, BLOCK_T)
+    for t0 in range(0, T, BLOCK_T):
+        tl.store(table_ptr + t0 + offs, tl.full((BLOCK_T,), -1, tl.int32), mask=t0 + offs < T)
+    tl.debug_barrier()  # the group loop below overwrites some of these slots from other threads
+    carry = tl.full([], 0, tl.int64)
+    first = tl.full([], 0, tl.int32)
+    start = tl.full([], 0, tl.int32)
+    for g in range(0, G + 1):
+        end = tl.full([], M, tl.int32)
+        if g < G:
+            if FROM_SIZES:
+                size = tl.load(groups_ptr + g).to(tl.int64)
+                carry += tl.minimum(tl.maximum(size, 0), M // size_scale)
+                end = tl.minimum(carry * size_scale, M).to(tl.int32)
+            else:
+                end = tl.load(groups_ptr + g).to(tl.int32)
+        end = tl.maximum(end, start)
+        ntiles = (end - start + BLOCK_M - 1) // BLOCK_M
+        for j0 in range(0, ntiles, BLOCK_T):
+            j = j0 + offs
+            ok = j < ntiles
+            tl.store(table_ptr + first + j, tl.full((BLOCK_T,), 0, tl.int32) + g, mask=ok)
+            tl.store(table_ptr + T + first + j, start + j * BLOCK_M, mask=ok)
+            tl.store(table_ptr + 2 * T + first + j, tl.full((BLOCK_T,), 0, tl.int32) + end, mask=ok)
+        first += ntiles
+        start = end
+
+
+def tile_table(groups: torch.Tensor, m: int, block_m: int, from_sizes: bool, scale: int = 1) -> torch.Tensor:
+    """int32 [3, T] row-tile table (see `_m_tile_table_kernel`); one launch of one program, no host sync."""
+    g = groups.shape[0]
+    t = -(-m // block_m) + g + 1
+    table = torch.empty((3, t), dtype=torch.int32, device=groups.device)
+    run_kernel(_m_tile_table_kernel, (1,), groups, table, m, g, scale, t, BLOCK_M=block_m, BLOCK_T=128,
+               FROM_SIZES=from_sizes, num_warps=4)
+    return table
+
+
+@gluon.jit
+def _m_item(item, table_ptr, T, N, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """Item -> (group, first row, end row, batch index, column tile): slots walked in bands of GROUP_M."""
+    num_n = gl.cdiv(N, BLOCK_N)
+    tiles = T * num_n
+    bt = item // tiles
+    tile = item % tiles
+    width = GROUP_M * num_n
+    band_m = (tile // width) * GROUP_M
+    band_h = gl.minimum(T - band_m, GROUP_M)
+    slot = band_m + (tile % width) % band_h
+    pid_n = (tile % width) // band_h
+    g = gl.load(table_ptr + slot)
+    row0 = gl.load(table_ptr + T + slot)
+    end = gl.load(table_ptr + 2 * T + slot)
+    return g, row0, end, bt, pid_n
+
+
+@gluon.jit
+def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt,
+                GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr):
+    """Worker partition (1 warp): TMA loads of every K chunk of this program's items into the ring."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    if B_KMAJOR:
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    else:
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    NBYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    it = 0
+    for item in range(pid, Bt * T * gl.cdiv(N, BLOCK_N), nprog):
+        g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_N, GROUP_M)
+        n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
+        for kk in range(n_k):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), NBYTES)
+            tma.async_copy_global_to_shared(a_desc, [bt * M + row0, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
+            if B_KMAJOR:  # b[bt, g] stored [N, K]: rows of the group's matrix are columns of c
+                tma.async_copy_global_to_shared(b_desc, [(bt * G + g) * N + pid_n * BLOCK_N, kk * BLOCK_K],
+                                                ready.index(s), b_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(b_desc, [(bt * G + g) * K + kk * BLOCK_K, pid_n * BLOCK_N],
+                                                ready.index(s), b_bufs.index(s))
+            it += 1
+
+
+@gluon.jit
+def _m_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt,
+                GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, MMA_LAYOUT: gl.constexpr):
+    """Default partition: wgmma over each item's K chunks, then the tile's own rows stored."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_LAYOUT))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_LAYOUT))
+    it = 0
+    for item in range(pid, Bt * T * gl.cdiv(N, BLOCK_N), nprog):
+        g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_N, GROUP_M)
+        n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
+        for kk in range(n_k):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            if B_KMAJOR:
+                b_op = b_bufs.index(s).permute((1, 0))
+            else:
+                b_op = b_bufs.index(s)
+            acc = warpgroup_mma(a_bufs.index(s), b_op, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)
+            it += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=n_k > 0)
+        if g >= 0:
+            out = acc.to(c_desc.dtype)
+            if row0 + BLOCK_M <= end:  # a full tile of the group's rows: through shared memory and TMA
+                tma.store_wait(pendings=0)
+                c_smem.store(out)
+                fence_async_shared()
+                tma.async_copy_shared_to_global(c_desc, [bt * M + row0, pid_n * BLOCK_N], c_smem)
+            else:  # the group's last tile: its own rows only
+                r = gl.expand_dims(row0 + rows, 1)
+                n = gl.expand_dims(pid_n * BLOCK_N + cols, 0)
+                offs = (bt * M + r).to(gl.int64) * N + n
+                gl.store(c_ptr + offs, out, mask=(r < end) & (n < N))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def ragged_m_ws_kernel(
+    a_desc,  # TMA descriptor of a viewed [Bt*M, K] (K contiguous), block [BLOCK_M, BLOCK_K]
+    b_desc,  # TMA descriptor of b viewed [Bt*G*K, N], block [BLOCK_K, BLOCK_N]; B_KMAJOR: [Bt*G*N, K], [BN, BK]
+    c_desc,  # TMA descriptor of c viewed [Bt*M, N] (out dtype), block [BLOCK_M, BLOCK_N]
+    c_ptr,  # c [Bt, M, N] contiguous: the masked stores of a group's last tile
+    table_ptr,  # [3, T] int32 from _m_tile_table_kernel: per row-tile slot group / first row / end row
+    T, M, N, K, G, Bt,  # scalars: slots, rows, output columns, contraction (% BLOCK_K == 0), groups, batch
+    STAGES: gl.constexpr,  # shared-memory ring depth (>= 2)
+    GROUP_M: gl.constexpr,  # row-tile slots walked together (L2 reuse of the group's b tiles)
+    B_KMAJOR: gl.constexpr,  # b's matrices are stored [N, K] (the data-gradient layout)
+    MMA_LAYOUT: gl.constexpr,  # NVMMADistributedLayout of the [BLOCK_M, BLOCK_N] accumulator (consumer warps)
+    PRODUCER_REGS: gl.constexpr,  # registers per thread of the TMA producer warp
+):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_m_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt, GROUP_M,
+                       B_KMAJOR, MMA_LAYOUT)),
+        (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt, GROUP_M,
+                       B_KMAJOR)),
+    ], [1], [PRODUCER_REGS])
+
+
+# ---- host side ---------------------------------------------------------------------------------------------
+
+
+def _flat_rows(t: torch.Tensor) -> tuple[int, int] | None:
+    """(rows, row stride) of `t` seen as a 2-D [rows, last dim] view with the last dim contiguous and 16-byte
+    aligned rows; None if its strides do not allow that."""
+    *lead, x = t.shape
+    if t.stride(-1) != 1 and x > 1:
+        return None
+    rows, stride = 1, None
+    for i in range(len(lead) - 1, -1, -1):
+        if lead[i] == 1:
+            continue
+        if stride is None:
+            stride = t.stride(i)
+        elif t.stride(i) != rows * stride:
+            return None
+        rows *= lead[i]
+    stride = x if stride is None else stride
+    if (stride * t.element_size()) % 16 or (x * t.element_size()) % 16:
+        return None
+    return rows, stride
+
+
+class Prepared:
+    """The Gluon ragged_m for one static signature: a call builds the row-tile table (one small Triton launch,
+    from the raw sizes with from_sizes), the descriptors, and launches once.
+
+    Raises NotImplementedError for what it does not serve: operands other than bf16/fp16, K not a multiple of
+    the config's block_k, operands that are not row views with 16-byte aligned rows. A call whose operands
+    start off a 16-byte boundary runs the triton kernel instead."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, config: GluonConfig | None = None,
+                 from_sizes: bool = False, scale: int = 1):
+        bt, m, k = a.shape
+        g, n = b.shape[1], b.shape[3]
+        self.shape, self.out_dtype, self.device = (bt, m, n), out_dtype, a.device
+        self.from_sizes, self.scale, self.fallback = from_sizes, scale, None
+        self.empty = bt * m * n == 0
+        self.zero = g == 0 or k == 0
+        if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+            raise NotImplementedError(f"gluon ragged_m: operand dtypes {a.dtype}, {b.dtype} (bf16/fp16 only)")
+        if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise NotImplementedError(f"gluon ragged_m: out_dtype {out_dtype}")
+        out_bytes = torch.empty((), dtype=out_dtype).element_size()
+        cfg = config if config is not None else pick_gluon_m_config(m, k, n, g, out_bytes)
+        if cfg is None or k % cfg.block_k:
+            raise NotImplementedError(f"gluon ragged_m: K={k} is not a multiple of the tile's block_k")
+        if cfg.shared_bytes(2, out_bytes) > SHARED_BYTES:
+            raise NotImplementedError(f"gluon ragged_m: config {cfg.short()} needs too much shared memory")
+        self.cfg = cfg
+        if self.empty or self.zero:
+            return
+        self.kmajor = b.stride(3) != 1
+        bv = b.transpose(2, 3) if self.kmajor else b
+        views = (_flat_rows(a), _flat_rows(bv))
+        if None in views or (n * out_bytes) % 16:
+            raise NotImplementedError("gluon ragged_m: operands are not row views with 16-byte aligned rows")
+        self.views, self.g, self.k = views, g, k
+        in_dt, out_dt = _gl_dtype(a.dtype), _gl_dtype(out_dtype)
+        b_block = [cfg.block_n, cfg.block_k] if self.kmajor else [cfg.block_k, cfg.block_n]
+        self.blocks = ([cfg.block_m, cfg.block_k], b_block, [cfg.block_m, cfg.block_n])
+        self.layouts = tuple(gl.NVMMASharedLayout.get_default_for(blk, dt)
+                             for blk, dt in zip(self.blocks, (in_dt, in_dt, out_dt)))
+        self.t = -(-m // cfg.block_m) + g + 1
+        items = bt * self.t * -(-n // cfg.block_n)
+        self.grid = (max(1, min(items, num_sms(a.device))),)
+        self.consts = (cfg.stages, cfg.group_m, self.kmajor, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
+                       cfg.producer_regs)
+        self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps)}
+        from ragdot.kernels.ragged_m import Prepared as TritonPrepared  # for operands TMA cannot address
+
+        self.fallback = TritonPrepared(a, b, out_dtype, None, from_sizes=from_sizes, scale=scale)
+
+    def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:
+        (ra, sa), (rb, sb) = self.views
+        bt, m, n = self.shape
+        b_cols = self.k if self.kmajor else n
+        return (_descriptor(a, [ra, self.k], [sa, 1], self.blocks[0], self.layouts[0]),
+                _descriptor(b, [rb, b_cols], [sb, 1], self.blocks[1], self.layouts[1]),
+                _descriptor(c, [bt * m, n], [n, 1], self.blocks[2], self.layouts[2]))
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, object]:
+        """a [Bt, M, K], b [Bt, G, K, N], ends [G] (raw sizes with from_sizes) -> (c [Bt, M, N], kernel)."""
+        c, done = prepared_output(self, out)
+        if done:
+            return c, None
+        if (a.data_ptr() | b.data_ptr() | c.data_ptr()) % 16:
+            return self.fallback(a, b, ends, c)
+        bt, m, n = self.shape
+        table = tile_table(ends, m, self.cfg.block_m, self.from_sizes, self.scale)
+        handle = run_kernel(ragged_m_ws_kernel, self.grid, *self.descriptors(a, b, c), c, table,
+                            self.t, m, n, self.k, self.g, bt, *self.consts, **self.options)
+        return c, handle
+
+
+def ragged_m(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype | None = None,
+             *, config: GluonConfig | None = None) -> torch.Tensor:
+    """c[Bt, M, N]: row r of group g is a[bt, r] @ b[bt, g]; rows past ends[-1] are exact zeros (sm_90 GPU)."""
+    check_operands(a, b, 4)
+    g = group_ends.shape[0]
+    ends = check_group_ends(group_ends, g, a.device)
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    return Prepared(a, b, out_dtype, config)(a, b, ends)[0]

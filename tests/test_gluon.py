@@ -1,0 +1,472 @@
+"""The Gluon (Hopper, warp-specialized) kernels and the `gluon` backend.
+
+CPU: configs, availability, the registry entry, errors, the ragged_m row-tile table and the triton fallback
+(through the interpreter), and the sm_90 code compiled with Triton's bundled ptxas (wgmma, warp
+specialization, no spills). GPU (`gpu` marker, sm_90 only): ragged_k and ragged_m against a float64
+reference over balanced / skewed / empty groups, sums below the ragged extent with NaN-poisoned rows, G=1,
+batches, both ragged_m weight layouts, every candidate config, bitwise repeats, and the backend's prepared
+calls from raw group sizes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from ragdot.kernels.gluon import GluonConfig, gluon_tuning_configs, pick_gluon_config, unavailable_reason
+from ragdot.kernels.gluon.config import SHARED_BYTES, gluon_m_tuning_configs
+from ragdot.routing import balanced, empty, skewed
+
+ON_HOPPER = torch.cuda.is_available() and unavailable_reason() is None
+hopper = pytest.mark.skipif(not ON_HOPPER, reason=f"needs an sm_90 GPU with Gluon: {unavailable_reason()}")
+
+
+# ---- pure Python ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"block_m": 96}, "block_m: expected a power of two"),
+        ({"block_m": 32}, "block_m: wgmma needs"),
+        ({"block_k": 8}, "block_k: expected a power of two"),
+        ({"stages": 1}, "stages: expected at least 2"),
+        ({"num_warps": 2}, "num_warps: expected 4 or 8"),
+        ({"num_warps": 8, "block_m": 64}, "num_warps: 8 consumer warps"),
+        ({"group_m": 0}, "group_m: expected >= 1"),
+        ({"producer_regs": 20}, "producer_regs: expected a multiple of 8"),
+    ],
+)
+def test_config_errors_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GluonConfig(**kwargs)
+
+
+def test_configs_fit_shared_memory_and_the_output_rows():
+    for m, n in ((2048, 1408), (2880, 2880), (704, 10240), (7168, 2048), (512, 512)):
+        cfgs = gluon_tuning_configs(m, n)
+        assert cfgs and cfgs[0] == pick_gluon_config(m, n)
+        for cfg in cfgs:
+            assert m % cfg.block_m == 0 and cfg.shared_bytes() <= SHARED_BYTES, (m, n, cfg)
+        assert all(cfg.shared_bytes(2, 4) <= SHARED_BYTES for cfg in gluon_tuning_configs(m, n, out_bytes=4))
+    assert pick_gluon_config(2880, 2880).block_m == 64
+    assert pick_gluon_config(100, 256) is None
+    assert all(c.block_n <= 128 for c in gluon_tuning_configs(1024, 96))
+    assert len(gluon_tuning_configs(2048, 2048, limit=2)) == 2
+
+
+def test_backend_registered_but_not_an_auto_candidate_yet():
+    from ragdot.backends import BACKEND_NAMES, _candidates, get_backend
+
+    assert "gluon" in BACKEND_NAMES
+    assert "gluon" not in _candidates("cuda", tuple(BACKEND_NAMES))
+    if not ON_HOPPER:
+        with pytest.raises(RuntimeError, match="backend 'gluon' is not usable"):
+            get_backend("gluon")
+
+
+def test_backend_configs_and_refusals_off_hopper():
+    from ragdot.backends.gluon_gmm import BACKEND
+
+    cfg = BACKEND.default_config("ragged_k", (2048, 4096, 1408, 64), torch.bfloat16)
+    assert isinstance(cfg, GluonConfig)
+    assert BACKEND.config_from_dict(BACKEND.config_to_dict(cfg)) == cfg
+    assert BACKEND.config_label(cfg) == f"gluon:{cfg.short()}" and BACKEND.config_label(None) == "gluon"
+    assert BACKEND.default_config("ragged_m", (2048, 4096, 1408, 64), torch.bfloat16).block_m == 64  # 32 rows/group
+    assert BACKEND.default_config("ragged_m", (20480, 4096, 1536, 128), torch.bfloat16).block_m == 128
+    assert BACKEND.default_config("ragged_m", (2048, 4000, 1408, 64), torch.bfloat16) is None  # K % 64 != 0
+    assert BACKEND.tuning_configs("ragged_m", (2048, 4096, 1408, 64), torch.bfloat16, 3) == \
+        gluon_m_tuning_configs(4096, 1408, limit=3)
+    assert BACKEND.default_config("batch", (64, 64, 64, 4), torch.bfloat16) is None
+    assert BACKEND.tuning_configs("batch", (64, 64, 64, 4), torch.bfloat16, 8) == []
+    assert BACKEND.tuning_configs("ragged_k", (2048, 4096, 1408, 64), torch.bfloat16, 2) == \
+        gluon_tuning_configs(2048, 1408, limit=2)
+    if ON_HOPPER:
+        return
+    assert not BACKEND.is_available()
+    a, b = torch.zeros(1, 64, 128, dtype=torch.bfloat16), torch.zeros(1, 64, 128, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="gluon backend"):
+        BACKEND.prepare("ragged_k", a, b, 2, torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="gluon backend"):
+        BACKEND.ragged_k(a, b, torch.tensor([10, 64], dtype=torch.int32), torch.bfloat16)
+
+
+def test_unavailable_reason_is_one_line():
+    reason = unavailable_reason()
+    if not ON_HOPPER:
+        assert reason and "\n" not in reason
+
+
+def test_prepared_refuses_what_it_does_not_serve():
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from ragdot.kernels.gluon.ragged_k import Prepared
+
+    bf = torch.bfloat16
+    with pytest.raises(NotImplementedError, match="operand dtypes"):
+        Prepared(torch.zeros(1, 64, 128), torch.zeros(1, 64, 128), 2, torch.float32)
+    with pytest.raises(NotImplementedError, match="M=100"):
+        Prepared(torch.zeros(1, 64, 100, dtype=bf), torch.zeros(1, 64, 128, dtype=bf), 2, bf)
+    with pytest.raises(NotImplementedError, match="out_dtype"):
+        Prepared(torch.zeros(1, 64, 128, dtype=bf), torch.zeros(1, 64, 128, dtype=bf), 2, torch.float64)
+    with pytest.raises(NotImplementedError, match="row views"):  # rows of 20 elements: not 16-byte aligned
+        Prepared(torch.zeros(1, 64, 128, dtype=bf), torch.zeros(1, 64, 20, dtype=bf), 2, bf)
+    with pytest.raises(NotImplementedError, match="row views"):  # M strided
+        Prepared(torch.zeros(1, 128, 64, dtype=bf).transpose(1, 2), torch.zeros(1, 64, 128, dtype=bf), 2, bf)
+
+
+def test_misaligned_operands_run_the_triton_kernel():
+    """TMA needs 16-byte aligned starts: such calls go to the triton kernel (here through its interpreter)."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from ragdot.kernels.gluon.ragged_k import Prepared
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(2)
+    r, m, n, sizes = 40, 64, 32, [7, 0, 20]
+    buf = torch.randn(r * m + 8, generator=gen).to(dev, torch.float16)
+    a = buf[1 : 1 + r * m].view(1, r, m)  # starts 2 bytes past a 16-byte boundary
+    b = torch.randn(1, r, n, generator=gen).to(dev, torch.float16)
+    a[:, 27:] = float("nan")
+    prepared = Prepared(a, b, len(sizes), torch.float32, from_sizes=True)
+    out = prepared(a, b, torch.tensor(sizes, device=dev))[0]
+    ref = _reference(a.nan_to_num(0), b, sizes)
+    assert prepared.fallback is not None and out.dtype == torch.float32
+    assert torch.isfinite(out).all() and (out[1] == 0).all()
+    assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
+
+
+def _table_reference(sizes: list[int], m: int, block_m: int) -> list[tuple[int, int, int]]:
+    out, start = [], 0
+    for g, end in enumerate([*torch.tensor(sizes).clamp(min=0).cumsum(0).clamp(max=m).tolist(), m]):
+        end = max(end, start)
+        out += [(g, r, end) for r in range(start, end, block_m)]
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("sizes, m", [([5, 0, 130, 64], 300), ([0, 0], 10), ([400, 7], 300), ([-3, 64, 1], 65)])
+def test_ragged_m_tile_table(sizes, m):
+    """Row tiles per group from the raw sizes (clamped, negatives as 0), the tail group G last, -1 after."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from ragdot.kernels.gluon.ragged_m import tile_table
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    raw = torch.tensor(sizes, device=dev)
+    table = tile_table(raw, m, 64, from_sizes=True).cpu()
+    want = _table_reference(sizes, m, 64)
+    assert table.shape == (3, -(-m // 64) + len(sizes) + 1)
+    got = [tuple(col) for col in table.T.tolist()]
+    assert got[: len(want)] == want and all(g == -1 for g, _, _ in got[len(want):])
+    ends = raw.clamp(min=0).cumsum(0).clamp(max=m).to(torch.int32)
+    again = [tuple(col) for col in tile_table(ends, m, 64, from_sizes=False).cpu().T.tolist()]
+    assert again[: len(want)] == want
+
+
+def test_ragged_m_misaligned_operands_run_the_triton_kernel():
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from ragdot.kernels.gluon.ragged_m import Prepared
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(4)
+    m, k, n, sizes = 40, 64, 32, [7, 0, 20]
+    buf = torch.randn(m * k + 8, generator=gen).to(dev, torch.float16)
+    a = buf[1 : 1 + m * k].view(1, m, k)
+    b = torch.randn(1, 3, k, n, generator=gen).to(dev, torch.float16)
+    a[:, 27:] = float("nan")
+    out = Prepared(a, b, torch.float32, from_sizes=True)(a, b, torch.tensor(sizes, device=dev))[0]
+    ref = _reference_m(a.nan_to_num(0), b, sizes)
+    assert torch.isfinite(out).all() and (out[:, 27:] == 0).all()
+    assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
+
+
+# ---- compiled code, checked without a GPU (Triton's bundled ptxas, sm_90 target) -----------------------------
+
+_COMPILE_SCRIPT = textwrap.dedent(
+    """
+    import json, torch
+    from ragdot.kernels.configs import compile_only, resource_usage, run_kernel
+    from ragdot.kernels.gluon.config import gluon_m_tuning_configs, gluon_tuning_configs
+    from ragdot.kernels.gluon.ragged_k import Prepared
+    from ragdot.kernels.gluon.ragged_m import Prepared as MPrepared
+    from ragdot.kernels.gluon import matmul as mm
+    from ragdot.kernels.gluon.common import descriptor, maxnreg_for, mma_layout
+    bf = torch.bfloat16
+    out = {}
+
+    def info(h):
+        ptx = h.asm["ptx"]
+        return dict(resource_usage(h), ws="setmaxnreg" in ptx, tma_store="bulk_group" in ptx,
+                    trans_a=", 1, 1, 1, 1;" in ptx)
+
+    with compile_only(90):
+        for m, r, n, g in ((2048, 3840, 1408, 64), (2880, 10240, 2880, 128), (512, 5120, 512, 256)):
+            a, b = torch.empty(1, r, m, dtype=bf), torch.empty(1, r, n, dtype=bf)
+            for out_dtype in (bf, torch.float32):
+                for cfg in gluon_tuning_configs(m, n, out_dtype.itemsize):
+                    p = Prepared(a, b, g, out_dtype, cfg)
+                    h = p(a, b, None, sched=torch.zeros(3, g, dtype=torch.int32))[1]
+                    out[f"ragged_k {m}x{r}x{n}x{g} {out_dtype} {cfg.short()}"] = info(h)
+        for m, k, n, g in ((3840, 2048, 1408, 64), (5120, 512, 512, 256)):
+            a = torch.empty(1, m, k, dtype=bf)
+            for name, b in (("fwd", torch.empty(1, g, k, n, dtype=bf)),
+                            ("dgrad", torch.empty(1, g, n, k, dtype=bf).transpose(-1, -2))):
+                for cfg in gluon_m_tuning_configs(k, n):
+                    h = MPrepared(a, b, bf, cfg)(a, b, torch.zeros(g, dtype=torch.int32))[1]
+                    out[f"ragged_m {name} {m}x{k}x{n}x{g} {cfg.short()}"] = info(h)
+        x, y, z = torch.empty(1024, 512, dtype=bf), torch.empty(512, 1024, dtype=bf), torch.empty(1024, 1024, dtype=bf)
+        for ws, bn, nw, st in ((False, 128, 4, 4), (True, 128, 4, 4), (True, 256, 8, 3)):
+            d = (descriptor(x, [128, 64]), descriptor(y, [64, bn]), descriptor(z, [128, bn]))
+            if ws:
+                h = run_kernel(mm.matmul_ws_kernel, (8, 8), *d, 512, st, mma_layout(128, bn, nw), 24,
+                               num_warps=nw, maxnreg=maxnreg_for(nw))
+            else:
+                h = run_kernel(mm.matmul_pipelined_kernel, (8, 8), *d, 512, st, mma_layout(128, bn, nw),
+                               num_warps=nw)
+            out[f"matmul ws={ws} {bn} w{nw}"] = info(h)
+    print(json.dumps(out))
+    """
+)
+
+
+def _bundled_ptxas() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
+
+
+@pytest.mark.skipif(not _bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
+def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
+    """Every candidate config compiles (for sm_90, on any machine) to wgmma (ragged_k: a transposed-A operand
+    from shared memory), register reallocation between the partitions, a TMA store and zero spills."""
+    import json
+
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    usage = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sum(k.startswith("ragged_k") for k in usage) >= 12
+    assert sum(k.startswith("ragged_m") for k in usage) >= 12
+    for name, info in usage.items():
+        assert info["wgmma"] and info["spills"] == 0 and info["shared"] <= SHARED_BYTES, (name, info)
+        assert info["tma_store"], name
+        assert info["ws"] == (" ws=False" not in name), (name, info)
+        if name.startswith("ragged_k"):
+            assert info["trans_a"], name
+
+
+# ---- GPU: against a float64 reference -----------------------------------------------------------------------
+
+
+def _reference(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """float64 c [G, Bt, M, N] of the contract: each group contracts its own rows only (empty -> zeros)."""
+    bt, _, m = a.shape
+    out = torch.zeros(len(sizes), bt, m, b.shape[2], dtype=torch.float64, device=a.device)
+    start = 0
+    for g, size in enumerate(sizes):
+        rows = slice(start, start + size)
+        out[g] = a[:, rows].double().transpose(1, 2) @ b[:, rows].double()
+        start += size
+    return out
+
+
+def _reference_m(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """float64 c [Bt, M, N]: rows of group g times b[:, g]; rows past the last group exactly zero."""
+    out = torch.zeros(a.shape[0], a.shape[1], b.shape[3], dtype=torch.float64, device=a.device)
+    start = 0
+    for g, size in enumerate(sizes):
+        out[:, start : start + size] = a[:, start : start + size].double() @ b[:, g].double()
+        start += size
+    return out
+
+
+def _case(r, m, n, sizes, bt=1, dtype=torch.bfloat16, seed=0, poison=True):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(bt, r, m, device="cuda", dtype=dtype, generator=gen)
+    b = torch.randn(bt, r, n, device="cuda", dtype=dtype, generator=gen)
+    used = sum(sizes)
+    if poison and used < r:  # rows past ends[-1] belong to no group: NaN must never leak
+        a[:, used:] = float("nan")
+        b[:, used:] = float("inf")
+    ends = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(device="cuda", dtype=torch.int32)
+    return a, b, ends
+
+
+def _check(out, a, b, sizes, dtype=torch.bfloat16):
+    from ragdot.measure.checks import normalised_error
+
+    ref = _reference(a.nan_to_num(0, 0, 0), b.nan_to_num(0, 0, 0), sizes)
+    assert torch.isfinite(out).all()
+    err = normalised_error(out, ref)
+    assert err <= {torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype], err
+    for g, size in enumerate(sizes):
+        if size == 0:
+            assert (out[g] == 0).all(), f"empty group {g} is not exactly zero"
+
+
+ROUTINGS = {
+    "balanced": lambda r, e: balanced(r, e).tolist(),
+    "skewed": lambda r, e: skewed(r, e).tolist(),
+    "empty": lambda r, e: empty(r, e).tolist(),
+}
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("routing", sorted(ROUTINGS))
+@pytest.mark.parametrize("r, m, n, e, used", [(1000, 256, 192, 8, 900), (4096, 512, 384, 16, 4096),
+                                              (777, 128, 136, 5, 700)])
+def test_ragged_k_matches_float64(routing, r, m, n, e, used):
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+
+    sizes = ROUTINGS[routing](used, e)
+    a, b, ends = _case(r, m, n, sizes)
+    out = ragged_k(a, b, ends)
+    _check(out, a, b, sizes)
+    assert torch.equal(ragged_k(a, b, ends), out), "not bitwise reproducible"
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("cfg", gluon_tuning_configs(512, 512), ids=lambda c: c.short())
+def test_every_candidate_config(cfg):
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+
+    sizes = [300, 0, 17, 64, 0, 129, 1, 200, 63, 65]  # edges inside chunks, at chunk ends, one-row groups
+    a, b, ends = _case(1000, 512, 512, sizes, seed=3)
+    out = ragged_k(a, b, ends, config=cfg)
+    _check(out, a, b, sizes)
+    assert torch.equal(ragged_k(a, b, ends, config=cfg), out)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(
+    "sizes", [[640], [0], [0, 0, 0], [5, 0, 0, 0]], ids=["G=1", "G=1 empty", "all empty", "one row"]
+)
+def test_degenerate_groups(sizes):
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+
+    a, b, ends = _case(640, 128, 256, sizes, seed=5)
+    out = ragged_k(a, b, ends)
+    _check(out, a, b, sizes)
+
+
+@pytest.mark.gpu
+@hopper
+def test_batch_fp16_fp32_out_and_strided_rows():
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+
+    sizes = [100, 0, 250, 77]
+    a, b, ends = _case(500, 192, 264, sizes, bt=3, dtype=torch.float16, seed=7)
+    _check(ragged_k(a, b, ends), a, b, sizes, torch.float16)
+    out32 = ragged_k(a, b, ends, torch.float32)
+    assert out32.dtype == torch.float32
+    _check(out32, a, b, sizes, torch.float16)
+    wide = torch.randn(1, 500, 320, device="cuda", dtype=torch.bfloat16)  # rows with a stride > M
+    wide[:, 427:] = float("nan")
+    a1 = wide[:, :, :192]
+    b1 = torch.randn(1, 500, 264, device="cuda", dtype=torch.bfloat16)
+    _check(ragged_k(a1, b1, ends[:4]), a1, b1, sizes)
+
+
+@pytest.mark.gpu
+@hopper
+def test_backend_prepared_call_from_raw_sizes_matches_triton():
+    from ragdot.backends import get_backend
+
+    gl_backend, tr_backend = get_backend("gluon"), get_backend("triton")
+    sizes = skewed(3000, 16).tolist()
+    a, b, _ = _case(3200, 1024, 768, sizes, seed=9)
+    raw = torch.tensor(sizes, device="cuda", dtype=torch.int64)
+    call = gl_backend.prepare("ragged_k", a, b, len(sizes), torch.bfloat16)
+    out = call(a, b, raw)
+    _check(out, a, b, sizes)
+    ref = tr_backend.prepare("ragged_k", a, b, len(sizes), torch.bfloat16)(a, b, raw)
+    from ragdot.measure.checks import normalised_error
+
+    assert normalised_error(out, ref) <= 1e-2
+    assert torch.equal(call(a, b, raw), out)
+    with pytest.raises(NotImplementedError, match="M=100"):
+        gl_backend.prepare("ragged_k", a[:, :, :100], b, len(sizes), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("layout", ["fwd", "dgrad"])
+@pytest.mark.parametrize("routing", sorted(ROUTINGS))
+@pytest.mark.parametrize("m, k, n, e, used", [(1000, 256, 192, 8, 900), (4096, 512, 384, 16, 4096),
+                                              (777, 128, 136, 5, 700)])
+def test_ragged_m_matches_float64(layout, routing, m, k, n, e, used):
+    from ragdot.kernels.gluon.ragged_m import ragged_m
+
+    sizes = ROUTINGS[routing](used, e)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if layout == "fwd":
+        b = torch.randn(1, e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+    else:  # the data-gradient layout: each group's matrix stored [N, K]
+        b = torch.randn(1, e, n, k, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(2, 3)
+    a[:, used:] = float("nan")  # rows past the last group: their outputs must be exact zeros
+    ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
+    out = ragged_m(a, b, ends)
+    from ragdot.measure.checks import normalised_error
+
+    assert torch.isfinite(out).all() and (out[:, used:] == 0).all()
+    assert normalised_error(out, _reference_m(a.nan_to_num(0), b, sizes)) <= 2e-2
+    assert torch.equal(ragged_m(a, b, ends), out), "not bitwise reproducible"
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("cfg", gluon_m_tuning_configs(512, 264), ids=lambda c: c.short())
+def test_ragged_m_every_candidate_config_batch_and_dtypes(cfg):
+    from ragdot.kernels.gluon.ragged_m import ragged_m
+    from ragdot.measure.checks import normalised_error
+
+    sizes = [300, 0, 17, 64, 0, 129, 1, 200, 63, 65]
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    a = torch.randn(2, 1000, 512, device="cuda", dtype=torch.float16, generator=gen)
+    b = torch.randn(2, len(sizes), 512, 264, device="cuda", dtype=torch.float16, generator=gen)
+    a[:, sum(sizes):] = float("nan")
+    ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
+    ref = _reference_m(a.nan_to_num(0), b, sizes)
+    for out_dtype in (torch.float16, torch.float32):
+        out = ragged_m(a, b, ends, out_dtype, config=cfg)
+        assert out.dtype == out_dtype and torch.isfinite(out).all() and (out[:, sum(sizes):] == 0).all()
+        assert normalised_error(out, ref) <= 3e-3
+    out = ragged_m(a, b[:, :1], ends[-1:], config=cfg)  # G=1: one group over the used rows
+    assert (out[:, sum(sizes):] == 0).all()
+    assert normalised_error(out, _reference_m(a.nan_to_num(0), b[:, :1], [sum(sizes)])) <= 3e-3
+
+
+@pytest.mark.gpu
+@hopper
+def test_backend_ragged_m_from_raw_sizes_matches_triton_and_delegates_odd_k():
+    from ragdot.backends import get_backend
+    from ragdot.measure.checks import normalised_error
+
+    gl_backend, tr_backend = get_backend("gluon"), get_backend("triton")
+    sizes = skewed(3000, 16).tolist()
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    a = torch.randn(1, 3200, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(1, 16, 1024, 768, device="cuda", dtype=torch.bfloat16, generator=gen)
+    raw = torch.tensor(sizes, device="cuda", dtype=torch.int64)
+    call = gl_backend.prepare("ragged_m", a, b, 16, torch.bfloat16)
+    out = call(a, b, raw)
+    ref = tr_backend.prepare("ragged_m", a, b, 16, torch.bfloat16)(a, b, raw)
+    assert normalised_error(out, ref) <= 1e-2 and torch.equal(call(a, b, raw), out)
+    assert (out[:, 3000:] == 0).all()
+    odd = gl_backend.prepare("ragged_m", a[:, :, :1000], b[:, :, :1000], 16, torch.bfloat16)  # K % 64 != 0
+    assert normalised_error(odd(a[:, :, :1000], b[:, :, :1000], raw),
+                            tr_backend.ragged_m(a[:, :, :1000], b[:, :, :1000], raw.cumsum(0).int(), torch.bfloat16)
+                            ) <= 1e-2
