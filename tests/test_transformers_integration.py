@@ -73,6 +73,14 @@ FAMILIES = {
 @pytest.fixture(scope="module", autouse=True)
 def _registered():
     rt.register()
+    rt.register(rt.FUSED_NAME, fused=True)
+
+
+def _needs_triton():
+    from ragdot.moe import routing_kernels
+
+    if not routing_kernels.HAS_TRITON:
+        pytest.skip("the fused experts need triton (its interpreter on the CPU)")
 
 
 def _classes(family: str):
@@ -126,6 +134,25 @@ def test_logits_loss_and_every_gradient_match(family):
         for name, g in grads.items():
             torch.testing.assert_close(g, o_grads[name], **TOL, msg=f"grad of {name} vs {other}")
     assert all(grads[n].abs().sum() > 0 for n in expert_grads)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+def test_fused_variant_matches_grouped_mm(family):
+    """"ragdot_fused": the fused kernels where the layout is plain SwiGLU (Qwen3-MoE, DeepSeek-V3), the
+    ragged_dot path where it is not (gpt-oss: biases and its own gate)."""
+    _needs_triton()
+    model = _model(family)
+    experts = next(m for m in model.modules() if type(m).__name__.endswith("Experts"))
+    x = torch.zeros(1, _hidden(experts))
+    assert rt.fused_applies(experts, x) == (family != "gpt_oss")
+    ids = torch.randint(3, _COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    logits, loss, grads = _step(model, rt.FUSED_NAME, ids)
+    o_logits, o_loss, o_grads = _step(model, "grouped_mm", ids)
+    torch.testing.assert_close(logits, o_logits, **TOL)
+    torch.testing.assert_close(loss, o_loss, **TOL)
+    assert set(grads) == set(o_grads)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, o_grads[name], **TOL, msg=f"grad of {name}")
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -199,11 +226,28 @@ def _assert_same(a, b, what):
         torch.testing.assert_close(ga[name], gb[name], **TOL, msg=f"grad of {name} vs {what}")
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
-def test_expert_parallel_sentinels_add_nothing(family):
-    """Off-rank choices carry the local id num_experts and weight 0 (transformers' EP dispatch)."""
+@pytest.mark.parametrize(
+    "family, impl, flag",
+    [
+        ("qwen3_moe", "ragdot", True),
+        ("gpt_oss", "ragdot", True),
+        ("qwen3_moe", "ragdot", None),
+        ("qwen3_moe", "ragdot_fused", True),
+        ("qwen3_moe", "ragdot_fused", None),
+    ],
+    ids=["qwen3", "gpt_oss", "qwen3-no-flag", "qwen3-fused", "qwen3-fused-no-flag"],
+)
+def test_expert_parallel_sentinels_add_nothing(family, impl, flag):
+    """Off-rank choices carry the local id num_experts and weight 0 (transformers' EP dispatch). Without the
+    ``_is_expert_parallel`` attribute (transformers 5.17 has none) sentinels are handled all the time."""
+    if impl == rt.FUSED_NAME:
+        _needs_triton()
     module = _experts(family)
-    module._is_expert_parallel = True
+    if flag is None:
+        if hasattr(module, "_is_expert_parallel"):
+            del module._is_expert_parallel
+    else:
+        module._is_expert_parallel = flag
     e = module.num_experts
     idx, w = _routing(10, 2, e, seed=5)
     off_rank = torch.zeros_like(idx, dtype=torch.bool)
@@ -212,12 +256,13 @@ def test_expert_parallel_sentinels_add_nothing(family):
     idx = idx.masked_fill(off_rank, e)
     w = w.masked_fill(off_rank, 0.0)
     x = torch.randn(10, _hidden(module))
-    got = _experts_step(module, "ragdot", x, idx, w)
-    _assert_same(got, _experts_step(module, "grouped_mm", x, idx, w), "grouped_mm")
+    got = _experts_step(module, impl, x, idx, w)
+    if flag is not None:  # transformers' own grouped_mm reads the flag where it has one
+        _assert_same(got, _experts_step(module, "grouped_mm", x, idx, w), "grouped_mm")
     assert torch.all(got[2][off_rank] == 0), "off-rank routing weights got a gradient"
     # the same tokens routed only to local experts, the off-rank choices dropped (weight 0 on expert 0)
     module._is_expert_parallel = False
-    local = _experts_step(module, "ragdot", x, idx.masked_fill(off_rank, 0), w)
+    local = _experts_step(module, impl, x, idx.masked_fill(off_rank, 0), w)
     torch.testing.assert_close(got[0], local[0], **TOL)
     torch.testing.assert_close(got[1], local[1], **TOL)
 
