@@ -170,17 +170,21 @@ class Item:
 
 
 def plan(models: list[ModelSpec], args: argparse.Namespace) -> list[Item]:
-    """Rows in run order: eager before compile, then model, phase, batch; the impls of one group together."""
+    """Rows in run order, the impls of one (model, phase, batch) together. Eager mode model by model (one build
+    each); compile mode phase by phase, so that a budget spent on compilation still leaves every model's train
+    step measured before any prefill or decode."""
     items = []
     for mode in args.modes:
-        for spec in models:
-            for phase in args.phases:
-                batches = [spec.train_batch] if phase == "train" else args.decode_batches
-                for batch in batches:
-                    for impl in args.impls:
-                        if impl == "eager" and (mode != "eager" or phase not in args.eager_impl_phases):
-                            continue
-                        items.append(Item(mode, spec, phase, batch, impl))
+        order = [(s, p) for s in models for p in args.phases]
+        if mode == "compile":
+            order = [(s, p) for p in args.phases for s in models]
+        for spec, phase in order:
+            batches = [spec.train_batch] if phase == "train" else args.decode_batches
+            for batch in batches:
+                for impl in args.impls:
+                    if impl == "eager" and (mode != "eager" or phase not in args.eager_impl_phases):
+                        continue
+                    items.append(Item(mode, spec, phase, batch, impl))
     return items
 
 
@@ -399,13 +403,17 @@ def _run_items(items: list[Item], device, dtype, args, writer, progress) -> None
     """Every item in order, one model built at a time; after the budget, the rest are 'budget' rows."""
     from ragdot.measure.checks import failure_status
 
-    model, built = None, None
+    model, built, oom = None, None, set()
     for n, item in enumerate(items):
         if progress.spent():
             for rest in items[n:]:
                 writer.add(rest.key() | {"status": "budget"})
             return
-        row = item.key()
+        row, where = item.key(), (item.model.name, item.phase, item.batch, item.impl)
+        if item.mode == "compile" and where in oom:
+            writer.add(row | {"status": "OOM", "note": "out of memory in eager mode; not compiled"})
+            progress.done(f"{item.mode} {item.model.name} {item.phase} b{item.batch} {item.impl}: OOM (eager)")
+            continue
         try:
             if built is not item.model:
                 model = None
@@ -415,6 +423,8 @@ def _run_items(items: list[Item], device, dtype, args, writer, progress) -> None
         except Exception as exc:  # OOM and anything an implementation cannot do become a row, the run goes on
             status, note = failure_status(exc)
             row |= {"status": status, "note": note}
+            if status == "OOM":
+                oom.add(where)
         if model is not None:
             _cleanup(model, device)
         writer.add(row)
