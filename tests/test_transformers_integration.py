@@ -422,7 +422,8 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
-def test_bfloat16_on_cuda_matches_grouped_mm(family, compiled):
+@pytest.mark.parametrize("impl", ["ragdot", "ragdot_fused"])
+def test_bfloat16_on_cuda_matches_grouped_mm(family, compiled, impl):
     """bfloat16 on the GPU (ragdot's own kernels): logits, loss and gradients within bfloat16 tolerance.
 
     One MoE layer, so that rounding differences cannot flip a later layer's top-k choice."""
@@ -430,16 +431,16 @@ def test_bfloat16_on_cuda_matches_grouped_mm(family, compiled):
     model = _model(family, num_hidden_layers=1, **extra).to("cuda", torch.bfloat16)
     ids = torch.randint(3, _COMMON["vocab_size"], (4, 64), generator=torch.Generator().manual_seed(12)).cuda()
     results = {}
-    for impl in ("ragdot", "grouped_mm"):
+    for name in (impl, "grouped_mm"):
         torch._dynamo.reset()
-        model.set_experts_implementation(impl)
+        model.set_experts_implementation(name)
         run = torch.compile(model) if compiled else model
         model.zero_grad(set_to_none=True)
         out = run(ids, labels=ids)
         out.loss.backward()
-        results[impl] = (out.logits.detach(), out.loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+        results[name] = (out.logits.detach(), out.loss.detach(), {n: p.grad for n, p in model.named_parameters()})
     torch._dynamo.reset()
-    (logits, loss, grads), (o_logits, o_loss, o_grads) = results["ragdot"], results["grouped_mm"]
+    (logits, loss, grads), (o_logits, o_loss, o_grads) = results[impl], results["grouped_mm"]
     assert _rel_err(logits, o_logits) < 2e-2
     assert abs(float(loss) - float(o_loss)) < 2e-2
     for name, g in grads.items():
