@@ -448,6 +448,25 @@ def test_bfloat16_on_cuda_matches_grouped_mm(family, compiled, impl):
         assert _rel_err(g, o_grads[name]) < 5e-2, name
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["ragdot", "ragdot_fused"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_experts_forward_and_backward_never_wait_for_the_device(impl, family):
+    """No host synchronisation in a warm experts forward + backward (CUDA's sync debug mode raises on one)."""
+    module = _experts(family).to("cuda", torch.bfloat16)
+    module.config._experts_implementation = impl
+    idx, w = _routing(64, 2, module.num_experts, seed=17)
+    idx, w = idx.cuda(), w.to("cuda", torch.bfloat16)
+    x = torch.randn(64, _hidden(module), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    module(x, idx, w).float().sum().backward()  # warm-up: kernel compilation and configuration look-ups
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        module(x, idx, w).float().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 # ------------------------------------------------------------------ torchtitan (a stand-in of its experts)
 class _TitanExperts(torch.nn.Module):
     """torchtitan's GroupedExperts in miniature: SwiGLU experts through the ``_grouped_mm`` seam (float32 here)."""

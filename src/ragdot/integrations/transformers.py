@@ -22,8 +22,8 @@ Layout flags the decorator sets, and how they are honoured:
   (``is_concatenated=False``) is refused unless the class defines its own ``_apply_gate``.
 - ``has_post_expert_norm``: ``post_expert_norm`` is applied to each expert's output row.
 - expert parallelism (``_is_expert_parallel``): ids ``>= num_experts`` mark choices held by another rank; their
-  rows get no matmul work, and they add nothing to the output or to any gradient. Releases without the flag
-  (5.17) may pass such ids at any time: they are always handled there.
+  rows get no matmul work (and a zero bias), and they add nothing to the output or to any gradient. Releases
+  without the flag (5.17) may pass such ids at any time: they are always handled there.
 
 ``fused=True`` (``register("ragdot_fused", fused=True)``) runs ``ragdot.moe.fused`` instead where the layout is
 plain SwiGLU: gate/up concatenated with the class's default ``_apply_gate``, a SiLU ``act_fn``, no biases, no
@@ -143,7 +143,10 @@ def _forward(
     sizes = routing.group_sizes[:num_experts] if ep else routing.group_sizes
     row_experts = None
     if has_bias:
-        row_experts = ids.reshape(-1).index_select(0, routing.order()).clamp(max=num_experts - 1)
+        # Off-rank rows (expert id num_experts) get a zero bias row: they stay exactly zero, no masking needed.
+        row_experts = ids.reshape(-1).index_select(0, routing.order()).clamp(0, num_experts if ep else num_experts - 1)
+        if ep:
+            b_up, b_down = _zero_row_below(b_up), _zero_row_below(b_down)
 
     h = _linear(rows, w_up, b_up, sizes, row_experts, backend)
     h = module._apply_gate(h) if has_gate else module.act_fn(h)
@@ -153,13 +156,19 @@ def _forward(
 
     weights = top_k_weights
     if ep:
-        # Off-rank choices sort to the tail, whose rows ragged_dot leaves at zero; a bias or a post-expert norm
-        # can make them non-zero again, so mask them then. Their weights are zeroed: no routing-weight gradient.
+        # Off-rank choices sort to the tail, whose rows ragged_dot leaves at zero (biases included, see above);
+        # a post-expert norm can make them non-zero again, so mask them then. Their weights are zeroed: no
+        # routing-weight gradient.
         weights = weights.masked_fill(top_k_index >= num_experts, 0.0)
-        if has_bias or _flag(module, "has_post_expert_norm", False):
+        if _flag(module, "has_post_expert_norm", False):
             tail = torch.arange(out.shape[0], device=out.device) >= sizes.sum()
             out = out.masked_fill(tail.unsqueeze(-1), 0.0)
     return unpermute(out, routing, weights).to(hidden_states.dtype)
+
+
+def _zero_row_below(bias: torch.Tensor) -> torch.Tensor:
+    """[E, out] -> [E + 1, out]: the biases and one zero row for the off-rank group (a few KB copied)."""
+    return torch.cat([bias, bias.new_zeros((1, bias.shape[1]))])
 
 
 def fused_applies(module: torch.nn.Module, hidden_states: torch.Tensor) -> bool:
