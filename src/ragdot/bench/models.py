@@ -48,9 +48,10 @@ from ragdot.measure import records
 HELP = "whole-model train, prefill and decode steps of transformers MoE models per experts implementation"
 
 IMPLS: tuple[str, ...] = ("grouped_mm", "ragdot", "ragdot_fused", "batched_mm", "eager")
+PINNED: dict[str, str] = {"ragdot_triton": "triton", "ragdot_torch": "torch"}  # ragdot with its backend pinned
 MODES: tuple[str, ...] = ("eager", "compile")
 PHASES: tuple[str, ...] = ("train", "prefill", "decode")
-RAGDOT_IMPLS: tuple[str, ...] = ("ragdot", "ragdot_fused")
+RAGDOT_IMPLS: tuple[str, ...] = ("ragdot", "ragdot_fused", *PINNED)
 CLOCK_CUDA = "CUDA events around each eager call, median"
 CLOCK_CPU = "wall clock around each call, median"
 
@@ -119,8 +120,9 @@ for _name, _spec in TINY_MODELS.items():
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), metavar="MODEL",
                         help=f"models (default all: {' '.join(MODELS)})")
-    parser.add_argument("--impls", nargs="+", choices=list(IMPLS), metavar="IMPL",
-                        help=f"experts implementations (default all: {' '.join(IMPLS)})")
+    parser.add_argument("--impls", nargs="+", choices=[*IMPLS, *PINNED], metavar="IMPL",
+                        help=f"experts implementations (default: {' '.join(IMPLS)}; also {' '.join(PINNED)}: "
+                        "ragdot with ragged_dot's backend pinned instead of auto)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), metavar="MODE", help="eager, compile (default both)")
     parser.add_argument("--phases", nargs="+", choices=list(PHASES), metavar="PHASE",
                         help="train, prefill, decode (default all)")
@@ -261,6 +263,7 @@ def measure_item(item: Item, model: torch.nn.Module, device: torch.device, args:
     from ragdot.measure.timing import synchronize, timed_call
 
     model.set_experts_implementation(item.impl)
+    model.train(item.phase == "train")
     run: Callable = model
     if item.mode == "compile":
         torch._dynamo.reset()
@@ -375,6 +378,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = parse_dtype(args.dtype, "bf16" if device.type == "cuda" else "fp32")
     rt.register()
     rt.register(rt.FUSED_NAME, fused=True)
+    for name in set(args.impls) & set(PINNED):
+        rt.register(name, backend=PINNED[name])
     specs = _specs(args)
     items = plan(specs, args)
     console = Console(quiet=args.quiet)
