@@ -34,6 +34,14 @@ def test_tiny_run_writes_rows_with_times_memory_and_ratios(tmp_path):
     assert "wall clock" in json.dumps(meta)
 
 
+def test_profile_adds_kernel_time_and_top_kernels(tmp_path):
+    code = main(["bench-models", "--tiny", "--impls", "ragdot", "--phases", "train", "--steps", "1", "--warmup",
+                 "0", "--profile", "--out", str(tmp_path), "-q"])
+    assert code == 0
+    _, (row,) = _rows(tmp_path)
+    assert row["status"] == "ok" and row["kernel_ms"] > 0 and "=" in row["top_kernels"]
+
+
 def test_compiled_train_step_runs(tmp_path):
     code = main(["bench-models", "--tiny", "--impls", "ragdot", "--modes", "compile", "--compile-backend",
                  "aot_eager", "--phases", "train", "--steps", "1", "--warmup", "0", "--out", str(tmp_path), "-q"])

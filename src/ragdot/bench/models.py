@@ -3,6 +3,7 @@
     ragdot bench-models --out results/models                 # every model, impl, mode and phase (GPU)
     ragdot bench-models --models qwen3-moe --modes eager --phases train
     ragdot bench-models --tiny                               # CPU smoke run of a tiny config, seconds
+    ragdot bench-models --modes eager --phases train --profile   # where the kernel time goes, per row
 
 Per (mode, model, phase, batch) every experts implementation runs in turn on the same model (switched with
 ``set_experts_implementation``): transformers' own "grouped_mm", "batched_mm" and "eager", ragdot's "ragdot"
@@ -136,6 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2; decode: 2x)")
     parser.add_argument("--eager-impl-phases", nargs="+", choices=list(PHASES), default=["train"],
                         metavar="PHASE", help="phases the slow 'eager' loop runs in, eager mode only (default train)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one more step per row: kernel time and the top kernels (CPU: top ops)")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     parser.add_argument(
         "--budget", type=float, default=0.0, metavar="SECONDS",
@@ -279,7 +282,35 @@ def measure_item(item: Item, model: torch.nn.Module, device: torch.device, args:
     times = [timed_call(next(fns), device)[0] for _ in range(steps)]
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     ms = statistics.median(times)
-    return dict(ms=ms, tokens_per_s=item.tokens() / (ms / 1e3), peak_gib=peak, steps=steps)
+    row = dict(ms=ms, tokens_per_s=item.tokens() / (ms / 1e3), peak_gib=peak, steps=steps)
+    if args.profile:
+        row |= profile_step(next(fns), device)
+    return row
+
+
+def profile_step(fn: Callable[[], Any], device: torch.device, top: int = 12) -> dict[str, Any]:
+    """One fn() call under torch.profiler: ``kernel_ms`` (the device time of all its kernels; on a CPU the ops'
+    own time) and ``top_kernels`` ("name=ms; ...", the `top` largest, names cut to 70 characters)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ragdot.cli_common import quiet_native_stderr
+    from ragdot.measure.timing import synchronize
+
+    cuda = device.type == "cuda"
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    with quiet_native_stderr(not cuda), profile(activities=[activity]) as prof:
+        fn()
+        synchronize(device)
+    own = []
+    for evt in prof.key_averages():
+        us = getattr(evt, "self_device_time_total", None) if cuda else evt.self_cpu_time_total
+        if us is None:  # torch releases before the device-neutral name
+            us = getattr(evt, "self_cuda_time_total", 0)
+        if us > 0:
+            own.append((us / 1e3, evt.key))
+    own.sort(reverse=True)
+    text = "; ".join(f"{name[:70]}={ms:.3f}" for ms, name in own[:top])
+    return {"kernel_ms": sum(ms for ms, _ in own), "top_kernels": text}
 
 
 def _cleanup(model: torch.nn.Module, device: torch.device) -> None:
