@@ -70,9 +70,10 @@ def test_plan_runs_the_eager_loop_only_where_asked():
     assert items[0].tokens() == 8192  # the config: 4 x 2048 tokens
     assert len(items) == 3 + 2 * 2 + 2 + 2 * 2
     two = bm.plan([bm.MODELS["qwen3-moe"], bm.MODELS["gpt-oss"]], _args(impls=["ragdot"]))
-    assert [(i.model.name, i.phase) for i in two if i.mode == "compile"][:2] == [
-        ("qwen3-moe", "train"), ("gpt-oss", "train")
-    ]  # compiled train steps of every model before any compiled decode
+    assert [(i.mode, i.model.name, i.phase) for i in two][:5] == [
+        ("eager", "qwen3-moe", "train"), ("eager", "gpt-oss", "train"),
+        ("compile", "qwen3-moe", "train"), ("compile", "gpt-oss", "train"), ("eager", "qwen3-moe", "decode"),
+    ]  # every model's train steps, eager and compiled, before any decode
 
 
 def test_relative_compares_with_grouped_mm_of_the_same_group():

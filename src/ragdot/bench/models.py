@@ -175,21 +175,21 @@ class Item:
 
 
 def plan(models: list[ModelSpec], args: argparse.Namespace) -> list[Item]:
-    """Rows in run order, the impls of one (model, phase, batch) together. Eager mode model by model (one build
-    each); compile mode phase by phase, so that a budget spent on compilation still leaves every model's train
-    step measured before any prefill or decode."""
+    """Rows in run order, the impls of one (model, phase, batch) together: the train steps first (eager, then
+    compiled, model by model), then prefill and decode (eager, then compiled), so that a budget spent early
+    still leaves the train comparison of every model in both modes."""
     items = []
-    for mode in args.modes:
-        order = [(s, p) for s in models for p in args.phases]
-        if mode == "compile":
-            order = [(s, p) for p in args.phases for s in models]
-        for spec, phase in order:
-            batches = [spec.train_batch] if phase == "train" else args.decode_batches
-            for batch in batches:
-                for impl in args.impls:
-                    if impl == "eager" and (mode != "eager" or phase not in args.eager_impl_phases):
-                        continue
-                    items.append(Item(mode, spec, phase, batch, impl))
+    train = [p for p in args.phases if p == "train"]
+    inference = [p for p in args.phases if p != "train"]
+    for phases, mode in [(train, m) for m in args.modes] + [(inference, m) for m in args.modes]:
+        for spec in models:
+            for phase in phases:
+                batches = [spec.train_batch] if phase == "train" else args.decode_batches
+                for batch in batches:
+                    for impl in args.impls:
+                        if impl == "eager" and (mode != "eager" or phase not in args.eager_impl_phases):
+                            continue
+                        items.append(Item(mode, spec, phase, batch, impl))
     return items
 
 
