@@ -27,15 +27,17 @@ Layout flags the decorator sets, and how they are honoured:
 
 ``fused=True`` (``register("ragdot_fused", fused=True)``) runs ``ragdot.moe.fused`` instead where the layout is
 plain SwiGLU: gate/up concatenated with the class's default ``_apply_gate``, a SiLU ``act_fn``, no biases, no
-post-expert norm, one dtype, Triton present. The up projection gathers token rows itself (no permuted copy of
-the input), SwiGLU runs in its epilogue and the down projection applies the routing weights. Off-rank choices
-become expert 0 with weight 0 there (computed, then dropped). Other layouts take the unfused path.
+post-expert norm, one dtype, Triton present, a CUDA device (or Triton's interpreter). The up projection gathers
+token rows itself (no permuted copy of the input), SwiGLU runs in its epilogue and the down projection applies
+the routing weights. Off-rank choices become expert 0 with weight 0 there (computed, then dropped). Other
+layouts take the unfused path.
 
 Inputs in another dtype than the weights (autocast) are cast to the weights' dtype; the output has the input's.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -172,7 +174,8 @@ def _zero_row_below(bias: torch.Tensor) -> torch.Tensor:
 
 
 def fused_applies(module: torch.nn.Module, hidden_states: torch.Tensor) -> bool:
-    """Whether ``ragdot.moe.fused`` can run this experts module: plain SwiGLU, no bias, no post norm, one dtype."""
+    """Whether ``ragdot.moe.fused`` can run this experts module: plain SwiGLU, no bias, no post norm, one dtype,
+    on a CUDA device (or anywhere under Triton's interpreter, ``TRITON_INTERPRET=1``)."""
     if not _flag(module, "has_gate", True) or _flag(module, "has_bias", False):
         return False
     if _flag(module, "has_post_expert_norm", False) or not _flag(module, "is_concatenated", True):
@@ -182,7 +185,8 @@ def fused_applies(module: torch.nn.Module, hidden_states: torch.Tensor) -> bool:
     w_up, w_down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     if not isinstance(w_up, torch.Tensor) or not isinstance(w_down, torch.Tensor):
         return False
-    return hidden_states.dtype == w_up.dtype and fused_supported(hidden_states, w_up, w_down)
+    on_device = hidden_states.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return on_device and hidden_states.dtype == w_up.dtype and fused_supported(hidden_states, w_up, w_down)
 
 
 def _fused_forward(
