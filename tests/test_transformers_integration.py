@@ -73,6 +73,18 @@ FAMILIES = {
 @pytest.fixture(scope="module", autouse=True)
 def _registered():
     rt.register()
+    rt.register(rt.FUSED_NAME, fused=True)
+
+
+def _has_triton() -> bool:
+    from ragdot.moe import routing_kernels
+
+    return routing_kernels.HAS_TRITON
+
+
+def _needs_triton():
+    if not _has_triton():
+        pytest.skip("the fused experts need triton (its interpreter on the CPU)")
 
 
 def _classes(family: str):
@@ -128,12 +140,32 @@ def test_logits_loss_and_every_gradient_match(family):
     assert all(grads[n].abs().sum() > 0 for n in expert_grads)
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+def test_fused_variant_matches_grouped_mm(family):
+    """"ragdot_fused": the fused kernels where the layout is plain SwiGLU (Qwen3-MoE, DeepSeek-V3), the
+    ragged_dot path where it is not (gpt-oss: biases and its own gate)."""
+    _needs_triton()
+    model = _model(family)
+    experts = next(m for m in model.modules() if type(m).__name__.endswith("Experts"))
+    x = torch.zeros(1, _hidden(experts))
+    assert rt.fused_applies(experts, x) == (family != "gpt_oss")
+    ids = torch.randint(3, _COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    logits, loss, grads = _step(model, rt.FUSED_NAME, ids)
+    o_logits, o_loss, o_grads = _step(model, "grouped_mm", ids)
+    torch.testing.assert_close(logits, o_logits, **TOL)
+    torch.testing.assert_close(loss, o_loss, **TOL)
+    assert set(grads) == set(o_grads)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, o_grads[name], **TOL, msg=f"grad of {name}")
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_greedy_generation_with_kv_cache_gives_the_same_tokens(family):
     model = _model(family, seed=2).eval()
     prompt = torch.randint(3, _COMMON["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(3))
     tokens = {}
-    for impl in IMPLS:
+    fused = family == "qwen3_moe" and _has_triton()  # one family: the interpreter runs the fused kernels slowly
+    for impl in (*IMPLS, rt.FUSED_NAME) if fused else IMPLS:
         model.set_experts_implementation(impl)
         with torch.no_grad():
             tokens[impl] = model.generate(
@@ -142,14 +174,18 @@ def test_greedy_generation_with_kv_cache_gives_the_same_tokens(family):
     assert tokens["ragdot"].shape == (2, 11)
     assert torch.equal(tokens["ragdot"], tokens["grouped_mm"])
     assert torch.equal(tokens["ragdot"], tokens["eager"])
+    assert torch.equal(tokens.get(rt.FUSED_NAME, tokens["ragdot"]), tokens["ragdot"])
 
 
-def test_torch_compile_fullgraph_forward_and_backward():
+@pytest.mark.parametrize("impl", ["ragdot", "ragdot_fused"])
+def test_torch_compile_fullgraph_forward_and_backward(impl):
     """aot_eager traces the whole model through dynamo and AOT autograd in seconds on the CPU; inductor's CPU
     code generation takes several times as long, so it runs only in the GPU test below."""
+    if impl == rt.FUSED_NAME:
+        _needs_triton()
     model = _model("qwen3_moe")
     ids = torch.randint(3, _COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(4))
-    eager_logits, eager_loss, eager_grads = _step(model, "ragdot", ids)
+    eager_logits, eager_loss, eager_grads = _step(model, impl, ids)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     model.zero_grad(set_to_none=True)
@@ -199,11 +235,28 @@ def _assert_same(a, b, what):
         torch.testing.assert_close(ga[name], gb[name], **TOL, msg=f"grad of {name} vs {what}")
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
-def test_expert_parallel_sentinels_add_nothing(family):
-    """Off-rank choices carry the local id num_experts and weight 0 (transformers' EP dispatch)."""
+@pytest.mark.parametrize(
+    "family, impl, flag",
+    [
+        ("qwen3_moe", "ragdot", True),
+        ("gpt_oss", "ragdot", True),
+        ("qwen3_moe", "ragdot", None),
+        ("qwen3_moe", "ragdot_fused", True),
+        ("qwen3_moe", "ragdot_fused", None),
+    ],
+    ids=["qwen3", "gpt_oss", "qwen3-no-flag", "qwen3-fused", "qwen3-fused-no-flag"],
+)
+def test_expert_parallel_sentinels_add_nothing(family, impl, flag):
+    """Off-rank choices carry the local id num_experts and weight 0 (transformers' EP dispatch). Without the
+    ``_is_expert_parallel`` attribute (transformers 5.17 has none) sentinels are handled all the time."""
+    if impl == rt.FUSED_NAME:
+        _needs_triton()
     module = _experts(family)
-    module._is_expert_parallel = True
+    if flag is None:
+        if hasattr(module, "_is_expert_parallel"):
+            del module._is_expert_parallel
+    else:
+        module._is_expert_parallel = flag
     e = module.num_experts
     idx, w = _routing(10, 2, e, seed=5)
     off_rank = torch.zeros_like(idx, dtype=torch.bool)
@@ -212,12 +265,13 @@ def test_expert_parallel_sentinels_add_nothing(family):
     idx = idx.masked_fill(off_rank, e)
     w = w.masked_fill(off_rank, 0.0)
     x = torch.randn(10, _hidden(module))
-    got = _experts_step(module, "ragdot", x, idx, w)
-    _assert_same(got, _experts_step(module, "grouped_mm", x, idx, w), "grouped_mm")
+    got = _experts_step(module, impl, x, idx, w)
+    if flag is not None:  # transformers' own grouped_mm reads the flag where it has one
+        _assert_same(got, _experts_step(module, "grouped_mm", x, idx, w), "grouped_mm")
     assert torch.all(got[2][off_rank] == 0), "off-rank routing weights got a gradient"
     # the same tokens routed only to local experts, the off-rank choices dropped (weight 0 on expert 0)
     module._is_expert_parallel = False
-    local = _experts_step(module, "ragdot", x, idx.masked_fill(off_rank, 0), w)
+    local = _experts_step(module, impl, x, idx.masked_fill(off_rank, 0), w)
     torch.testing.assert_close(got[0], local[0], **TOL)
     torch.testing.assert_close(got[1], local[1], **TOL)
 
@@ -377,7 +431,8 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
-def test_bfloat16_on_cuda_matches_grouped_mm(family, compiled):
+@pytest.mark.parametrize("impl", ["ragdot", "ragdot_fused"])
+def test_bfloat16_on_cuda_matches_grouped_mm(family, compiled, impl):
     """bfloat16 on the GPU (ragdot's own kernels): logits, loss and gradients within bfloat16 tolerance.
 
     One MoE layer, so that rounding differences cannot flip a later layer's top-k choice."""
@@ -385,18 +440,123 @@ def test_bfloat16_on_cuda_matches_grouped_mm(family, compiled):
     model = _model(family, num_hidden_layers=1, **extra).to("cuda", torch.bfloat16)
     ids = torch.randint(3, _COMMON["vocab_size"], (4, 64), generator=torch.Generator().manual_seed(12)).cuda()
     results = {}
-    for impl in ("ragdot", "grouped_mm"):
+    for name in (impl, "grouped_mm"):
         torch._dynamo.reset()
-        model.set_experts_implementation(impl)
+        model.set_experts_implementation(name)
         run = torch.compile(model) if compiled else model
         model.zero_grad(set_to_none=True)
         out = run(ids, labels=ids)
         out.loss.backward()
-        results[impl] = (out.logits.detach(), out.loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+        results[name] = (out.logits.detach(), out.loss.detach(), {n: p.grad for n, p in model.named_parameters()})
     torch._dynamo.reset()
-    (logits, loss, grads), (o_logits, o_loss, o_grads) = results["ragdot"], results["grouped_mm"]
+    (logits, loss, grads), (o_logits, o_loss, o_grads) = results[impl], results["grouped_mm"]
     assert _rel_err(logits, o_logits) < 2e-2
     assert abs(float(loss) - float(o_loss)) < 2e-2
     for name, g in grads.items():
         assert g is not None and o_grads[name] is not None, name
         assert _rel_err(g, o_grads[name]) < 5e-2, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["ragdot", "ragdot_fused"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_experts_forward_and_backward_never_wait_for_the_device(impl, family):
+    """No host synchronisation in a warm experts forward + backward (CUDA's sync debug mode raises on one)."""
+    module = _experts(family).to("cuda", torch.bfloat16)
+    module.config._experts_implementation = impl
+    idx, w = _routing(64, 2, module.num_experts, seed=17)
+    idx, w = idx.cuda(), w.to("cuda", torch.bfloat16)
+    x = torch.randn(64, _hidden(module), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    module(x, idx, w).float().sum().backward()  # warm-up: kernel compilation and configuration look-ups
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        module(x, idx, w).float().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+# ------------------------------------------------------------------ torchtitan (a stand-in of its experts)
+class _TitanExperts(torch.nn.Module):
+    """torchtitan's GroupedExperts in miniature: SwiGLU experts through the ``_grouped_mm`` seam (float32 here)."""
+
+    def __init__(self, experts: int = 4, dim: int = 16, hidden: int = 8) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(14)
+        self.w1_EFD = torch.nn.Parameter(0.3 * torch.randn(experts, hidden, dim, generator=gen))
+        self.w2_EDF = torch.nn.Parameter(0.3 * torch.randn(experts, dim, hidden, generator=gen))
+        self.w3_EFD = torch.nn.Parameter(0.3 * torch.randn(experts, hidden, dim, generator=gen))
+
+    def forward(self, x, num_tokens_per_expert):
+        offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
+        h = torch.nn.functional.silu(self._grouped_mm(A=x, B_t=self.w1_EFD.transpose(-2, -1), offs=offs))
+        h = h * self._grouped_mm(A=x, B_t=self.w3_EFD.transpose(-2, -1), offs=offs)
+        return self._grouped_mm(A=h, B_t=self.w2_EDF.transpose(-2, -1), offs=offs)
+
+    def _grouped_mm(self, *, A, B_t, offs):
+        return torch._grouped_mm(A, B_t, offs=offs)
+
+
+def _titan_step(module, x, sizes):
+    module.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    y = module(x, sizes)
+    y.backward(torch.linspace(-1, 1, y.numel()).view_as(y))
+    return y.detach(), x.grad, {n: p.grad.clone() for n, p in module.named_parameters()}
+
+
+def test_torchtitan_seam_patch_matches_grouped_mm_and_unpatches():
+    import ragdot.integrations.torchtitan as tt
+
+    class Sub(_TitanExperts):  # gpt-oss's experts subclass GroupedExperts and inherit the seam
+        pass
+
+    module, sizes = Sub(), torch.tensor([3, 0, 5, 2])
+    x = torch.randn(int(sizes.sum()), 16, generator=torch.Generator().manual_seed(15))
+    want = _titan_step(module, x, sizes)
+    tt.patch(_TitanExperts, backend="reference")
+    try:
+        assert tt.is_patched(_TitanExperts) and tt.is_patched(Sub)
+        tt.patch(_TitanExperts)  # again: replaces ragdot's function, keeps the saved original
+        got = _titan_step(module, x, sizes)
+    finally:
+        tt.unpatch(_TitanExperts)
+    assert not tt.is_patched(_TitanExperts)
+    torch.testing.assert_close(got[0], want[0], **TOL)
+    torch.testing.assert_close(got[1], want[1], **TOL)
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], **TOL, msg=name)
+
+
+def test_torchtitan_legacy_module_function_is_patched():
+    import types
+
+    import ragdot.integrations.torchtitan as tt
+
+    legacy = types.ModuleType("legacy_moe")
+    titan = _TitanExperts()
+
+    def _run_experts_grouped_mm(w1, w2, w3, x, num_tokens_per_expert):
+        return titan(x, num_tokens_per_expert)
+
+    legacy._run_experts_grouped_mm = _run_experts_grouped_mm
+    sizes = torch.tensor([2, 4, 0, 1])
+    x = torch.randn(7, 16, generator=torch.Generator().manual_seed(16))
+    want = legacy._run_experts_grouped_mm(titan.w1_EFD, titan.w2_EDF, titan.w3_EFD, x, sizes)
+    tt.patch(legacy, backend="reference")
+    got = legacy._run_experts_grouped_mm(titan.w1_EFD, titan.w2_EDF, titan.w3_EFD, x, sizes)
+    tt.unpatch(legacy)
+    assert legacy._run_experts_grouped_mm is _run_experts_grouped_mm
+    # the legacy path casts to bfloat16 as torchtitan does
+    torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
+
+
+def test_torchtitan_padding_rows_are_zero_and_bad_targets_are_refused():
+    import ragdot.integrations.torchtitan as tt
+
+    a, b = torch.randn(6, 4), torch.randn(2, 4, 3)
+    out = tt.grouped_mm(a, b, torch.tensor([2, 4], dtype=torch.int32), backend="reference")
+    assert torch.equal(out[4:], torch.zeros(2, 3))
+    torch.testing.assert_close(out[:2], a[:2] @ b[0])
+    with pytest.raises(ValueError, match="target="):
+        tt.patch(object)

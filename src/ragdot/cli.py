@@ -20,6 +20,7 @@ from ragdot.cli_common import OneLineParser, UsageError, error_line
 SUBCOMMANDS: dict[str, str] = {
     "bench": "ragdot.bench.cli",
     "moe-bench": "ragdot.bench.moe",
+    "bench-models": "ragdot.bench.models",
     "bench-mxfp8": "ragdot.bench.mxfp8",
     "tune": "ragdot.tune.cli",
     "host-bench": "ragdot.bench.host",

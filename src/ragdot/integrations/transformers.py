@@ -22,25 +22,39 @@ Layout flags the decorator sets, and how they are honoured:
   (``is_concatenated=False``) is refused unless the class defines its own ``_apply_gate``.
 - ``has_post_expert_norm``: ``post_expert_norm`` is applied to each expert's output row.
 - expert parallelism (``_is_expert_parallel``): ids ``>= num_experts`` mark choices held by another rank; their
-  rows get no matmul work, and they add nothing to the output or to any gradient.
+  rows get no matmul work (and a zero bias), and they add nothing to the output or to any gradient. Releases
+  without the flag (5.17) may pass such ids at any time: they are always handled there.
+
+``fused=True`` (``register("ragdot_fused", fused=True)``) runs ``ragdot.moe.fused`` instead where the layout is
+plain SwiGLU: gate/up concatenated with the class's default ``_apply_gate``, a SiLU ``act_fn``, no biases, no
+post-expert norm, one dtype, Triton present, a CUDA device (or Triton's interpreter). The up projection gathers
+token rows itself (no permuted copy of the input), SwiGLU runs in its epilogue and the down projection applies
+the routing weights. Off-rank choices become expert 0 with weight 0 there (computed, then dropped). Other
+layouts take the unfused path.
 
 Inputs in another dtype than the weights (autocast) are cast to the weights' dtype; the output has the input's.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
 
 from ragdot.api import _check_backend, ragged_dot
+from ragdot.moe.fused import fused_experts, fused_supported, sort_experts
 from ragdot.moe.permute import permute, unpermute
 
-__all__ = ["NAME", "experts_forward", "make_experts_forward", "register", "is_registered"]
+__all__ = [
+    "NAME", "FUSED_NAME", "experts_forward", "fused_applies", "make_experts_forward", "register", "is_registered"
+]
 
 NAME = "ragdot"
+FUSED_NAME = "ragdot_fused"
 
-_FORWARDS: dict[str | None, Callable] = {}
+_FORWARDS: dict[tuple[str | None, bool], Callable] = {}
+_SILU = ("SiLU", "SiLUActivation")
 
 
 def _flag(module: torch.nn.Module, name: str, default: bool) -> bool:
@@ -69,6 +83,15 @@ def _check_layout(module: torch.nn.Module) -> None:
         raise ValueError(f"has_gate=False needs {cls}.act_fn; it is missing")
     if _flag(module, "has_post_expert_norm", False) and not callable(getattr(module, "post_expert_norm", None)):
         raise ValueError(f"has_post_expert_norm=True needs {cls}.post_expert_norm; it is missing")
+
+
+def _expert_parallel(module: torch.nn.Module) -> bool:
+    """Whether expert ids may hold the off-rank sentinel ``num_experts``.
+
+    Newer transformers releases (5.24) set ``_is_expert_parallel`` on every decorated experts module (False
+    unless expert parallelism is configured); older 5.x ones (5.17) have no flag and may pass sentinels at any
+    time, so without the flag the sentinels are always handled (a few element-wise ops on [T, k])."""
+    return bool(getattr(module, "_is_expert_parallel", True))
 
 
 def _uses_default_gate(module: torch.nn.Module) -> bool:
@@ -108,7 +131,7 @@ def _forward(
     num_experts = module.num_experts
     has_gate, has_bias = _flag(module, "has_gate", True), _flag(module, "has_bias", False)
     is_transposed = _flag(module, "is_transposed", False)
-    ep = _flag(module, "_is_expert_parallel", False)
+    ep = _expert_parallel(module)
     prefix = "gate_up_proj" if has_gate else "up_proj"
     w_up = _as_rhs(getattr(module, prefix), is_transposed, prefix, num_experts)
     w_down = _as_rhs(module.down_proj, is_transposed, "down_proj", num_experts)
@@ -122,7 +145,10 @@ def _forward(
     sizes = routing.group_sizes[:num_experts] if ep else routing.group_sizes
     row_experts = None
     if has_bias:
-        row_experts = ids.reshape(-1).index_select(0, routing.order()).clamp(max=num_experts - 1)
+        # Off-rank rows (expert id num_experts) get a zero bias row: they stay exactly zero, no masking needed.
+        row_experts = ids.reshape(-1).index_select(0, routing.order()).clamp(0, num_experts if ep else num_experts - 1)
+        if ep:
+            b_up, b_down = _zero_row_below(b_up), _zero_row_below(b_down)
 
     h = _linear(rows, w_up, b_up, sizes, row_experts, backend)
     h = module._apply_gate(h) if has_gate else module.act_fn(h)
@@ -132,19 +158,61 @@ def _forward(
 
     weights = top_k_weights
     if ep:
-        # Off-rank choices sort to the tail; zero them so they reach neither the output nor a gradient.
+        # Off-rank choices sort to the tail, whose rows ragged_dot leaves at zero (biases included, see above);
+        # a post-expert norm can make them non-zero again, so mask them then. Their weights are zeroed: no
+        # routing-weight gradient.
         weights = weights.masked_fill(top_k_index >= num_experts, 0.0)
-        tail = torch.arange(out.shape[0], device=out.device) >= sizes.sum()
-        out = out.masked_fill(tail.unsqueeze(-1), 0.0)
+        if _flag(module, "has_post_expert_norm", False):
+            tail = torch.arange(out.shape[0], device=out.device) >= sizes.sum()
+            out = out.masked_fill(tail.unsqueeze(-1), 0.0)
     return unpermute(out, routing, weights).to(hidden_states.dtype)
 
 
-def make_experts_forward(backend: str | None = None) -> Callable:
+def _zero_row_below(bias: torch.Tensor) -> torch.Tensor:
+    """[E, out] -> [E + 1, out]: the biases and one zero row for the off-rank group (a few KB copied)."""
+    return torch.cat([bias, bias.new_zeros((1, bias.shape[1]))])
+
+
+def fused_applies(module: torch.nn.Module, hidden_states: torch.Tensor) -> bool:
+    """Whether ``ragdot.moe.fused`` can run this experts module: plain SwiGLU, no bias, no post norm, one dtype,
+    on a CUDA device (or anywhere under Triton's interpreter, ``TRITON_INTERPRET=1``)."""
+    if not _flag(module, "has_gate", True) or _flag(module, "has_bias", False):
+        return False
+    if _flag(module, "has_post_expert_norm", False) or not _flag(module, "is_concatenated", True):
+        return False
+    if not _uses_default_gate(module) or type(getattr(module, "act_fn", None)).__name__ not in _SILU:
+        return False
+    w_up, w_down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not isinstance(w_up, torch.Tensor) or not isinstance(w_down, torch.Tensor):
+        return False
+    on_device = hidden_states.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return on_device and hidden_states.dtype == w_up.dtype and fused_supported(hidden_states, w_up, w_down)
+
+
+def _fused_forward(
+    module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    num_experts = module.num_experts
+    is_transposed = _flag(module, "is_transposed", False)
+    w_up = _as_rhs(module.gate_up_proj, is_transposed, "gate_up_proj", num_experts)
+    w_down = _as_rhs(module.down_proj, is_transposed, "down_proj", num_experts)
+    ids, weights = top_k_index, top_k_weights
+    if _expert_parallel(module):
+        # Off-rank choices run on expert 0 with weight 0: they add nothing to the output or to any gradient.
+        off_rank = top_k_index >= num_experts
+        ids, weights = ids.masked_fill(off_rank, 0), weights.masked_fill(off_rank, 0.0)
+    sizes, order = sort_experts(ids, num_experts)
+    return fused_experts(hidden_states, order, sizes, weights, w_up, w_down).to(hidden_states.dtype)
+
+
+def make_experts_forward(backend: str | None = None, *, fused: bool = False) -> Callable:
     """The experts forward for ``ExpertsInterface`` running ragged_dot on ``backend`` (None: ragdot's ``auto``).
 
-    One function object per backend, so registering it twice registers the same thing.
+    ``fused=True``: ``ragdot.moe.fused`` where ``fused_applies`` (the backend is then not used), the
+    ragged_dot path elsewhere. One function object per (backend, fused), so registering twice changes nothing.
     """
-    if backend not in _FORWARDS:
+    key = (backend, bool(fused))
+    if key not in _FORWARDS:
         _check_backend(backend)  # unknown or unusable here: one clear error now, not inside a model's forward
 
         def forward(
@@ -153,12 +221,16 @@ def make_experts_forward(backend: str | None = None) -> Callable:
             top_k_index: torch.Tensor,
             top_k_weights: torch.Tensor,
         ) -> torch.Tensor:
+            if fused:
+                _check_layout(self)
+                if fused_applies(self, hidden_states):
+                    return _fused_forward(self, hidden_states, top_k_index, top_k_weights)
             return _forward(self, hidden_states, top_k_index, top_k_weights, backend)
 
-        forward.__name__ = forward.__qualname__ = "ragdot_experts_forward"
-        forward.__doc__ = f"ragdot experts forward (ragged_dot backend {backend or 'auto'!r})."
-        _FORWARDS[backend] = forward
-    return _FORWARDS[backend]
+        forward.__name__ = forward.__qualname__ = "ragdot_fused_experts_forward" if fused else "ragdot_experts_forward"
+        forward.__doc__ = f"ragdot experts forward (ragged_dot backend {backend or 'auto'!r}, fused={bool(fused)})."
+        _FORWARDS[key] = forward
+    return _FORWARDS[key]
 
 
 def experts_forward(
@@ -184,10 +256,11 @@ def _interface():
     return ExpertsInterface
 
 
-def register(name: str = NAME, *, backend: str | None = None) -> str:
+def register(name: str = NAME, *, backend: str | None = None, fused: bool = False) -> str:
     """Register the ragdot experts forward in transformers' ExpertsInterface under ``name``; returns ``name``.
 
-    Idempotent: calling it again with the same arguments changes nothing. Afterwards
+    ``fused=True`` registers the fused variant (see ``make_experts_forward``). Idempotent: calling it again with
+    the same arguments changes nothing. Afterwards
     ``experts_implementation=name`` works in ``from_pretrained``, in a config and in ``set_experts_implementation``.
     """
     if not isinstance(name, str) or not name:
@@ -196,7 +269,7 @@ def register(name: str = NAME, *, backend: str | None = None) -> str:
     builtin = {"eager", "grouped_mm", "batched_mm", "deepgemm", "sonicmoe"}
     if name in builtin:
         raise ValueError(f"name={name!r} is one of transformers' own experts implementations; pick another name")
-    fn = make_experts_forward(backend)
+    fn = make_experts_forward(backend, fused=fused)
     current = interface._global_mapping.get(name)
     if current is not None and current not in _FORWARDS.values():
         raise ValueError(f"name={name!r} is already registered to {current!r} in ExpertsInterface; pick another name")

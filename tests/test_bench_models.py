@@ -1,0 +1,94 @@
+"""`ragdot bench-models` on the CPU: a tiny config end to end, the run plan, the budget and the ratios."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+pytest.importorskip("transformers", minversion="5")
+
+from ragdot.bench import models as bm  # noqa: E402
+from ragdot.cli import main  # noqa: E402
+
+
+def _rows(out):
+    (path,) = out.glob("bench-models-*.json")
+    doc = json.loads(path.read_text())
+    assert list(out.glob("bench-models-*.csv"))
+    return doc["meta"], doc["rows"]
+
+
+def test_tiny_run_writes_rows_with_times_memory_and_ratios(tmp_path):
+    code = main(["bench-models", "--tiny", "--impls", "grouped_mm", "ragdot", "--phases", "train", "decode",
+                 "--decode-batches", "2", "--steps", "1", "--warmup", "0", "--out", str(tmp_path), "-q"])
+    assert code == 0
+    meta, rows = _rows(tmp_path)
+    assert [(r["phase"], r["batch"], r["impl"]) for r in rows] == [
+        ("train", 2, "grouped_mm"), ("train", 2, "ragdot"), ("decode", 2, "grouped_mm"), ("decode", 2, "ragdot")
+    ]
+    assert all(r["status"] == "ok" and r["ms"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert rows[0]["tokens"] == 32 and rows[2]["tokens"] == 2
+    assert all("vs_grouped_mm" in r for r in rows if r["impl"] == "ragdot")
+    assert "wall clock" in json.dumps(meta)
+
+
+def test_profile_adds_kernel_time_and_top_kernels(tmp_path):
+    code = main(["bench-models", "--tiny", "--impls", "ragdot", "--phases", "train", "--steps", "1", "--warmup",
+                 "0", "--profile", "--out", str(tmp_path), "-q"])
+    assert code == 0
+    _, (row,) = _rows(tmp_path)
+    assert row["status"] == "ok" and row["kernel_ms"] > 0 and "=" in row["top_kernels"]
+
+
+def test_compiled_train_step_runs(tmp_path):
+    code = main(["bench-models", "--tiny", "--impls", "ragdot", "--modes", "compile", "--compile-backend",
+                 "aot_eager", "--phases", "train", "--steps", "1", "--warmup", "0", "--out", str(tmp_path), "-q"])
+    assert code == 0
+    _, rows = _rows(tmp_path)
+    assert [(r["mode"], r["status"]) for r in rows] == [("compile", "ok")]
+
+
+def test_spent_budget_writes_the_rest_as_budget_rows(tmp_path):
+    code = main(["bench-models", "--tiny", "--budget", "1e-9", "--out", str(tmp_path), "-q"])
+    assert code == 0
+    _, rows = _rows(tmp_path)
+    assert rows and all(r["status"] == "budget" for r in rows)
+
+
+def _args(**kw):
+    base = dict(modes=["eager", "compile"], phases=["train", "decode"], impls=["grouped_mm", "ragdot", "eager"],
+                decode_batches=[1, 8], eager_impl_phases=["train"])
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_plan_runs_the_eager_loop_only_where_asked():
+    items = bm.plan([bm.MODELS["qwen3-moe"]], _args())
+    assert [i.impl for i in items if i.mode == "compile"].count("eager") == 0
+    assert [(i.phase, i.mode) for i in items if i.impl == "eager"] == [("train", "eager")]
+    assert items[0].tokens() == 8192  # the issue's config: 4 x 2048 tokens
+    assert len(items) == 3 + 2 * 2 + 2 + 2 * 2
+    two = bm.plan([bm.MODELS["qwen3-moe"], bm.MODELS["gpt-oss"]], _args(impls=["ragdot"]))
+    assert [(i.mode, i.model.name, i.phase) for i in two][:5] == [
+        ("eager", "qwen3-moe", "train"), ("eager", "gpt-oss", "train"),
+        ("compile", "qwen3-moe", "train"), ("compile", "gpt-oss", "train"), ("eager", "qwen3-moe", "decode"),
+    ]  # every model's train steps, eager and compiled, before any decode
+
+
+def test_relative_compares_with_grouped_mm_of_the_same_group():
+    key = dict(model="m", mode="eager", phase="train", batch=1, tokens=8)
+    rows = [key | dict(impl="grouped_mm", ms=10.0, peak_gib=2.0, status="ok"),
+            key | dict(impl="ragdot", ms=5.0, peak_gib=1.0, status="ok"),
+            key | dict(impl="ragdot_fused", status="OOM"),
+            key | dict(impl="ragdot", ms=5.0, status="ok", batch=2)]  # fmt: skip
+    bm.relative(rows)
+    assert rows[1]["vs_grouped_mm"] == 2.0 and rows[1]["mem_vs_grouped_mm"] == 0.5
+    assert "vs_grouped_mm" not in rows[2] and "vs_grouped_mm" not in rows[3]
+
+
+@pytest.mark.parametrize("argv, match", [(["--steps", "0"], "--steps"), (["--decode-batches", "0"], "decode"),
+                                         (["--layers", "0"], "--layers")])
+def test_bad_arguments_exit_with_one_line(tmp_path, capsys, argv, match):
+    assert main(["bench-models", "--tiny", *argv, "--out", str(tmp_path)]) == 2
+    assert match in capsys.readouterr().err
