@@ -1,0 +1,97 @@
+"""The eager sparse MoE path's host-time cuts change no result: outputs, losses and gradients are bitwise those of
+the custom-op path (the path torch.compile traces, and the eager path before the cuts), and calls that need no
+gradient give the same bits too."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from ragdot.moe import MoELayer
+from ragdot.moe import routing_kernels as rk
+
+permute_mod = importlib.import_module("ragdot.moe.permute")  # the module: ragdot.moe.permute is a function
+IMPLS = ["torch"] + (["triton"] if rk.HAS_TRITON else [])
+
+
+def _layer(dtype: torch.dtype, impl: str, experts: int = 8, top_k: int = 2) -> MoELayer:
+    torch.manual_seed(0)
+    return MoELayer(32, 16, experts, top_k, backend="torch", routing_impl=impl, dtype=dtype)
+
+
+def _step(layer: MoELayer, x: torch.Tensor, dy: torch.Tensor) -> dict[str, torch.Tensor]:
+    layer.zero_grad(set_to_none=True)
+    xg = x.clone().requires_grad_()
+    y = layer(xg)
+    (y * dy).sum().add(layer.aux_loss + layer.z_loss).backward()
+    out = {"y": y.detach(), "aux": layer.aux_loss.detach(), "z": layer.z_loss.detach(), "dx": xg.grad}
+    out.update({f"d{name}": p.grad for name, p in layer.named_parameters()})
+    return out
+
+
+def _inputs(dtype: torch.dtype, tokens: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(tokens, 32, generator=gen).to(dtype), torch.randn(tokens, 32, generator=gen).to(dtype)
+
+
+def _assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name] is not None and b[name] is not None, name
+        assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_path_is_bitwise_the_custom_op_path(monkeypatch, impl, dtype):
+    layer = _layer(dtype, impl)
+    x, dy = _inputs(dtype)
+    eager = _step(layer, x, dy)
+    monkeypatch.setattr(permute_mod, "_traced", lambda: True)  # force the custom ops, as torch.compile sees them
+    custom = _step(layer, x, dy)
+    _assert_bitwise(eager, custom)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_repeated_eager_steps_are_bitwise_equal(impl):
+    """Per-signature caches (plans, bound launches) give the first call's bits on later calls."""
+    layer = _layer(torch.float32, impl, experts=16, top_k=4)
+    x, dy = _inputs(torch.float32, tokens=40)
+    first = _step(layer, x, dy)
+    for _ in range(2):
+        _assert_bitwise(first, _step(layer, x, dy))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_no_grad_forward_is_bitwise_the_grad_forward(impl):
+    layer = _layer(torch.float32, impl)
+    x, dy = _inputs(torch.float32)
+    with_grad = _step(layer, x, dy)
+    with torch.no_grad():
+        y = layer(x)
+    assert torch.equal(y, with_grad["y"])
+
+
+def test_permute_and_unpermute_direct_match_custom_ops(monkeypatch):
+    x, _ = _inputs(torch.float32, tokens=10)
+    experts = torch.randint(0, 6, (10, 3), generator=torch.Generator().manual_seed(3))
+    weights = torch.rand(10, 3, generator=torch.Generator().manual_seed(4))
+    rows, routing = permute_mod.permute(x, experts, 6, impl="torch")
+    y = permute_mod.unpermute(rows, routing, weights)
+    monkeypatch.setattr(permute_mod, "_traced", lambda: True)
+    rows_c, routing_c = permute_mod.permute(x, experts, 6, impl="torch")
+    y_c = permute_mod.unpermute(rows_c, routing_c, weights)
+    assert torch.equal(rows, rows_c) and torch.equal(y, y_c)
+    assert torch.equal(routing.group_sizes, routing_c.group_sizes) and torch.equal(routing.slots, routing_c.slots)
+
+
+def test_double_backward_through_the_eager_combine():
+    """create_graph=True: the permute's backward (an unweighted combine) is itself differentiable."""
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    experts = torch.tensor([[0, 1], [1, 2], [2, 0], [0, 2], [1, 1], [2, 2]])
+    rows, _ = permute_mod.permute(x, experts, 3, impl="torch")
+    (g,) = torch.autograd.grad(rows.square().sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    assert torch.allclose(gg, torch.full_like(x, 4.0))  # d/dx of sum_j 2*x over the 2 choices
