@@ -95,3 +95,48 @@ def test_double_backward_through_the_eager_combine():
     (g,) = torch.autograd.grad(rows.square().sum(), x, create_graph=True)
     (gg,) = torch.autograd.grad(g.sum(), x)
     assert torch.allclose(gg, torch.full_like(x, 4.0))  # d/dx of sum_j 2*x over the 2 choices
+
+
+def _previous_step(layer: MoELayer, x: torch.Tensor, dy: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The sparse forward as written before the host-time cuts: public permute/unpermute (custom ops), and the
+    balance loss's divisor from counts.sum()."""
+    import ragdot
+    from ragdot.moe.layer import swiglu
+    from ragdot.moe.router import router_z_loss
+
+    layer.zero_grad(set_to_none=True)
+    xg = x.clone().requires_grad_()
+    r = layer.router(xg)
+    rows, routing = permute_mod.permute(xg, r.experts, layer.num_experts, impl=layer.routing_impl)
+    sizes = routing.group_sizes
+    h = ragdot.ragged_dot(rows, layer.w_gate_up, sizes, backend=layer.backend)
+    out = ragdot.ragged_dot(swiglu(h), layer.w_down, sizes, backend=layer.backend)
+    y = torch.ops.ragdot.moe_combine(out, routing.slots, r.weights, routing.top_k, routing.impl)
+    fraction = sizes.float() / sizes.sum().clamp_min(1).float()
+    aux = layer.aux_loss_coef * (layer.num_experts * (fraction * r.probs.mean(dim=0)).sum())
+    z = layer.z_loss_coef * router_z_loss(r.logits)
+    (y * dy).sum().add(aux + z).backward()
+    result = {"y": y.detach(), "aux": aux.detach(), "z": z.detach(), "dx": xg.grad}
+    result.update({f"d{name}": p.grad for name, p in layer.named_parameters()})
+    return result
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_is_bitwise_the_previous_code_path(monkeypatch, impl, dtype):
+    layer = _layer(dtype, impl, experts=16, top_k=4)
+    x, dy = _inputs(dtype, tokens=40)
+    now = _step(layer, x, dy)
+    monkeypatch.setattr(permute_mod, "_traced", lambda: True)  # the custom ops throughout, as before
+    _assert_bitwise(now, _previous_step(layer, x, dy))
+
+
+def test_balance_loss_with_known_total_is_bitwise_the_counted_one():
+    from ragdot.moe.router import load_balancing_loss
+
+    probs = torch.softmax(torch.randn(37, 12, generator=torch.Generator().manual_seed(5)), dim=-1)
+    counts = torch.randint(0, 40, (12,), dtype=torch.int32, generator=torch.Generator().manual_seed(6))
+    total = int(counts.sum())
+    assert torch.equal(load_balancing_loss(probs, counts, total), load_balancing_loss(probs, counts))
+    zeros = torch.zeros(12, dtype=torch.int32)
+    assert torch.equal(load_balancing_loss(probs, zeros, 0), load_balancing_loss(probs, zeros))

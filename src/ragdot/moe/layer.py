@@ -42,7 +42,7 @@ from torch import nn
 import ragdot
 from ragdot.backends import BACKEND_NAMES
 from ragdot.moe.fused import fused_experts, sort_experts
-from ragdot.moe.permute import IMPLS, permute, unpermute
+from ragdot.moe.permute import IMPLS, combine_rows, permute_rows, resolve_impl
 from ragdot.moe.router import Router, RouterOutput, expert_counts, load_balancing_loss, router_z_loss
 
 __all__ = ["MoELayer", "SwiGLU", "PATHS"]
@@ -246,7 +246,8 @@ class MoELayer(nn.Module):
         if self.shared_expert is not None:
             y = y + self.shared_expert(x2)
         self.expert_counts = counts.detach()
-        self.aux_loss = self.aux_loss_coef * load_balancing_loss(routed.probs, counts)
+        total = routed.experts.numel() if self.ep is None else None  # every assignment counted once
+        self.aux_loss = self.aux_loss_coef * load_balancing_loss(routed.probs, counts, total)
         self.z_loss = self.z_loss_coef * router_z_loss(routed.logits)
         return y.reshape(x.shape)
 
@@ -262,11 +263,12 @@ class MoELayer(nn.Module):
         if self.uses_fused(x2):
             sizes, order = sort_experts(r.experts, self.num_experts, impl=self.routing_impl)
             return fused_experts(x2, order, sizes, r.weights, self.w_gate_up, self.w_down), sizes
-        rows, routing = permute(x2, r.experts, self.num_experts, impl=self.routing_impl)
-        sizes = routing.group_sizes
+        # x2 and the router's experts are checked already: the unchecked permute and combine
+        impl = resolve_impl(self.routing_impl, x2.device)
+        rows, sizes, slots = permute_rows(x2, r.experts, self.num_experts, impl)
         h = ragdot.ragged_dot(rows, self.w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
         out = ragdot.ragged_dot(swiglu(h), self.w_down, sizes, backend=self.backend)  # [T*k, dim]
-        return unpermute(out, routing, r.weights), sizes
+        return combine_rows(out, slots, r.weights, self.top_k, impl), sizes
 
     def _dense_dropless(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
         if self.ep is not None:

@@ -26,7 +26,7 @@ import torch
 
 from ragdot.moe import routing_kernels as _k
 
-__all__ = ["Routing", "permute", "unpermute", "default_impl", "IMPLS"]
+__all__ = ["Routing", "permute", "unpermute", "default_impl", "IMPLS", "permute_rows", "combine_rows"]
 
 IMPLS: tuple[str, ...] = ("triton", "torch")
 
@@ -220,6 +220,17 @@ class _Combine(torch.autograd.Function):
         return grad_rows, None, (grad_w.to(weights.dtype) if ctx.need_grad_w else None), None, None
 
 
+def permute_rows(x, experts, num_experts: int, impl: str):
+    """``permute`` without its argument checks and ``Routing``: (rows, group_sizes, slots); ``impl`` is resolved
+    ("triton" or "torch"). For callers that checked their arguments already (the MoE layer)."""
+    return _permute(x, experts, num_experts, impl)
+
+
+def combine_rows(rows, slots, weights, top_k: int, impl: str):
+    """``unpermute`` without its argument checks, on the slots that ``permute_rows`` returned."""
+    return _combine(rows, slots, weights, top_k, impl)
+
+
 def _permute(x, experts, num_experts: int, impl: str):
     if _traced():
         return torch.ops.ragdot.moe_permute(x, experts, num_experts, impl)
@@ -237,6 +248,11 @@ def _combine(rows, slots, weights, top_k: int, impl: str):
 
 
 # ------------------------------------------------------------------------------------------ public API
+def resolve_impl(impl: str | None, device: torch.device) -> str:
+    """The routing implementation that ``impl`` names on ``device`` (None: the default); raises if unusable."""
+    return _check_impl(impl, device)
+
+
 def _check_impl(impl: str | None, device: torch.device) -> str:
     if impl is None:
         return default_impl(device)
