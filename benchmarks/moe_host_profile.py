@@ -7,8 +7,9 @@ Per case (a layer shape, a token count, a variant), for ``layer(x)`` (no grad) a
 - host time per step (``ragdot.measure.host.time_host``: wall time of back-to-back steps without a sync,
   median of 5 passes; on CUDA in chunks of 4 steps with a sync before each chunk, and the eager column is
   CUDA events around the same chunks);
-- the aten ops a step dispatches (a TorchDispatchMode that also counts inside ragdot's custom ops; on the
-  CPU each one is a kernel call) and, on CUDA, the kernels it launches (torch.profiler's CUDA activity);
+- the aten ops a step dispatches (a TorchDispatchMode that also counts inside ragdot's custom ops), the
+  compute ops (torch.profiler's leaf ``aten::`` events that are not views: kernel calls and allocations),
+  and on CUDA the kernels it launches (torch.profiler's CUDA activity);
 - the Python function calls per step (cProfile's count: a host-work measure that the machine's load does
   not change);
 - on CUDA, the CUDA-graph replay time of the same forward+backward step (``ragdot.measure.timing.median_ms``:
@@ -30,6 +31,7 @@ import argparse
 import collections
 import cProfile
 import io
+import os
 import pstats
 import sys
 from pathlib import Path
@@ -37,6 +39,9 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+if not os.environ.get("PYTHONPATH"):  # this checkout's ragdot unless PYTHONPATH names one
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ragdot.measure import records
 from ragdot.measure.host import time_host
@@ -48,7 +53,7 @@ from ragdot.moe.peer import peer_moe
 COLUMNS = (
     "case", "variant", "dim", "hidden", "experts", "top_k", "tokens", "dtype", "fwd_host_us", "fwdbwd_host_us",
     "fwd_eager_us", "fwdbwd_eager_us", "fwdbwd_graph_us", "eager_over_graph", "fwd_ops", "fwdbwd_ops",
-    "fwd_kernels", "fwdbwd_kernels", "fwd_py_calls", "fwdbwd_py_calls", "clock", "device", "commit", "torch",
+    "fwd_kernels", "fwdbwd_kernels", "fwd_py_calls", "fwdbwd_py_calls", "clock", "device", "commit", "torch", "note",
 )  # fmt: skip
 CPU_CASES = (("tiny-8x2", 32, 32, 8, 2, 64), ("tiny-64x8", 32, 32, 64, 8, 256))
 GPU_CONFIGS = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like")
@@ -109,12 +114,30 @@ class Case:
         self.forward().backward(self.dy)
 
 
-def count_ops(fn) -> int:
+def count_ops(fn) -> tuple[int, int, collections.Counter[str]]:
+    """(aten ops, compute ops, aten ops by name) of one fn() call, after a warm call.
+
+    aten ops: what a TorchDispatchMode sees (inside custom ops it sees them before their decomposition, so
+    compare these counts only between runs of one code path). compute ops: torch.profiler's leaf ``aten::``
+    events that are not views (a kernel call or an allocation on the CPU), the same at every dispatch level."""
+    from torch.profiler import ProfilerActivity, profile
+
     fn()  # warm: first calls may dispatch extra work
     counter = OpCounter()
     with counter:
         fn()
-    return counter.leaf_ops, counter.ops
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    compute = sum(1 for e in prof.events() if not e.cpu_children and _is_compute(e.name))
+    return counter.leaf_ops, compute, counter.ops
+
+
+def _is_compute(event: str) -> bool:
+    if not event.startswith("aten::"):
+        return False
+    packet = getattr(torch.ops.aten, event[len("aten::"):], None)
+    overloads = [getattr(packet, o) for o in packet.overloads()] if packet is not None else []
+    return not overloads or not all(o.is_view for o in overloads)
 
 
 def count_kernels(fn, device: torch.device) -> int | None:
@@ -142,24 +165,36 @@ def python_calls(fn, steps: int = 20) -> int:
     return round(pstats.Stats(prof).total_calls / steps)
 
 
-def host_row(case: Case, calls: int) -> dict[str, Any]:
+def graph_us(case: Case) -> tuple[float | None, str]:
+    """CUDA-graph replay µs of the fwd+bwd step, or None and why (peer's bincount syncs, so it cannot be captured)."""
+    try:
+        return 1e3 * median_ms(case.fwdbwd, case.device, graph=True), ""
+    except Exception as exc:  # a host sync in the step, too little memory
+        torch.cuda.synchronize(case.device)
+        return None, f"graph capture failed: {str(exc).splitlines()[0][:100]}"
+
+
+def host_row(case: Case, calls: int, max_seconds: float) -> dict[str, Any]:
     dev = case.device
     chunk = 4 if dev.type == "cuda" else 0
-    fwd = time_host(case.fwd, dev, calls=calls, repeats=5, warmup=5, chunk=chunk, max_seconds=8.0)
-    both = time_host(case.fwdbwd, dev, calls=calls, repeats=5, warmup=5, chunk=chunk, max_seconds=8.0)
-    fwd_ops, _ = count_ops(case.fwd)
-    both_ops, _ = count_ops(case.fwdbwd)
+    budget = dict(calls=calls, repeats=5, warmup=5, chunk=chunk, max_seconds=max_seconds)
+    fwd = time_host(case.fwd, dev, **budget)
+    both = time_host(case.fwdbwd, dev, **budget)
+    fwd_ops, fwd_compute, _ = count_ops(case.fwd)
+    both_ops, both_compute, _ = count_ops(case.fwdbwd)
     row: dict[str, Any] = {
         "case": case.name, "variant": case.variant, **case.shape, "fwd_host_us": round(fwd.host_us, 1),
         "fwdbwd_host_us": round(both.host_us, 1), "fwd_ops": fwd_ops, "fwdbwd_ops": both_ops,
+        "fwd_compute_ops": fwd_compute, "fwdbwd_compute_ops": both_compute,
         "fwd_py_calls": python_calls(case.fwd), "fwdbwd_py_calls": python_calls(case.fwdbwd),
         "clock": "host (wall, back-to-back, median of 5 passes)", "device": str(dev),
     }  # fmt: skip
     if dev.type == "cuda":
-        graph_us = 1e3 * median_ms(case.fwdbwd, dev, graph=True)
+        replay, note = graph_us(case)
         row.update(
-            fwd_eager_us=round(fwd.eager_us, 1), fwdbwd_eager_us=round(both.eager_us, 1),
-            fwdbwd_graph_us=round(graph_us, 1), eager_over_graph=round(both.eager_us / graph_us, 3),
+            fwd_eager_us=round(fwd.eager_us, 1), fwdbwd_eager_us=round(both.eager_us, 1), note=note,
+            fwdbwd_graph_us=None if replay is None else round(replay, 1),
+            eager_over_graph=None if replay is None else round(both.eager_us / replay, 3),
             fwd_kernels=count_kernels(case.fwd, dev), fwdbwd_kernels=count_kernels(case.fwdbwd, dev),
             clock="host (wall, back-to-back, chunks of 4); eager: CUDA events around the chunks; "
             "graph: CUDA events around each replay, median of 20",
@@ -193,11 +228,13 @@ def cases(device: torch.device) -> list[Case]:
 
 
 def print_row(row: dict[str, Any]) -> None:
-    keys = ("fwd_host_us", "fwdbwd_host_us", "fwd_ops", "fwdbwd_ops", "fwd_py_calls", "fwdbwd_py_calls",
+    keys = ("fwd_host_us", "fwdbwd_host_us", "fwd_ops", "fwdbwd_ops", "fwd_compute_ops", "fwdbwd_compute_ops",
+            "fwd_py_calls", "fwdbwd_py_calls",
             "fwd_kernels", "fwdbwd_kernels",
             "fwdbwd_eager_us", "fwdbwd_graph_us", "eager_over_graph")  # fmt: skip
     cells = " ".join(f"{k}={row[k]}" for k in keys if row.get(k) is not None)
-    print(f"{row['case']:>16} {row['variant']:>6}  {cells}", flush=True)
+    note = f"  ({row['note']})" if row.get("note") else ""
+    print(f"{row['case']:>16} {row['variant']:>6}  {cells}{note}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--out", type=Path, default=None, help="directory for the CSV/JSON rows and the cProfile text")
     p.add_argument("--calls", type=int, default=200, help="steps per timing pass (cut to fit the time budget)")
+    p.add_argument("--max-seconds", type=float, default=5.0, help="time budget of each host-time measurement")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs; 1: steadier host times)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: the first case only, few steps")
     p.add_argument("--ops", action="store_true", help="also print the aten op counts by name of the first case")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -215,23 +254,25 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    all_cases = cases(device)
+    all_cases = cases(device)[:1] if args.quick else cases(device)
+    if args.quick:
+        args.calls, args.max_seconds = min(args.calls, 10), min(args.max_seconds, 0.5)
     writer = None
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         meta = records.run_meta(device, with_triton=device.type == "cuda")
         writer = records.RowWriter(args.out, "moe-host", meta, COLUMNS)
     for case in all_cases:
-        row = host_row(case, args.calls)
+        row = host_row(case, args.calls, args.max_seconds)
         row.update(commit=records.commit(), torch=torch.__version__)
         print_row(row)
         if writer is not None:
             writer.add(row)
     if args.ops:
         for label, fn in (("fwd", all_cases[0].fwd), ("fwd+bwd", all_cases[0].fwdbwd)):
-            _, ops = count_ops(fn)
+            _, _, ops = count_ops(fn)
             print(f"---- aten ops of one {label} step: " + ", ".join(f"{k} {v}" for k, v in ops.most_common()))
-    text = cprofile_text(all_cases[0])
+    text = cprofile_text(all_cases[0], 10 if args.quick else 200)
     print(text)
     if args.out is not None:
         (args.out / f"{records.new_stem(args.out, 'moe-host-cprofile')}.txt").write_text(text)

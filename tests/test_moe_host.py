@@ -5,6 +5,7 @@ gradient give the same bits too."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import pytest
 import torch
@@ -140,3 +141,46 @@ def test_balance_loss_with_known_total_is_bitwise_the_counted_one():
     assert torch.equal(load_balancing_loss(probs, counts, total), load_balancing_loss(probs, counts))
     zeros = torch.zeros(12, dtype=torch.int32)
     assert torch.equal(load_balancing_loss(probs, zeros, 0), load_balancing_loss(probs, zeros))
+
+
+def test_host_profile_benchmark_quick(tmp_path, capsys):
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "moe_host_profile.py"
+    spec = importlib.util.spec_from_file_location("moe_host_profile", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    (rows,) = tmp_path.glob("moe-host-*.json")
+    assert list(tmp_path.glob("moe-host-cprofile-*.txt"))
+    text = capsys.readouterr().out
+    assert "fwdbwd_ops=" in text and "cProfile" in text and rows.stat().st_size > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_swiglu_backward_is_bitwise_autograds(dtype):
+    from ragdot.moe.layer import _swiglu_rows, swiglu
+
+    gen = torch.Generator().manual_seed(7)
+    h = torch.randn(33, 2 * 24, generator=gen).to(dtype)
+    grad = torch.randn(33, 24, generator=gen).to(dtype)
+    grads = []
+    for fn in (swiglu, _swiglu_rows):
+        hg = h.clone().requires_grad_()
+        y = fn(hg)
+        y.backward(grad)
+        grads.append((y.detach(), hg.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+def test_swiglu_double_backward_is_autograds():
+    from ragdot.moe.layer import _swiglu_rows, swiglu
+
+    h = torch.randn(5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    out = []
+    for fn in (swiglu, _swiglu_rows):
+        hg = h.clone().requires_grad_()
+        (g,) = torch.autograd.grad(fn(hg).sum(), hg, create_graph=True)
+        (gg,) = torch.autograd.grad(g.square().sum(), hg)
+        out.append((g.detach(), gg))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])

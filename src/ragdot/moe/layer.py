@@ -56,6 +56,46 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+class _SwiGLU(torch.autograd.Function):
+    """swiglu with a backward that writes both halves of dh into one buffer: the gate half by silu_backward in
+    place of grad * up, the up half as grad * silu(gate). The same elementwise ops as autograd's backward of
+    ``swiglu`` (so the same bits), without its grad_silu temporary and the final cat of the two halves."""
+
+    @staticmethod
+    def forward(ctx, h):
+        gate, up = h.chunk(2, dim=-1)
+        s = F.silu(gate)
+        ctx.save_for_backward(h, s)
+        return s * up
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, s = ctx.saved_tensors
+        if torch.is_grad_enabled() or grad.dtype != h.dtype:  # create_graph or a mixed dtype: autograd's own
+            with torch.enable_grad():
+                (dh,) = torch.autograd.grad(swiglu(h), h, grad, create_graph=torch.is_grad_enabled())
+            return dh
+        gate, up = h.chunk(2, dim=-1)
+        hidden = up.shape[-1]
+        dh = torch.empty_like(h, memory_format=torch.contiguous_format)
+        d_gate, d_up = dh[..., :hidden], dh[..., hidden:]
+        torch.mul(grad, up, out=d_gate)  # dL/ds
+        torch.ops.aten.silu_backward.grad_input(d_gate, gate, grad_input=d_gate)
+        torch.mul(grad, s, out=d_up)
+        return dh
+
+
+def _swiglu_rows(h: torch.Tensor) -> torch.Tensor:
+    """swiglu of the sparse path's rows: the lean backward in eager autograd, plain ops when traced or unneeded."""
+    if not (torch.is_grad_enabled() and h.requires_grad) or torch.compiler.is_compiling() or _transformed():
+        return swiglu(h)
+    return _SwiGLU.apply(h)
+
+
+def _transformed() -> bool:
+    return torch._C._are_functorch_transforms_active() or torch.autograd.forward_ad._current_level >= 0
+
+
 class SwiGLU(nn.Module):
     """Dense SwiGLU feed-forward (the shared expert, or a reference FFN)."""
 
@@ -267,7 +307,7 @@ class MoELayer(nn.Module):
         impl = resolve_impl(self.routing_impl, x2.device)
         rows, sizes, slots = permute_rows(x2, r.experts, self.num_experts, impl)
         h = ragdot.ragged_dot(rows, self.w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
-        out = ragdot.ragged_dot(swiglu(h), self.w_down, sizes, backend=self.backend)  # [T*k, dim]
+        out = ragdot.ragged_dot(_swiglu_rows(h), self.w_down, sizes, backend=self.backend)  # [T*k, dim]
         return combine_rows(out, slots, r.weights, self.top_k, impl), sizes
 
     def _dense_dropless(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
