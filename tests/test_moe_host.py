@@ -13,6 +13,7 @@ import torch
 from ragdot.moe import MoELayer
 from ragdot.moe import routing_kernels as rk
 
+layer_mod = importlib.import_module("ragdot.moe.layer")
 permute_mod = importlib.import_module("ragdot.moe.permute")  # the module: ragdot.moe.permute is a function
 IMPLS = ["torch"] + (["triton"] if rk.HAS_TRITON else [])
 
@@ -124,7 +125,10 @@ def _previous_step(layer: MoELayer, x: torch.Tensor, dy: torch.Tensor) -> dict[s
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_layer_is_bitwise_the_previous_code_path(monkeypatch, impl, dtype):
+@pytest.mark.parametrize("lean_swiglu", [False, True])
+def test_layer_is_bitwise_the_previous_code_path(monkeypatch, impl, dtype, lean_swiglu):
+    if lean_swiglu:  # the lean SwiGLU backward at any size
+        monkeypatch.setattr(layer_mod, "_LEAN_SWIGLU_BYTES", 0)
     layer = _layer(dtype, impl, experts=16, top_k=4)
     x, dy = _inputs(dtype, tokens=40)
     now = _step(layer, x, dy)
@@ -158,9 +162,10 @@ def test_host_profile_benchmark_quick(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_swiglu_backward_is_bitwise_autograds(dtype):
+def test_swiglu_backward_is_bitwise_autograds(monkeypatch, dtype):
     from ragdot.moe.layer import _swiglu_rows, swiglu
 
+    monkeypatch.setattr(layer_mod, "_LEAN_SWIGLU_BYTES", 0)
     gen = torch.Generator().manual_seed(7)
     h = torch.randn(33, 2 * 24, generator=gen).to(dtype)
     grad = torch.randn(33, 24, generator=gen).to(dtype)
@@ -168,14 +173,16 @@ def test_swiglu_backward_is_bitwise_autograds(dtype):
     for fn in (swiglu, _swiglu_rows):
         hg = h.clone().requires_grad_()
         y = fn(hg)
+        assert (fn is swiglu) != ("_SwiGLU" in type(y.grad_fn).__name__)  # the lean node where asked
         y.backward(grad)
         grads.append((y.detach(), hg.grad))
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
 
 
-def test_swiglu_double_backward_is_autograds():
+def test_swiglu_double_backward_is_autograds(monkeypatch):
     from ragdot.moe.layer import _swiglu_rows, swiglu
 
+    monkeypatch.setattr(layer_mod, "_LEAN_SWIGLU_BYTES", 0)
     h = torch.randn(5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
     out = []
     for fn in (swiglu, _swiglu_rows):
