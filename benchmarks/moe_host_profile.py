@@ -45,7 +45,7 @@ if not os.environ.get("PYTHONPATH"):  # this checkout's ragdot unless PYTHONPATH
 
 from ragdot.measure import records
 from ragdot.measure.host import time_host
-from ragdot.measure.timing import median_ms
+from ragdot.measure.timing import free_memory, median_ms
 from ragdot.moe import MoELayer
 from ragdot.moe.model import get_config
 from ragdot.moe.peer import peer_moe
@@ -141,6 +141,7 @@ def _is_compute(event: str) -> bool:
 
 
 def count_kernels(fn, device: torch.device) -> int | None:
+    """GPU activities of one fn() call (kernels, memsets, copies: torch.profiler's CUDA events); None off CUDA."""
     if device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -215,16 +216,17 @@ def cprofile_text(case: Case, steps: int = 200) -> str:
     return f"---- cProfile, {steps} fwd+bwd steps of {case.name} {case.variant}, sorted by tottime\n{body}\n"
 
 
-def cases(device: torch.device) -> list[Case]:
+def case_specs(device: torch.device) -> list[tuple]:
+    """(name, dim, hidden, experts, top_k, tokens, variant, dtype) of every case on `device`."""
     if device.type == "cpu":
-        return [Case(n, d, h, e, k, t, "sparse", device, torch.float32) for n, d, h, e, k, t in CPU_CASES]
-    out = []
+        return [(n, d, h, e, k, t, "sparse", torch.float32) for n, d, h, e, k, t in CPU_CASES]
+    specs = []
     for name in GPU_CONFIGS:
         cfg = get_config(name)
         for variant in ("sparse", "peer"):
-            shape = (cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k, GPU_TOKENS)
-            out.append(Case(name, *shape, variant, device, torch.bfloat16))
-    return out
+            specs.append((name, cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k, GPU_TOKENS, variant,
+                          torch.bfloat16))  # fmt: skip
+    return specs
 
 
 def print_row(row: dict[str, Any]) -> None:
@@ -235,6 +237,18 @@ def print_row(row: dict[str, Any]) -> None:
     cells = " ".join(f"{k}={row[k]}" for k in keys if row.get(k) is not None)
     note = f"  ({row['note']})" if row.get("note") else ""
     print(f"{row['case']:>16} {row['variant']:>6}  {cells}{note}", flush=True)
+
+
+def first_profile(case: Case, args: argparse.Namespace) -> None:
+    """The aten ops by name (with --ops) and the cProfile top list of the first case."""
+    if args.ops:
+        for label, fn in (("fwd", case.fwd), ("fwd+bwd", case.fwdbwd)):
+            _, _, ops = count_ops(fn)
+            print(f"---- aten ops of one {label} step: " + ", ".join(f"{k} {v}" for k, v in ops.most_common()))
+    text = cprofile_text(case, 10 if args.quick else 200)
+    print(text)
+    if args.out is not None:
+        (args.out / f"{records.new_stem(args.out, 'moe-host-cprofile')}.txt").write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    all_cases = cases(device)[:1] if args.quick else cases(device)
+    specs = case_specs(device)[:1] if args.quick else case_specs(device)
     if args.quick:
         args.calls, args.max_seconds = min(args.calls, 10), min(args.max_seconds, 0.5)
     writer = None
@@ -262,20 +276,17 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         meta = records.run_meta(device, with_triton=device.type == "cuda")
         writer = records.RowWriter(args.out, "moe-host", meta, COLUMNS)
-    for case in all_cases:
+    for i, (*shape, dtype) in enumerate(specs):
+        case = Case(*shape, device, dtype)  # one layer at a time: the GPU cases hold ~1 GB of weights each
         row = host_row(case, args.calls, args.max_seconds)
         row.update(commit=records.commit(), torch=torch.__version__)
         print_row(row)
         if writer is not None:
             writer.add(row)
-    if args.ops:
-        for label, fn in (("fwd", all_cases[0].fwd), ("fwd+bwd", all_cases[0].fwdbwd)):
-            _, _, ops = count_ops(fn)
-            print(f"---- aten ops of one {label} step: " + ", ".join(f"{k} {v}" for k, v in ops.most_common()))
-    text = cprofile_text(all_cases[0], 10 if args.quick else 200)
-    print(text)
-    if args.out is not None:
-        (args.out / f"{records.new_stem(args.out, 'moe-host-cprofile')}.txt").write_text(text)
+        if i == 0:
+            first_profile(case, args)
+        del case
+        free_memory(device)
     return 0
 
 
