@@ -191,3 +191,68 @@ def test_swiglu_double_backward_is_autograds(monkeypatch):
         (gg,) = torch.autograd.grad(g.square().sum(), hg)
         out.append((g.detach(), gg))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+
+
+def _gpu_layer(backend: str, lean: bool, monkeypatch) -> MoELayer:
+    if lean:
+        monkeypatch.setattr(layer_mod, "_LEAN_SWIGLU_BYTES", 0)
+    torch.manual_seed(0)
+    return MoELayer(64, 32, 8, 2, dtype=torch.bfloat16, device="cuda", backend=backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lean", [False, True])
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_sparse_layer_step_has_no_host_sync(monkeypatch, backend, lean):
+    """After a warm-up step, the eager sparse layer's forward and backward never synchronise with the host."""
+    layer = _gpu_layer(backend, lean, monkeypatch)
+    x = torch.randn(96, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    layer(x).backward(dy)  # compiles, fills caches and bound launches
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = layer(x)
+        (y * dy).sum().add(layer.aux_loss + layer.z_loss).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert x.grad is not None and not y.isnan().any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lean", [False, True])
+def test_sparse_layer_step_replays_bitwise_in_a_cuda_graph(monkeypatch, lean):
+    from ragdot.measure.timing import capture_graph, warm_off_stream
+
+    layer = _gpu_layer("auto", lean, monkeypatch)
+    x = torch.randn(96, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cot = torch.randn_like(x)
+    out: list[torch.Tensor] = []
+
+    def step() -> None:
+        y = layer(x)
+        loss = (y * cot).sum() + layer.aux_loss + layer.z_loss
+        out[:] = [y, *torch.autograd.grad(loss, (x, *layer.parameters()))]
+
+    warm_off_stream(step, torch.device("cuda"))
+    eager = [t.clone() for t in out]
+    replay = capture_graph(step)
+    replay()
+    torch.cuda.synchronize()
+    for a, b in zip(out, eager, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lean", [False, True])
+def test_gpu_layer_is_bitwise_the_previous_code_path(monkeypatch, lean):
+    """On the GPU (Triton routing, backend auto, bound launches): the same bits as the custom-op path."""
+    layer = _gpu_layer("auto", lean, monkeypatch)
+    x, dy = (t.cuda() for t in _inputs(torch.bfloat16, tokens=96))
+    x, dy = torch.cat([x, x], 1), torch.cat([dy, dy], 1)  # width 64
+    now = _step(layer, x, dy)
+    again = _step(layer, x, dy)
+    monkeypatch.setattr(permute_mod, "_traced", lambda: True)
+    _assert_bitwise(now, _previous_step(layer, x, dy))
+    _assert_bitwise(now, again)
