@@ -256,3 +256,30 @@ def test_gpu_layer_is_bitwise_the_previous_code_path(monkeypatch, lean):
     monkeypatch.setattr(permute_mod, "_traced", lambda: True)
     _assert_bitwise(now, _previous_step(layer, x, dy))
     _assert_bitwise(now, again)
+
+
+def _one_hot_sort(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch routing's former counting sort (dense one-hot prefix sums): (sizes int32, slots int32)."""
+    flat = experts.reshape(-1).long().clamp(0, num_experts - 1)
+    onehot = (torch.arange(num_experts)[:, None] == flat[None, :]).to(torch.int32)
+    inclusive = onehot.cumsum(1, dtype=torch.int32)
+    sizes = inclusive[:, -1].contiguous() if flat.numel() else onehot.sum(1, dtype=torch.int32)
+    rank = inclusive.gather(0, flat[None, :]).squeeze(0) - 1
+    starts = sizes.cumsum(0, dtype=torch.int32) - sizes
+    return sizes, (starts[flat] + rank).to(torch.int32)
+
+
+@pytest.mark.parametrize("tokens,top_k,experts", [(0, 2, 4), (1, 1, 1), (37, 3, 5), (200, 8, 64), (64, 4, 300)])
+def test_torch_sort_matches_the_one_hot_counting_sort(tokens, top_k, experts):
+    gen = torch.Generator().manual_seed(tokens + experts)
+    ids = torch.randint(-2, experts + 2, (tokens, top_k), generator=gen)  # out-of-range ids are clamped
+    x = torch.randn(tokens, 6, generator=gen)
+    rows, sizes, slots = rk.sort_and_dispatch(x, ids, experts, "torch")
+    want_sizes, want_slots = _one_hot_sort(ids, experts)
+    assert sizes.dtype == slots.dtype == torch.int32 and sizes.is_contiguous()
+    assert torch.equal(sizes, want_sizes) and torch.equal(slots, want_slots)
+    want_rows = torch.empty_like(rows).index_copy_(0, want_slots.long(), x.repeat_interleave(top_k, 0))
+    assert torch.equal(rows, want_rows)
+    order_sizes, order = rk.sort_order(ids, experts, "torch")
+    assert torch.equal(order_sizes, want_sizes) and order.dtype == torch.int32
+    assert torch.equal(order[want_slots.long()], torch.arange(tokens * top_k, dtype=torch.int32))

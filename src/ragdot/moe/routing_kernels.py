@@ -257,23 +257,24 @@ def _unit_columns(t: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- permute
-def _sort_torch(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Counting sort by dense one-hot prefix sums: (group_sizes int32 [E], slots int32 [A])."""
+def _sort_torch(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Counting sort as a stable sort: (group_sizes int32 [E], slots int32 [A], order int64 [A]).
+
+    ``order[r]``: the assignment at permuted row r (a stable argsort of the clamped expert ids, so equal
+    experts keep assignment order: the counting sort's layout); ``slots`` is its inverse. About ten launches
+    and O(A log A) work, where a dense one-hot prefix sum takes [E, A] memory."""
     flat = experts.reshape(-1).long().clamp(0, num_experts - 1)
-    onehot = (torch.arange(num_experts, device=flat.device)[:, None] == flat[None, :]).to(torch.int32)
-    inclusive = onehot.cumsum(1, dtype=torch.int32)  # [E, A]: rank + 1 within the expert, stable in a
-    # the last column of inclusive is a strided view (stride A): copy it, since the custom op's fake kernel
-    # (and every caller) expects a contiguous [E]
-    sizes = inclusive[:, -1].contiguous() if flat.numel() else onehot.sum(1, dtype=torch.int32)
-    rank = inclusive.gather(0, flat[None, :]).squeeze(0) - 1
-    starts = sizes.cumsum(0, dtype=torch.int32) - sizes
-    return sizes, (starts[flat] + rank).to(torch.int32)
+    order = torch.argsort(flat, stable=True)
+    sizes = torch.zeros((num_experts,), dtype=torch.int32, device=flat.device)
+    sizes.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    positions = torch.arange(flat.numel(), dtype=torch.int32, device=flat.device)
+    slots = torch.empty_like(positions).scatter_(0, order, positions)
+    return sizes, slots, order
 
 
-def _dispatch_torch(x: torch.Tensor, slots: torch.Tensor, top_k: int) -> torch.Tensor:
-    out = x.new_empty((slots.numel(), x.shape[1]))
-    src = x[:, None, :].expand(x.shape[0], top_k, x.shape[1]).reshape(-1, x.shape[1])
-    return out.index_copy_(0, slots.long(), src)
+def _dispatch_torch(x: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+    """rows [A, D]: row r is x[token of order[r]] (a gather; the same bits as scattering x's rows by slots)."""
+    return x.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -314,8 +315,8 @@ def sort_and_dispatch(
     a = tokens * top_k
     d = x.shape[1]
     if impl == "torch" or a == 0:
-        sizes, slots = _sort_torch(experts, num_experts)
-        return _dispatch_torch(x, slots, top_k), sizes, slots
+        sizes, slots, order = _sort_torch(experts, num_experts)
+        return _dispatch_torch(x, order, top_k), sizes, slots
     flat = experts.reshape(-1)
     x = _unit_columns(x)
     nb, e_pow2 = _sort_geometry(a, num_experts)[:2]
@@ -338,10 +339,8 @@ def sort_order(experts: torch.Tensor, num_experts: int, impl: str) -> tuple[torc
     tokens, top_k = experts.shape
     a = tokens * top_k
     if impl == "torch" or a == 0:
-        sizes, slots = _sort_torch(experts, num_experts)
-        order = torch.empty_like(slots)
-        order.scatter_(0, slots.long(), torch.arange(a, dtype=torch.int32, device=slots.device))
-        return sizes, order
+        sizes, _, order = _sort_torch(experts, num_experts)
+        return sizes, order.to(torch.int32)
     flat = experts.reshape(-1)
     nb, e_pow2 = _sort_geometry(a, num_experts)[:2]
     base, sizes = _count(flat, num_experts)
