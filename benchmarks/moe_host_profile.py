@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=5.0, help="time budget of each host-time measurement")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs; 1: steadier host times)")
     p.add_argument("--quick", action="store_true", help="a smoke run: the first case only, few steps")
+    p.add_argument("--cases", type=int, default=0, help="run only the first N cases (0: all)")
     p.add_argument("--ops", action="store_true", help="also print the aten op counts by name of the first case")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    specs = case_specs(device)[:1] if args.quick else case_specs(device)
+    specs = case_specs(device)[: 1 if args.quick else (args.cases or None)]
     if args.quick:
         args.calls, args.max_seconds = min(args.calls, 10), min(args.max_seconds, 0.5)
     writer = None
