@@ -8,10 +8,14 @@ the device), stable in assignment order ``a = t*k + j`` inside each group: exact
 ``group_sizes`` that ``ragdot.ragged_dot`` takes. ``unpermute`` is the weighted top-k combine
 ``y[t] = sum_j weights[t, j] * rows[routing.slots[t*k + j]]`` (float32 sums in a fixed order).
 
-Both are ``torch.library`` custom ops (``ragdot::moe_permute``, ``ragdot::moe_combine``,
-``ragdot::moe_combine_backward``) with registered autograd and fake kernels, so they differentiate with
-respect to ``x``, ``rows`` and ``weights`` and trace under ``torch.compile(fullgraph=True)``. Nothing copies
-metadata to the host. ``impl`` picks the Triton kernels (default on CUDA) or the torch fallback.
+Both differentiate with respect to ``x``, ``rows`` and ``weights``. Under ``torch.compile`` and torch.func
+transforms they are ``torch.library`` custom ops (``ragdot::moe_permute``, ``ragdot::moe_combine``,
+``ragdot::moe_combine_backward``) with registered autograd and fake kernels, so they trace under
+``fullgraph=True``. Eager calls skip the custom-op dispatch (its argument binding and redispatch cost more host
+time than the kernels' launches): a plain ``autograd.Function`` calls the same kernels with the same
+arguments, so results are bitwise those of the custom ops; calls that need no gradient call the kernels
+directly. Nothing copies metadata to the host. ``impl`` picks the Triton kernels (default on CUDA) or the
+torch fallback.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 
 from ragdot.moe import routing_kernels as _k
 
-__all__ = ["Routing", "permute", "unpermute", "default_impl", "IMPLS"]
+__all__ = ["Routing", "permute", "unpermute", "default_impl", "IMPLS", "permute_rows", "combine_rows"]
 
 IMPLS: tuple[str, ...] = ("triton", "torch")
 
@@ -152,7 +156,103 @@ def _acc_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
+# ------------------------------------------------------------------------------------------ eager path
+def _traced() -> bool:
+    """Whether the custom ops must be used: torch.compile is tracing, or a torch.func transform or forward-mode
+    AD is active (the plain Functions below define no JVP or vmap rule)."""
+    return (
+        torch.compiler.is_compiling()
+        or torch._C._are_functorch_transforms_active()
+        or torch.autograd.forward_ad._current_level >= 0
+    )
+
+
+_profiling = torch._C._autograd._profiler_enabled
+
+
+def _named(name: str, fn, *args):
+    """fn(*args), inside a profiler range named as the custom op while a profiler records (so profiles attribute
+    the kernels to routing, as they do for the custom ops)."""
+    if _profiling():
+        with torch.profiler.record_function(f"ragdot::{name}"):
+            return fn(*args)
+    return fn(*args)
+
+
+class _Permute(torch.autograd.Function):
+    """Eager ``ragdot::moe_permute``: the same kernel, and the same combine (unweighted) as its backward."""
+
+    @staticmethod
+    def forward(ctx, x, experts, num_experts, impl):
+        rows, sizes, slots = _named("moe_permute", _k.sort_and_dispatch, x, experts, num_experts, impl)
+        ctx.mark_non_differentiable(sizes, slots)
+        ctx.save_for_backward(slots)
+        ctx.top_k, ctx.impl = experts.shape[1], impl
+        return rows, sizes, slots
+
+    @staticmethod
+    def backward(ctx, grad_rows, _grad_sizes, _grad_slots):
+        if grad_rows is None:
+            return None, None, None, None
+        (slots,) = ctx.saved_tensors
+        return _combine(grad_rows, slots, None, ctx.top_k, ctx.impl), None, None, None
+
+
+class _Combine(torch.autograd.Function):
+    """Eager ``ragdot::moe_combine`` with the backward of ``ragdot::moe_combine_backward``."""
+
+    @staticmethod
+    def forward(ctx, rows, slots, weights, top_k, impl):
+        ctx.need_grad_w = weights is not None and bool(ctx.needs_input_grad[2])
+        ctx.save_for_backward(rows if ctx.need_grad_w else None, slots, weights)
+        ctx.top_k, ctx.impl = top_k, impl
+        return _named("moe_combine", _k.combine, rows, slots, weights, top_k, impl)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, slots, weights = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: the custom op's backward, which records its own graph
+            return _combine_backward(ctx, grad)
+        grad_rows, grad_w = _named(
+            "moe_combine_backward", _k.combine_backward,
+            grad.contiguous(), rows, slots, weights, ctx.top_k, ctx.need_grad_w, ctx.impl,
+        )  # fmt: skip
+        return grad_rows, None, (grad_w.to(weights.dtype) if ctx.need_grad_w else None), None, None
+
+
+def permute_rows(x, experts, num_experts: int, impl: str):
+    """``permute`` without its argument checks and ``Routing``: (rows, group_sizes, slots); ``impl`` is resolved
+    ("triton" or "torch"). For callers that checked their arguments already (the MoE layer)."""
+    return _permute(x, experts, num_experts, impl)
+
+
+def combine_rows(rows, slots, weights, top_k: int, impl: str):
+    """``unpermute`` without its argument checks, on the slots that ``permute_rows`` returned."""
+    return _combine(rows, slots, weights, top_k, impl)
+
+
+def _permute(x, experts, num_experts: int, impl: str):
+    if _traced():
+        return torch.ops.ragdot.moe_permute(x, experts, num_experts, impl)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Permute.apply(x, experts, num_experts, impl)
+    return _named("moe_permute", _k.sort_and_dispatch, x, experts, num_experts, impl)
+
+
+def _combine(rows, slots, weights, top_k: int, impl: str):
+    if _traced():
+        return torch.ops.ragdot.moe_combine(rows, slots, weights, top_k, impl)
+    if torch.is_grad_enabled() and (rows.requires_grad or (weights is not None and weights.requires_grad)):
+        return _Combine.apply(rows, slots, weights, top_k, impl)
+    return _named("moe_combine", _k.combine, rows, slots, weights, top_k, impl)
+
+
 # ------------------------------------------------------------------------------------------ public API
+def resolve_impl(impl: str | None, device: torch.device) -> str:
+    """The routing implementation that ``impl`` names on ``device`` (None: the default); raises if unusable."""
+    return _check_impl(impl, device)
+
+
 def _check_impl(impl: str | None, device: torch.device) -> str:
     if impl is None:
         return default_impl(device)
@@ -193,7 +293,7 @@ def permute(
     if validate and experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= num_experts):
         raise ValueError(f"experts holds ids outside [0, {num_experts}); check the router's top-k output")
     impl = _check_impl(impl, x.device)
-    rows, sizes, slots = torch.ops.ragdot.moe_permute(x, experts, num_experts, impl)
+    rows, sizes, slots = _permute(x, experts, num_experts, impl)
     return rows, Routing(group_sizes=sizes, slots=slots, top_k=experts.shape[1], impl=impl)
 
 
@@ -216,7 +316,7 @@ def unpermute(rows: torch.Tensor, routing: Routing, weights: torch.Tensor | None
             raise ValueError(f"weights must have shape {expected} (tokens, top_k), got {_describe(weights)}")
         if not weights.is_floating_point():
             raise TypeError(f"weights must be floating point, got {weights.dtype}")
-    return torch.ops.ragdot.moe_combine(rows, routing.slots, weights, routing.top_k, routing.impl)
+    return _combine(rows, routing.slots, weights, routing.top_k, routing.impl)
 
 
 def _describe(t: object) -> str:

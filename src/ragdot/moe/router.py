@@ -70,10 +70,17 @@ def expert_counts(experts: torch.Tensor, num_experts: int) -> torch.Tensor:
     return counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
 
 
-def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Switch/GShard balance loss from probs [T, E] and assignment counts [E]; 1.0 when perfectly balanced."""
+def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """Switch/GShard balance loss from probs [T, E] and assignment counts [E]; 1.0 when perfectly balanced.
+
+    ``total``: ``counts.sum()`` where the caller knows it (the layer: every one of the T*k assignments is
+    counted); one launch instead of three, the same float32 divisor, so the same bits."""
     num_experts = probs.shape[-1]
-    fraction = counts.float() / counts.sum().clamp_min(1).float()
+    if total is None:
+        denominator = counts.sum().clamp_min(1).float()
+    else:
+        denominator = torch.full((), float(max(total, 1)), dtype=torch.float32, device=counts.device)
+    fraction = counts.float() / denominator
     return num_experts * (fraction * probs.mean(dim=0)).sum()
 
 

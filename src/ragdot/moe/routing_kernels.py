@@ -18,9 +18,16 @@ bitwise for the metadata and copied rows, up to float32 rounding for the sums. E
 ``[0, E)``, so no input can cause an out-of-bounds access. The row-copy kernels split the columns over a
 second grid axis so that small token counts still fill the GPU. Loop bounds are compile-time constants
 (``D``, ``COLS``): a runtime bound also breaks Triton 3.6's interpreter under numpy >= 2.4.
+
+Host time: the launch geometry of a signature (assignments, width, experts) is computed once
+(``functools.lru_cache``) and every launch goes through a cached ``ragdot.kernels.launch.BoundLaunch`` keyed by
+the kernel, grid, constexprs and every integer argument (what Triton specializes on), so a repeated call skips
+Triton's per-launch argument binding. The histogram and scan temporaries share one allocation.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -202,6 +209,29 @@ if HAS_TRITON:
             tl.store(grad_w_ptr + tl.program_id(1) * A + offs, dot, mask=valid)
 
 
+_LAUNCHES: dict[tuple, object] = {}
+_MAX_LAUNCHES = 4096
+
+
+def _launch(kernel, grid: tuple[int, ...], consts: dict, num_warps: int, *args) -> None:
+    """kernel[grid](*args, **consts, num_warps=num_warps) through a cached bound launch (same kernel, same bits).
+
+    The key holds every non-tensor argument: Triton specializes on integer values (1, multiples of 16), so a
+    bound launch must only see the integers it was compiled for; tensors' dtypes and alignment are checked by
+    the bound launch on every call."""
+    from ragdot.kernels.launch import BoundLaunch
+
+    device = args[0].device
+    scalars = tuple(a for a in args if not isinstance(a, torch.Tensor))
+    key = (kernel, grid, tuple(consts.items()), num_warps, device, scalars)
+    bound = _LAUNCHES.get(key)
+    if bound is None:
+        if len(_LAUNCHES) >= _MAX_LAUNCHES:  # many distinct shapes: start over rather than grow
+            _LAUNCHES.clear()
+        bound = _LAUNCHES[key] = BoundLaunch(kernel, grid, consts, {"num_warps": num_warps}, device)
+    bound(*args)
+
+
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -227,36 +257,51 @@ def _unit_columns(t: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- permute
-def _sort_torch(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Counting sort by dense one-hot prefix sums: (group_sizes int32 [E], slots int32 [A])."""
+def _sort_torch(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Counting sort as a stable sort: (group_sizes int32 [E], slots int32 [A], order int64 [A]).
+
+    ``order[r]``: the assignment at permuted row r (a stable argsort of the clamped expert ids, so equal
+    experts keep assignment order: the counting sort's layout); ``slots`` is its inverse. About ten launches
+    and O(A log A) work, where a dense one-hot prefix sum takes [E, A] memory."""
     flat = experts.reshape(-1).long().clamp(0, num_experts - 1)
-    onehot = (torch.arange(num_experts, device=flat.device)[:, None] == flat[None, :]).to(torch.int32)
-    inclusive = onehot.cumsum(1, dtype=torch.int32)  # [E, A]: rank + 1 within the expert, stable in a
-    # the last column of inclusive is a strided view (stride A): copy it, since the custom op's fake kernel
-    # (and every caller) expects a contiguous [E]
-    sizes = inclusive[:, -1].contiguous() if flat.numel() else onehot.sum(1, dtype=torch.int32)
-    rank = inclusive.gather(0, flat[None, :]).squeeze(0) - 1
-    starts = sizes.cumsum(0, dtype=torch.int32) - sizes
-    return sizes, (starts[flat] + rank).to(torch.int32)
+    order = torch.argsort(flat, stable=True)
+    sizes = torch.zeros((num_experts,), dtype=torch.int32, device=flat.device)
+    sizes.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    positions = torch.arange(flat.numel(), dtype=torch.int32, device=flat.device)
+    slots = torch.empty_like(positions).scatter_(0, order, positions)
+    return sizes, slots, order
 
 
-def _dispatch_torch(x: torch.Tensor, slots: torch.Tensor, top_k: int) -> torch.Tensor:
-    out = x.new_empty((slots.numel(), x.shape[1]))
-    src = x[:, None, :].expand(x.shape[0], top_k, x.shape[1]).reshape(-1, x.shape[1])
-    return out.index_copy_(0, slots.long(), src)
+def _dispatch_torch(x: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+    """rows [A, D]: row r is x[token of order[r]] (a gather; the same bits as scattering x's rows by slots)."""
+    return x.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
 
 
-def _count(flat: torch.Tensor, num_experts: int, nb: int, e_pow2: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Histogram and scan launches: (base int32 [NB, E], sizes int32 [E]) for the dispatch kernel."""
-    a = flat.numel()
-    counts = torch.empty((nb, num_experts), dtype=torch.int32, device=flat.device)
-    base = torch.empty_like(counts)
-    sizes = torch.empty((num_experts,), dtype=torch.int32, device=flat.device)
-    _histogram_kernel[(nb,)](flat, counts, a, num_experts, BLOCK_A=_SORT_BLOCK, E_POW2=e_pow2)
+@functools.lru_cache(maxsize=1024)
+def _sort_geometry(a: int, num_experts: int) -> tuple[int, int, tuple[int, ...], int, int]:
+    """(NB, E_POW2, scan grid, NB_POW2, BLOCK_E) of the counting sort of `a` assignments over `num_experts`."""
+    nb, e_pow2 = _cdiv(a, _SORT_BLOCK), _pow2(num_experts)
     nb_pow2 = _pow2(nb)
     block_e = min(max(_SCAN_TILE // nb_pow2, 1), e_pow2)
-    grid_scan = (_cdiv(num_experts, block_e),)
-    _scan_kernel[grid_scan](counts, base, sizes, nb, num_experts, NB_POW2=nb_pow2, BLOCK_E=block_e)
+    return nb, e_pow2, (_cdiv(num_experts, block_e),), nb_pow2, block_e
+
+
+@functools.lru_cache(maxsize=1024)
+def _dispatch_geometry(nb: int, d: int) -> tuple[int, int, int]:
+    """(BLOCK_D, column programs, columns per program) of the dispatch kernel's row copy."""
+    block_d = _block_d(d)
+    return (block_d, *_column_split(nb, d, block_d))
+
+
+def _count(flat: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Histogram and scan launches: (base int32 [NB, E], sizes int32 [E]) for the dispatch kernel."""
+    a = flat.numel()
+    nb, e_pow2, grid_scan, nb_pow2, block_e = _sort_geometry(a, num_experts)
+    counts, base = torch.empty((2, nb, num_experts), dtype=torch.int32, device=flat.device).unbind(0)
+    sizes = torch.empty((num_experts,), dtype=torch.int32, device=flat.device)
+    _launch(_histogram_kernel, (nb,), {"BLOCK_A": _SORT_BLOCK, "E_POW2": e_pow2}, 4, flat, counts, a, num_experts)
+    consts = {"NB_POW2": nb_pow2, "BLOCK_E": block_e}
+    _launch(_scan_kernel, grid_scan, consts, 4, counts, base, sizes, nb, num_experts)
     return base, sizes
 
 
@@ -270,19 +315,19 @@ def sort_and_dispatch(
     a = tokens * top_k
     d = x.shape[1]
     if impl == "torch" or a == 0:
-        sizes, slots = _sort_torch(experts, num_experts)
-        return _dispatch_torch(x, slots, top_k), sizes, slots
+        sizes, slots, order = _sort_torch(experts, num_experts)
+        return _dispatch_torch(x, order, top_k), sizes, slots
     flat = experts.reshape(-1)
     x = _unit_columns(x)
-    nb, e_pow2 = _cdiv(a, _SORT_BLOCK), _pow2(num_experts)
-    base, sizes = _count(flat, num_experts, nb, e_pow2)
+    nb, e_pow2 = _sort_geometry(a, num_experts)[:2]
+    base, sizes = _count(flat, num_experts)
     slots = torch.empty((a,), dtype=torch.int32, device=x.device)
     rows = torch.empty((a, d), dtype=x.dtype, device=x.device)
-    block_d = _block_d(d)
-    split, cols = _column_split(nb, d, block_d)
-    _dispatch_kernel[(nb, split)](
+    block_d, split, cols = _dispatch_geometry(nb, d)
+    consts = {"D": d, "TOP_K": top_k, "BLOCK_A": _SORT_BLOCK, "BLOCK_D": block_d, "COLS": cols, "E_POW2": e_pow2}
+    _launch(
+        _dispatch_kernel, (nb, split), consts, 8,
         x, flat, base, sizes, slots, rows, slots, a, num_experts, x.stride(0), rows.stride(0),
-        D=d, TOP_K=top_k, BLOCK_A=_SORT_BLOCK, BLOCK_D=block_d, COLS=cols, E_POW2=e_pow2, num_warps=8,
     )  # fmt: skip
     return rows, sizes, slots
 
@@ -294,20 +339,18 @@ def sort_order(experts: torch.Tensor, num_experts: int, impl: str) -> tuple[torc
     tokens, top_k = experts.shape
     a = tokens * top_k
     if impl == "torch" or a == 0:
-        sizes, slots = _sort_torch(experts, num_experts)
-        order = torch.empty_like(slots)
-        order.scatter_(0, slots.long(), torch.arange(a, dtype=torch.int32, device=slots.device))
-        return sizes, order
+        sizes, _, order = _sort_torch(experts, num_experts)
+        return sizes, order.to(torch.int32)
     flat = experts.reshape(-1)
-    nb, e_pow2 = _cdiv(a, _SORT_BLOCK), _pow2(num_experts)
-    base, sizes = _count(flat, num_experts, nb, e_pow2)
+    nb, e_pow2 = _sort_geometry(a, num_experts)[:2]
+    base, sizes = _count(flat, num_experts)
     slots = torch.empty((a,), dtype=torch.int32, device=experts.device)
     order = torch.empty_like(slots)
-    _dispatch_kernel[(nb, 1)](
-        slots, flat, base, sizes, slots, slots, order, a, num_experts, 0, 0,
-        D=16, TOP_K=top_k, BLOCK_A=_SORT_BLOCK, BLOCK_D=16, COLS=16, E_POW2=e_pow2,
-        COPY_ROWS=False, WRITE_ORDER=True, num_warps=4,
-    )  # fmt: skip
+    consts = {"D": 16, "TOP_K": top_k, "BLOCK_A": _SORT_BLOCK, "BLOCK_D": 16, "COLS": 16, "E_POW2": e_pow2,
+              "COPY_ROWS": False, "WRITE_ORDER": True}  # fmt: skip
+    _launch(
+        _dispatch_kernel, (nb, 1), consts, 4, slots, flat, base, sizes, slots, slots, order, a, num_experts, 0, 0
+    )
     return sizes, order
 
 
@@ -332,10 +375,8 @@ def combine(
     w = weights.contiguous() if weights is not None else rows
     block_t, block_d = 16, _block_d(d)
     grid = (_cdiv(tokens, block_t), _cdiv(d, block_d))
-    _combine_kernel[grid](
-        rows, slots, w, out, tokens, d, rows.stride(0), out.stride(0),
-        TOP_K=top_k, HAS_WEIGHTS=weights is not None, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=4,
-    )  # fmt: skip
+    consts = {"TOP_K": top_k, "HAS_WEIGHTS": weights is not None, "BLOCK_T": block_t, "BLOCK_D": block_d}
+    _launch(_combine_kernel, grid, consts, 4, rows, slots, w, out, tokens, d, rows.stride(0), out.stride(0))
     return out
 
 
@@ -366,16 +407,17 @@ def combine_backward(
             grad_w = (picked * grad.to(acc_dtype)[:, None, :]).sum(-1)
         return grad_rows, grad_w
     grad = _unit_columns(grad)
-    block_a, block_d = 32, _block_d(d)
-    split, cols = _column_split(_cdiv(a, block_a), d, block_d)
+    block_a = 32
+    block_d, split, cols = _dispatch_geometry(_cdiv(a, block_a), d)
     grad_rows = torch.empty((a, d), dtype=grad.dtype, device=grad.device)
     partial = torch.empty((split, a), dtype=torch.float32, device=grad.device) if need_grad_w else None
     r = _unit_columns(rows) if need_grad_w else grad
     w = weights.contiguous() if weights is not None else grad
-    _combine_bwd_kernel[(_cdiv(a, block_a), split)](
+    consts = {"D": d, "TOP_K": top_k, "HAS_WEIGHTS": weights is not None, "NEED_GRAD_W": need_grad_w,
+              "BLOCK_A": block_a, "BLOCK_D": block_d, "COLS": cols}  # fmt: skip
+    _launch(
+        _combine_bwd_kernel, (_cdiv(a, block_a), split), consts, 4,
         grad, r, slots, w, grad_rows, grad if partial is None else partial, a, grad.stride(0), r.stride(0),
-        D=d, TOP_K=top_k, HAS_WEIGHTS=weights is not None, NEED_GRAD_W=need_grad_w,
-        BLOCK_A=block_a, BLOCK_D=block_d, COLS=cols, num_warps=4,
     )  # fmt: skip
     if partial is None:
         return grad_rows, None
