@@ -323,3 +323,45 @@ def test_moe_bench_target_checks():
     assert got["llama4-17b-16e (sparse-torch): >= 1.2x faster than dense_drop"][0] is False
     assert not any("llama4" in t and "padded" in t for t in got)  # the padded target is for 64+ experts only
     assert not any("mixtral" in t for t in got)  # nothing measured, nothing claimed
+
+
+def test_a_forward_drops_the_previous_steps_losses_before_routing(monkeypatch):
+    """The last step's aux/z losses hold its autograd graph (and the AccumulateGrad nodes recorded on its
+    stream); the next forward must release them before it builds a new graph."""
+    import weakref
+
+    layer = MoELayer(16, 8, 4, 2)
+    x = torch.randn(10, 16, requires_grad=True)
+    layer(x).sum().backward()
+    old = weakref.ref(layer.aux_loss)
+    seen: list[bool] = []
+    route = layer.router.forward
+    monkeypatch.setattr(layer.router, "forward", lambda t: (seen.append(old() is None), route(t))[1])
+    layer(x)
+    assert seen == [True] and layer.aux_loss is not None and layer.z_loss is not None
+
+
+@pytest.mark.gpu
+def test_eager_steps_then_a_cuda_graph_capture_on_a_side_stream():
+    """Eager steps on the default stream, then capture_graph (its own stream): the pattern of every benchmark
+    that times both clocks; it failed while the layer kept the last step's graph alive."""
+    from ragdot.measure.timing import capture_graph, warm_off_stream
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    layer = MoELayer(256, 128, 16, 4, dtype=torch.bfloat16, device=dev)
+    x = torch.randn(512, 256, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    cot = torch.randn_like(x)
+    params = (x, layer.router.weight, layer.w_gate_up, layer.w_down)
+
+    def step():
+        y = layer(x)
+        return (y.detach(), *torch.autograd.grad(y, params, cot))
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    warm_off_stream(step, dev)
+    replay = capture_graph(step)
+    replay()
+    torch.cuda.synchronize()

@@ -282,6 +282,10 @@ class MoELayer(nn.Module):
             raise ValueError(f"x must be a tensor of shape [..., dim={self.dim}], got {shape}")
         if x.dtype != self.w_gate_up.dtype:
             raise TypeError(f"x has dtype {x.dtype} but the layer's weights are {self.w_gate_up.dtype}")
+        # The previous step's losses go first: kept until now, they hold that step's autograd graph, whose
+        # AccumulateGrad nodes (recorded on that step's stream) this step would otherwise reuse; an eager
+        # step on the default stream then breaks a CUDA-graph capture on a side stream.
+        self.aux_loss = self.z_loss = None
         x2 = x.reshape(-1, self.dim)
         if x2.shape[0] == 0:
             y0 = None if self.ep is None else self.ep.empty(self, x2)  # the other ranks exchange with this one
