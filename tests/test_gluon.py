@@ -444,9 +444,10 @@ def test_ragged_m_every_candidate_config_batch_and_dtypes(cfg):
         out = ragged_m(a, b, ends, out_dtype, config=cfg)
         assert out.dtype == out_dtype and torch.isfinite(out).all() and (out[:, sum(sizes):] == 0).all()
         assert normalised_error(out, ref) <= 3e-3
-    out = ragged_m(a, b[:, :1], ends[-1:], config=cfg)  # G=1: one group over the used rows
+    b1 = b[:, :1].contiguous()  # a slice of b is no flat row view (the kernel refuses it: NotImplementedError)
+    out = ragged_m(a, b1, ends[-1:], config=cfg)  # G=1: one group over the used rows
     assert (out[:, sum(sizes):] == 0).all()
-    assert normalised_error(out, _reference_m(a.nan_to_num(0), b[:, :1], [sum(sizes)])) <= 3e-3
+    assert normalised_error(out, _reference_m(a.nan_to_num(0), b1, [sum(sizes)])) <= 3e-3
 
 
 @pytest.mark.gpu
