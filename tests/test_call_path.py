@@ -406,3 +406,26 @@ def test_bound_tma_launch_forms_descriptors_itself_and_follows_new_addresses():
             ref[start:end] = a2[0, start:end].double().cpu() @ b[0, g].double().cpu()
             start = end
         assert nerr(out[0], ref) <= TOL[torch.bfloat16]
+
+
+def test_bound_descriptor_slots_keep_no_reference_to_the_first_calls_tensors():
+    """The bound TMA slots compare later descriptors with the first call's layout only: holding the first
+    descriptor would keep its base tensor alive, and with it that call's autograd graph (memory, and
+    AccumulateGrad nodes recorded on that call's stream, which break a later CUDA-graph capture)."""
+    import weakref
+
+    from ragdot.kernels.launch import _Descriptors
+
+    class Desc:  # what the slots read of Triton's TensorDescriptor
+        def __init__(self, base):
+            self.base, self.shape, self.strides, self.block_shape, self.padding = base, [4, 8], [8, 1], [4, 8], "zero"
+
+    base = torch.randn(4, 8, requires_grad=True) * 2  # a non-leaf: it carries a graph
+    ref = weakref.ref(base)
+    meta = {"fp4_padded": False, "swizzle": 0, "elem_size": 4, "elem_type": "fp32", "block_size": [4, 8]}
+    bound = [_Descriptors._slots((Desc(base),), [0], [meta], lambda *a: "filled", {"fp32": 0}),
+             _Descriptors._slots((Desc(base),), [0], [None], lambda *a: None, {})]
+    del base
+    assert ref() is None
+    for slots in bound:  # the same layout still takes the bound path
+        assert _Descriptors(None, slots).expand((Desc(torch.zeros(4, 8)),)) is not None

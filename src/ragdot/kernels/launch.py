@@ -38,20 +38,30 @@ def _raw_launcher(compiled: Any) -> Any:
     return launcher
 
 
+class _Layout:
+    """What a bound descriptor slot compares a later call's descriptor with (no reference to its tensor)."""
+
+    __slots__ = ("shape", "strides", "block_shape", "padding")
+
+    def __init__(self, shape: Any, strides: Any, block_shape: Any, padding: Any):
+        self.shape, self.strides, self.block_shape, self.padding = shape, strides, block_shape, padding
+
+
 class _Descriptors:
     """Host TMA descriptor arguments turned into what the C launcher takes, without Triton's per-call Python
     wrapper (which walks every argument and re-derives each descriptor's static part on every launch).
 
     Built from the wrapper's own state (`wrap_handle_tensordesc` in Triton's CUDA driver: the C function, the
-    descriptor positions and their metadata) and the first call's descriptors; a later call whose descriptor
-    shape, strides or block differ from those (compared by identity first: owners pass the same lists) goes
-    through the wrapper."""
+    descriptor positions and their metadata) and the layout of the first call's descriptors (shape, strides,
+    block, padding; never the descriptor itself, whose base tensor may carry an autograd graph that would then
+    stay alive, AccumulateGrad nodes included); a later call whose descriptor layout differs (compared by
+    identity first: owners pass the same lists) goes through the wrapper."""
 
     __slots__ = ("launch", "slots")
 
     def __init__(self, launch: Any, slots: list[tuple[int, Any, tuple, list]]):
         self.launch = launch  # the C launch function
-        self.slots = slots  # per descriptor, last first: (position, first descriptor, fill args, tail values)
+        self.slots = slots  # per descriptor, last first: (position, first layout, fill args, tail values)
 
     @classmethod
     def bind(cls, wrapped: Any, args: tuple) -> _Descriptors | None:
@@ -79,14 +89,15 @@ class _Descriptors:
         for pos, meta in zip(positions, metas):
             d = args[pos]
             shape, strides = list(d.shape), list(d.strides)
+            layout = _Layout(d.shape, d.strides, d.block_shape, d.padding)
             if meta is None:  # decomposed in the front end: base, shape, strides, padding, shape, strides
-                slots.append((pos, d, None, [*shape, *strides, d.padding == "nan", *shape, *strides]))
+                slots.append((pos, layout, None, [*shape, *strides, d.padding == "nan", *shape, *strides]))
                 continue
             if meta["fp4_padded"]:
                 shape[-1] *= 2
             fixed = (meta["swizzle"], meta["elem_size"], host_dtype[meta["elem_type"]], meta["block_size"], shape,
                      strides, 1 if d.padding == "nan" else 0)
-            slots.append((pos, d, (fill, fixed), [*shape, *strides]))
+            slots.append((pos, layout, (fill, fixed), [*shape, *strides]))
         return slots[::-1]
 
     def expand(self, args: tuple) -> list | None:
