@@ -376,8 +376,11 @@ def _common_dtype(lhs, rhs) -> torch.dtype | None:
 def _stacked(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> torch.Tensor:
     from ragdot.stacked import ragged_dot_stacked
 
+    if not isinstance(lhs, torch.Tensor) or not isinstance(rhs, torch.Tensor):
+        raise TypeError(f"lhs and rhs must be torch.Tensors, got {type(lhs).__name__} and {type(rhs).__name__}")
+    out_dtype = preferred_element_type or lhs.dtype
     return ragged_dot_stacked(lhs, rhs, group_sizes, dimension_numbers, ragged_dot_general, preferred_element_type,
-                              backend=backend, validate=validate)
+                              out_dtype, backend=backend, validate=validate)
 
 
 def explain(

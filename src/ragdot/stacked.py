@@ -14,13 +14,14 @@ slices this is P launches: one shared `[G]` row stays the fast form.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ragdot.dimension_numbers import RaggedDotDimensionNumbers, ShapeError, plan_views
 
-__all__ = ["prefix_dims", "ragged_dot_stacked"]
+__all__ = ["ArrayOps", "TORCH_OPS", "check_stacked", "prefix_dims", "ragged_dot_stacked"]
 
 
 def prefix_dims(lhs_ndim: int, dn: RaggedDotDimensionNumbers) -> tuple[str, list[int]]:
@@ -51,64 +52,89 @@ def _slice_numbers(dn: RaggedDotDimensionNumbers, lhs_removed: set[int], rhs_rem
     )
 
 
-def _select(t: torch.Tensor, dims: list[int], index: tuple[int, ...]) -> torch.Tensor:
-    """t[index at dims] with those dimensions removed (a view)."""
+@dataclass(frozen=True)
+class ArrayOps:
+    """The few array operations a stacked call needs, so the PyTorch and JAX front ends share it."""
+
+    select: Callable[[Any, int, int], Any]  # t, dim, index -> t[index at dim], that dimension removed
+    stack: Callable[[list], Any]
+    sum: Callable[[Any, tuple[int, ...]], Any]
+    cast: Callable[[Any, Any], Any]
+    movedim: Callable[[Any, int, int], Any]
+    zeros_like_row: Callable[[Any, int], Any]  # group_sizes, G -> int zeros [G] like them
+    bits: Callable[[Any], int]  # float dtype -> bits
+    float32: Any
+
+
+TORCH_OPS = ArrayOps(
+    select=lambda t, d, i: t.select(d, i), stack=torch.stack, sum=lambda t, dims: t.sum(dim=dims),
+    cast=lambda t, dt: t.to(dt), movedim=lambda t, a, b: t.movedim(a, b),
+    zeros_like_row=lambda gs, g: gs.new_zeros(g), bits=lambda dt: torch.finfo(dt).bits, float32=torch.float32,
+)
+
+
+def _select(ops: ArrayOps, t: Any, dims: list[int], index: tuple[int, ...]) -> Any:
+    """t[index at dims] with those dimensions removed."""
     for d, i in sorted(zip(dims, index), reverse=True):
-        t = t.select(d, i)
+        t = ops.select(t, d, i)
     return t
 
 
-def ragged_dot_stacked(
-    lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, dimension_numbers: Any,
-    call: Callable[..., torch.Tensor], preferred_element_type: torch.dtype | None, **kwargs: Any,
-) -> torch.Tensor:
-    """`call` (ragdot's ragged_dot_general) for group sizes with leading dimensions, slice by slice."""
-    dn = RaggedDotDimensionNumbers.coerce(dimension_numbers)
-    if not isinstance(lhs, torch.Tensor) or not isinstance(rhs, torch.Tensor):
-        raise TypeError(f"lhs and rhs must be torch.Tensors, got {type(lhs).__name__} and {type(rhs).__name__}")
-    groups = group_sizes.shape[-1]
-    plan_views(lhs.shape, rhs.shape, groups, dn)  # the dimension numbers' own errors first
-    mode, prefix = prefix_dims(lhs.ndim, dn)
-    expected = (*(lhs.shape[d] for d in prefix), groups)
+def check_stacked(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], sizes_shape: tuple[int, ...],
+                  dn: RaggedDotDimensionNumbers) -> tuple[str, list[int]]:
+    """(mode, prefix dims) of a stacked call; ShapeError naming group_sizes when its shape does not fit."""
+    groups = sizes_shape[-1]
+    plan_views(tuple(lhs_shape), tuple(rhs_shape), groups, dn)  # the dimension numbers' own errors first
+    mode, prefix = prefix_dims(len(lhs_shape), dn)
     if not prefix:
         raise ShapeError(
             f"group_sizes must be 1-D [G] with these dimension numbers (no lhs batch dimension and none of the "
-            f"ragged dimension's kind before it), got shape {tuple(group_sizes.shape)}"
+            f"ragged dimension's kind before it), got shape {tuple(sizes_shape)}"
         )
-    if tuple(group_sizes.shape) != expected:
+    expected = (*(lhs_shape[d] for d in prefix), groups)
+    if tuple(sizes_shape) != expected:
         raise ShapeError(
             f"group_sizes: expected shape (G,) or {expected} (one row of group sizes per slice of lhs "
-            f"dimensions {tuple(prefix)}), got {tuple(group_sizes.shape)}"
+            f"dimensions {tuple(prefix)}), got {tuple(sizes_shape)}"
         )
+    return mode, prefix
+
+
+def ragged_dot_stacked(
+    lhs: Any, rhs: Any, group_sizes: Any, dimension_numbers: Any, call: Callable[..., Any],
+    preferred_element_type: Any, out_dtype: Any, ops: ArrayOps = TORCH_OPS, **kwargs: Any,
+) -> Any:
+    """`call` (a ragged_dot_general) for group sizes with leading dimensions, slice by slice; `out_dtype` is
+    the call's output dtype (preferred_element_type or the operands' dtype)."""
+    dn = RaggedDotDimensionNumbers.coerce(dimension_numbers)
+    groups = group_sizes.shape[-1]
+    mode, prefix = check_stacked(tuple(lhs.shape), tuple(rhs.shape), tuple(group_sizes.shape), dn)
     rows = group_sizes.reshape(-1, groups)
     count = rows.shape[0]
     if mode == "batch" or count == 0:  # batch mode reads no group sizes; no slices: an empty or zero result
-        first = rows[0] if count else group_sizes.new_zeros(groups)
+        first = rows[0] if count else ops.zeros_like_row(group_sizes, groups)
         return call(lhs, rhs, first, dn, preferred_element_type=preferred_element_type, **kwargs)
     (lc, rc), (lb, rb) = dn.dot_dimension_numbers
     pair = dict(zip(lb, rb)) | dict(zip(lc, rc))
     rhs_dims = [pair[d] for d in prefix if d in pair]
     summed = [d for d in prefix if d in lc]  # contracting prefix dims: their slices add up
     sub = _slice_numbers(dn, set(prefix), set(rhs_dims))
-    out_dtype = preferred_element_type or lhs.dtype
-    slice_dtype = out_dtype
-    if summed and torch.finfo(out_dtype).bits < 32:
-        slice_dtype = torch.float32
+    slice_dtype = ops.float32 if summed and ops.bits(out_dtype) < 32 else preferred_element_type
     sizes = [lhs.shape[d] for d in prefix]
     results = []
     for p in range(count):
         index = _unravel(p, sizes)
-        lhs_p = _select(lhs, prefix, index)
-        rhs_p = _select(rhs, rhs_dims, tuple(i for d, i in zip(prefix, index) if d in pair))
+        lhs_p = _select(ops, lhs, prefix, index)
+        rhs_p = _select(ops, rhs, rhs_dims, tuple(i for d, i in zip(prefix, index) if d in pair))
         results.append(call(lhs_p, rhs_p, rows[p], sub, preferred_element_type=slice_dtype, **kwargs))
-    out = torch.stack(results).reshape(*sizes, *results[0].shape)
+    out = ops.stack(results).reshape(*sizes, *results[0].shape)
     if mode == "ragged_m":
         return out
     # ragged_k: slices [batch prefix..., contracting prefix..., G, free...] -> (G, batch..., free...)
     nb = len(prefix) - len(summed)
     if summed:
-        out = out.sum(dim=tuple(range(nb, len(prefix)))).to(out_dtype)
-    return out.movedim(nb, 0)
+        out = ops.cast(ops.sum(out, tuple(range(nb, len(prefix)))), out_dtype)
+    return ops.movedim(out, nb, 0)
 
 
 def _unravel(p: int, sizes: list[int]) -> tuple[int, ...]:

@@ -19,8 +19,9 @@ import torch
 from jax.experimental.buffer_callback import buffer_callback
 
 from ragdot.api import _check_backend
-from ragdot.dimension_numbers import RAGGED_DOT_DN, RaggedDotDimensionNumbers, plan_views
+from ragdot.dimension_numbers import RAGGED_DOT_DN, RaggedDotDimensionNumbers, ShapeError, plan_views
 from ragdot.jax._bridge import Bridge, Signature
+from ragdot.stacked import ArrayOps, ragged_dot_stacked
 
 __all__ = ["ragged_dot", "ragged_dot_general"]
 
@@ -58,11 +59,8 @@ def _sizes(group_sizes: Any) -> Any:
     name = np.dtype(group_sizes.dtype).name
     if not np.issubdtype(np.dtype(group_sizes.dtype), np.integer):
         raise TypeError(f"group_sizes must be an integer array, got {name}")
-    if len(group_sizes.shape) != 1:
-        raise ValueError(
-            f"group_sizes must be 1-D (one size per group), got shape {tuple(group_sizes.shape)}; "
-            "per-batch group sizes are not supported"
-        )
+    if len(group_sizes.shape) == 0:
+        raise ShapeError("group_sizes must be 1-D [G] or jax's [slices..., G], got a scalar")
     return group_sizes if name in _SIGNED else jnp.asarray(group_sizes, jnp.int32)
 
 
@@ -71,9 +69,8 @@ def _signature(lhs: Any, rhs: Any, sizes: Any, dn: Any, preferred_element_type: 
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be a jax array, got {type(x).__name__}")
     dtype = _float_dtype(lhs.dtype, "lhs")
-    if np.dtype(rhs.dtype) != np.dtype(lhs.dtype):
-        raise TypeError(f"rhs must have lhs's dtype {np.dtype(lhs.dtype).name}, got {np.dtype(rhs.dtype).name}; "
-                        "cast one of them first")
+    if np.dtype(rhs.dtype) != np.dtype(lhs.dtype):  # the caller promotes mixed floats first
+        raise TypeError(f"rhs must have lhs's dtype {np.dtype(lhs.dtype).name}, got {np.dtype(rhs.dtype).name}")
     dn = RaggedDotDimensionNumbers.coerce(dn)
     plan = plan_views(tuple(lhs.shape), tuple(rhs.shape), sizes.shape[0], dn)  # raises on bad dims or shapes
     if backend is not None and not isinstance(backend, str):
@@ -154,9 +151,36 @@ def ragged_dot_general(
     """
     if group_offset is not None:
         raise ValueError("group_offset is not supported by ragdot.jax (pass None)")
+    lhs, rhs = _promoted(lhs, rhs)
     sizes = _sizes(group_sizes)
+    if len(sizes.shape) > 1:  # jax's [slices..., G] form: one call per slice (ragdot.stacked)
+        dn = RaggedDotDimensionNumbers.coerce(ragged_dot_dimension_numbers)
+        out_dtype = _jax_dtype(_out_dtype(preferred_element_type, _float_dtype(lhs.dtype, "lhs")))
+        one = functools.partial(_one_row_call, precision=precision, backend=backend)
+        return ragged_dot_stacked(lhs, rhs, sizes, dn, one, preferred_element_type, out_dtype, JAX_OPS)
     sig, plan = _signature(lhs, rhs, sizes, ragged_dot_dimension_numbers, preferred_element_type, backend)
     return _ragged(sig, _out_shape(plan), lhs, rhs, sizes)
+
+
+def _one_row_call(lhs, rhs, sizes, dn, *, preferred_element_type, precision, backend):
+    return ragged_dot_general(lhs, rhs, sizes, dn, precision, preferred_element_type, backend=backend)
+
+
+def _promoted(lhs: Any, rhs: Any) -> tuple[Any, Any]:
+    """Mixed floating operands cast to their common dtype, as jax.lax.ragged_dot_general does."""
+    if not (hasattr(lhs, "dtype") and hasattr(rhs, "dtype")) or np.dtype(lhs.dtype) == np.dtype(rhs.dtype):
+        return lhs, rhs
+    if not all(jnp.issubdtype(x.dtype, jnp.floating) for x in (lhs, rhs)):
+        return lhs, rhs
+    common = jnp.promote_types(lhs.dtype, rhs.dtype)
+    return lhs.astype(common), rhs.astype(common)
+
+
+JAX_OPS = ArrayOps(
+    select=lambda t, d, i: jnp.take(t, i, axis=d), stack=jnp.stack, sum=lambda t, dims: jnp.sum(t, axis=dims),
+    cast=lambda t, dt: t.astype(dt), movedim=jnp.moveaxis,
+    zeros_like_row=lambda gs, g: jnp.zeros((g,), gs.dtype), bits=lambda dt: jnp.finfo(dt).bits, float32=jnp.float32,
+)
 
 
 def ragged_dot(
