@@ -145,6 +145,10 @@ def unusable_reason(name: str) -> str:
                 "kernels on the CPU through Triton's interpreter (slow; for tests)")
     if name == "torch":
         return "this torch build has no torch._grouped_mm"
+    if name == "gluon":
+        from ragdot.kernels.gluon import unavailable_reason as gluon_reason
+
+        return gluon_reason() or "it failed to load"
     return "it failed to load"
 
 
