@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ragdot.backends.base import BackendBase
+from ragdot.backends.triton_gmm import _KernelCall  # the same prepared-call face: reads addresses only
 from ragdot.kernels.gluon.common import unavailable_reason
 from ragdot.kernels.gluon.config import (
     GluonConfig,
@@ -35,26 +36,6 @@ __all__ = ["GluonBackend", "BACKEND"]
 
 def _out_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-class _GluonCall:
-    """A prepared Gluon ragged_k as the dispatcher calls it: (a, b, raw group sizes) -> c. Like the triton
-    backend's calls it reads only the operands' addresses (direct_kind "address")."""
-
-    __slots__ = ("prepared",)
-    direct_kind = "address"
-
-    def __init__(self, prepared: Any):
-        self.prepared = prepared
-
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
-        return self.prepared(a, b, sizes)[0]
-
-    def direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None,
-               out_shape: tuple[int, ...], ends: torch.Tensor | None = None) -> torch.Tensor:
-        """The group ranking kernel forms the ends from the raw sizes itself: `ends` is not read."""
-        out = torch.empty(out_shape, dtype=self.prepared.out_dtype, device=self.prepared.device)
-        return self.prepared(a, b, sizes, out)[0]
 
 
 class GluonBackend(BackendBase):
@@ -106,7 +87,7 @@ class GluonBackend(BackendBase):
             from ragdot.kernels.gluon.ragged_m import Prepared as MPrepared
 
             try:
-                return _GluonCall(MPrepared(a, b, out_dtype, cfg, from_sizes=True, scale=scale))
+                return _KernelCall(MPrepared(a, b, out_dtype, cfg, from_sizes=True, scale=scale))
             except NotImplementedError:
                 if cfg is not None:  # a config of this backend was asked for: do not measure another kernel
                     raise
@@ -115,7 +96,7 @@ class GluonBackend(BackendBase):
         self._check(a)
         from ragdot.kernels.gluon.ragged_k import Prepared
 
-        return _GluonCall(Prepared(a, b, num_groups, out_dtype, cfg, from_sizes=True, scale=scale))
+        return _KernelCall(Prepared(a, b, num_groups, out_dtype, cfg, from_sizes=True, scale=scale))
 
     def ragged_m(self, a, b, group_ends, out_dtype, config: GluonConfig | None = None) -> torch.Tensor:
         self._check(a)
