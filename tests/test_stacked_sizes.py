@@ -134,3 +134,11 @@ def test_scalar_group_sizes_are_rejected():
     lhs, rhs, _, dn = _operands("free_prefix")
     with pytest.raises(ValueError, match="group_sizes must be 1-D"):
         ragdot.ragged_dot_general(lhs, rhs, torch.tensor(3), dn)
+
+
+def test_stacked_sizes_under_torch_compile_fullgraph():
+    lhs, rhs, sizes, dn = _operands("vmap_ragged_m", torch.float32)
+    fn = torch.compile(lambda a, b, s: ragdot.ragged_dot_general(a, b, s, dn, backend="torch"), fullgraph=True)
+    out = fn(lhs, rhs, sizes)
+    ref = _by_hand("vmap_ragged_m", lhs.double(), rhs.double(), sizes)
+    assert nerr(out, ref) <= 1e-5
