@@ -146,6 +146,23 @@ def _suites() -> dict[str, Suite]:
             Step("all-paths", (*RAGDOT, "bench-mxfp8", *TARGETS, "--strip", "--seconds", "0.2", "--budget", "200",
                             "--out", "{out}/all-paths"), 240, tail=30),
         )),
+        "gluon": Suite("the Gluon kernels: gluon_probe.py, then gluon_gpu.py (its tests, then the timing)", (
+            Step("probe", ("{py}", "benchmarks/gluon_probe.py", "--out", "{out}", "--timeout", "60"), 330, tail=8),
+            Step("gpu", ("{py}", "benchmarks/gluon_gpu.py", "--out", "{out}", "--budget", "230", "--tests-timeout",
+                         "110", "--classes", "wgrad_wi", "wgrad_wo", "fwd_wi", "dgrad_wi"), 260, tail=20),
+        )),
+        "models": Suite("ragdot bench-models: whole transformers models per experts implementation", (
+            Step("bench-models", (*RAGDOT, "bench-models", "--out", "{out}", "--budget", "270"), 330, tail=30),
+        )),
+        "jax": Suite("benchmarks/jax_gpu.py: ragdot.jax correctness, host time, profile and the bench cells", (
+            Step("jax", ("{py}", "benchmarks/jax_gpu.py", "--out", "{out}"), 480, tail=30),
+        )),
+        "probes": Suite("diagnosis probes: graph capture, host time under GPU load, the MoE layer host time", (
+            Step("capture", ("{py}", "benchmarks/capture_probe.py"), 240, tail=12),
+            Step("host-load", ("{py}", "benchmarks/host_load_probe.py"), 240, tail=30),
+            Step("moe-host", ("{py}", "benchmarks/moe_host_profile.py", "--device", "cuda", "--out", "{out}"), 240,
+                 tail=20),
+        )),
         "sweep": Suite("benchmarks/triton_dev.py: Triton tile-config sweeps against torch._grouped_mm (graph clock)", (
             Step("wgrad", (*dev, "--out", "{out}/wgrad", "--sweep", "--graph", "--routing", "balanced",
                            "--classes", "wgrad_wi,wgrad_wo"), 260, tail=40),
