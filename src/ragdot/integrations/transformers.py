@@ -12,9 +12,15 @@ projections with ``ragdot.ragged_dot`` on the model's own weight tensors (no cop
 strided view) and combines the top-k rows with ``ragdot.moe.unpermute``. Nothing is copied to the host, so the
 forward works under CUDA graphs and ``torch.compile``.
 
+Memory (docs/integrations.md, "Memory of the experts path"): in eager autograd, [E, out, in] weights run through
+``_OutInLinear``, whose weight gradient is computed in that layout (through a transposed view it would come as
+[E, in, out] and AccumulateGrad would copy it, a weight-sized transient), and the decorator's default SiLU gate
+runs through ragdot's SwiGLU function, which keeps only the up projection's output for the backward.
+
 Layout flags the decorator sets, and how they are honoured:
 
-- ``is_transposed``: weights [E, in, out] are used as they are; [E, out, in] through a transposed view.
+- ``is_transposed``: weights [E, in, out] are used as they are; [E, out, in] through a transposed view (in eager
+  autograd: ``_OutInLinear``, the same product).
 - ``has_bias``: the per-expert biases ``*_proj_bias`` [E, out] are added to each row of their expert.
 - ``has_gate``: ``gate_up_proj`` followed by the class's ``_apply_gate`` (the model's activation and its
   gate/up split); without it, ``up_proj`` followed by ``act_fn``.
