@@ -252,6 +252,88 @@ def layer_saved(variant: str, dtype: torch.dtype = torch.float32, tokens: int = 
     return saved
 
 
+# ------------------------------------------------------------------------------------------------ GPU
+GPU_TOKENS = 8192  # bench-models' train step: 4 x 2048 tokens
+
+
+def gpu_experts(model_name: str, device: torch.device) -> torch.nn.Module:
+    """One experts module of a ``ragdot bench-models`` model at its real widths, bf16 on ``device``, random init:
+    the model is built on the meta device to find its experts class, which is then built alone."""
+    import transformers
+
+    from ragdot.bench.models import MODELS
+
+    spec = MODELS[model_name]
+    config = getattr(transformers, spec.config_class)(**{**spec.config, "num_hidden_layers": 1, "vocab_size": 256})
+    with torch.device("meta"):
+        meta = getattr(transformers, spec.model_class)(config)
+    cls = type(experts_module(meta))
+    torch.manual_seed(0)
+    with torch.device(device):
+        experts = cls(config).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.normal_(0.0, 0.02)
+    return experts
+
+
+def gpu_rows(device: torch.device, snapshot_dir: Path | None) -> list[dict]:
+    """Per bench-models model and implementation, one experts block's forward and backward at 8192 tokens:
+    the new bytes saved for the backward, and the peak of ``torch.cuda.max_memory_allocated`` over the step
+    above what was allocated before it (the weight gradients included, the same for every implementation)."""
+    import ragdot.integrations.transformers as rt
+
+    rt.register()
+    rt.register(rt.FUSED_NAME, fused=True)
+    rows: list[dict] = []
+    for model_name in ("qwen3-moe", "gpt-oss", "deepseek-v3"):
+        rows += _gpu_model_rows(model_name, device, snapshot_dir)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _gpu_model_rows(model_name: str, device: torch.device, snapshot_dir: Path | None) -> list[dict]:
+    experts = gpu_experts(model_name, device)
+    dim = experts.gate_up_proj.shape[1 if experts.is_transposed else 2]
+    top_k = 4 if model_name == "gpt-oss" else 8
+    x = torch.randn(GPU_TOKENS, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+    ids, weights = _routing(GPU_TOKENS, experts.num_experts, top_k, torch.bfloat16)
+    ids, weights = ids.to(device), weights.to(device).requires_grad_()
+
+    def fn() -> torch.Tensor:
+        return experts(x, ids, weights)
+
+    rows = []
+    for impl in HF_IMPLS:
+        experts.config._experts_implementation = impl
+        saved = measure_saved(fn, list(experts.parameters()), [x, weights])
+        step = _step_of(fn, [*experts.parameters(), x, weights])
+        step()  # warm
+        snapshot = None if snapshot_dir is None else snapshot_dir / f"memory-{model_name}-{impl}.pickle"
+        peak = _cuda_step_peak(step, device, snapshot)
+        row = _rows(f"{model_name}_experts_gpu", impl, saved)[0]
+        row.update(step_peak=peak, grad_copies=None)
+        rows.append(row)
+        print(f"{model_name:<12} {impl:<13} saved new {row['new'] / 2**20:9.1f} MiB  "
+              f"step peak {peak / 2**20:9.1f} MiB")  # fmt: skip
+    return rows
+
+
+def _cuda_step_peak(step: Callable[[], None], device: torch.device, snapshot: Path | None) -> int:
+    torch.cuda.synchronize(device)
+    if snapshot is not None:
+        torch.cuda.memory._record_memory_history(max_entries=200000)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    if snapshot is not None:
+        torch.cuda.memory._dump_snapshot(str(snapshot))
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return peak
+
+
 # ------------------------------------------------------------------------------------------------ report
 def _rows(case: str, impl: str, saved: Saved) -> list[dict]:
     rows = [dict(case=case, impl=impl, what="total", bytes=saved.total(), new=saved.total("new"),
@@ -301,17 +383,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--no-models", action="store_true", help="skip the whole-model cases")
     parser.add_argument("--totals", action="store_true", help="print the totals only, not every new storage")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: the bench-models widths at 8192 tokens, bf16, with the CUDA allocator's peak")
+    parser.add_argument("--snapshot", action="store_true", help="cuda: a memory snapshot per row under --out")
     args = parser.parse_args(argv)
-    dtype = getattr(torch, args.dtype)
-    rows = collect(dtype, whole_models=not args.no_models)
-    print_rows([r for r in rows if r["what"] == "total"] if args.totals else rows)
+    dtype = torch.bfloat16 if args.device == "cuda" else getattr(torch, args.dtype)
+    if args.device == "cuda":
+        snapshots = args.out if args.snapshot and args.out is not None else None
+        if snapshots is not None:
+            snapshots.mkdir(parents=True, exist_ok=True)
+        rows = gpu_rows(torch.device("cuda"), snapshots)
+    else:
+        rows = collect(dtype, whole_models=not args.no_models)
+        print_rows([r for r in rows if r["what"] == "total"] if args.totals else rows)
     if args.out is not None:
         from ragdot.measure.records import new_stem, run_meta, write_csv, write_json
 
         args.out.mkdir(parents=True, exist_ok=True)
         stem = new_stem(args.out, "saved-bytes")
-        meta = run_meta("cpu", dtype)
-        meta["shapes"] = dict(tokens=TOKENS, dim=DIM, hidden=HIDDEN, experts=EXPERTS, top_k=TOP_K)
+        meta = run_meta(args.device, dtype)
+        meta["shapes"] = (dict(tokens=GPU_TOKENS, models="bench-models widths") if args.device == "cuda" else
+                          dict(tokens=TOKENS, dim=DIM, hidden=HIDDEN, experts=EXPERTS, top_k=TOP_K))
         columns = ["case", "impl", "what", "bytes", "new", "inputs", "params", "step_peak", "grad_copies", "shape",
                    "dtype", "nodes"]
         write_csv(rows, args.out / f"{stem}.csv", columns)
