@@ -1,6 +1,7 @@
 """Bytes that autograd keeps for the backward of one MoE experts block, per implementation (CPU, seconds).
 
-    PYTHONPATH=src TRITON_INTERPRET=1 python3 benchmarks/saved_bytes.py [--out DIR] [--dtype bfloat16]
+    PYTHONPATH=src TRITON_INTERPRET=1 python3 benchmarks/saved_bytes.py [--out DIR] [--dtype bfloat16] [--totals]
+    PYTHONPATH=src python3 benchmarks/saved_bytes.py --device cuda --out DIR [--snapshot]    # one GPU, ~1 min
 
 Memory is deterministic: what a forward leaves saved for its backward is the same on a CPU as on a GPU for
 the same shapes, so this runs on the CPU (the fused kernels through Triton's interpreter, TRITON_INTERPRET=1).
@@ -20,9 +21,13 @@ graph from the output). Cases:
 - ``ragdot.moe.MoELayer(path="sparse")`` (fused=False and fused=True) against ``ragdot.moe.peer.peer_moe``,
   router included.
 
-Not measured: the transient peak inside a forward or a backward (temporaries freed before the step ends);
-``docs/integrations.md`` ("Memory of the experts path") names the largest ones. With ``--out``, rows go to
-``saved-bytes-<date>.csv/.json`` there (one row per case and storage class, and one per new storage).
+Beside the saved bytes, one forward and backward per case gives ``step_memory``: the bytes AccumulateGrad
+allocates (copies of gradients that come in another layout than their parameter's) and the step's peak of CPU
+allocations (indicative only: the CPU kernels' temporaries are not the GPU's). ``--device cuda`` runs one
+experts block per ``ragdot bench-models`` model at its real widths (bf16, 8192 tokens) and reports the saved
+bytes and the CUDA allocator's peak over the step (``--snapshot``: a ``torch.cuda.memory`` snapshot per row,
+for https://pytorch.org/memory_viz). With ``--out``, rows go to ``saved-bytes-<date>.csv/.json`` there (one row
+per case with the totals, and on the CPU one per new storage).
 """
 
 from __future__ import annotations
