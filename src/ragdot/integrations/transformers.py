@@ -12,9 +12,15 @@ projections with ``ragdot.ragged_dot`` on the model's own weight tensors (no cop
 strided view) and combines the top-k rows with ``ragdot.moe.unpermute``. Nothing is copied to the host, so the
 forward works under CUDA graphs and ``torch.compile``.
 
+Memory (docs/integrations.md, "Memory of the experts path"): in eager autograd, [E, out, in] weights run through
+``_OutInLinear``, whose weight gradient is computed in that layout (through a transposed view it would come as
+[E, in, out] and AccumulateGrad would copy it, a weight-sized transient), and the decorator's default SiLU gate
+runs through ragdot's SwiGLU function, which keeps only the up projection's output for the backward.
+
 Layout flags the decorator sets, and how they are honoured:
 
-- ``is_transposed``: weights [E, in, out] are used as they are; [E, out, in] through a transposed view.
+- ``is_transposed``: weights [E, in, out] are used as they are; [E, out, in] through a transposed view (in eager
+  autograd: ``_OutInLinear``, the same product).
 - ``has_bias``: the per-expert biases ``*_proj_bias`` [E, out] are added to each row of their expert.
 - ``has_gate``: ``gate_up_proj`` followed by the class's ``_apply_gate`` (the model's activation and its
   gate/up split); without it, ``up_proj`` followed by ``act_fn``.
@@ -42,8 +48,10 @@ from collections.abc import Callable
 
 import torch
 
-from ragdot.api import _check_backend, ragged_dot
+from ragdot.api import _check_backend, ragged_dot, ragged_dot_general
+from ragdot.dimension_numbers import RaggedDotDimensionNumbers
 from ragdot.moe.fused import fused_experts, fused_supported, sort_experts
+from ragdot.moe.layer import _SwiGLU, _transformed
 from ragdot.moe.permute import permute, unpermute
 
 __all__ = [
@@ -99,25 +107,83 @@ def _uses_default_gate(module: torch.nn.Module) -> bool:
     return getattr(fn, "__name__", "") == "_default_apply_gate"
 
 
-def _as_rhs(weight: torch.Tensor, is_transposed: bool, name: str, num_experts: int) -> torch.Tensor:
-    """The [E, in, out] operand of ragged_dot: the weight itself, or a transposed view of [E, out, in]."""
+def _checked_weight(weight: torch.Tensor, name: str, num_experts: int) -> torch.Tensor:
     if weight.dim() != 3 or weight.shape[0] != num_experts:
         raise ValueError(f"{name} must have shape [num_experts={num_experts}, ., .], got {tuple(weight.shape)}")
+    return weight
+
+
+def _as_rhs(weight: torch.Tensor, is_transposed: bool, name: str, num_experts: int) -> torch.Tensor:
+    """The [E, in, out] operand of ragged_dot: the weight itself, or a transposed view of [E, out, in]."""
+    weight = _checked_weight(weight, name, num_experts)
     return weight if is_transposed else weight.transpose(1, 2)
+
+
+# dW [E, out, in] = sum over each group's rows of dy [S, out] (x) x [S, in]: the ragged dimension contracts.
+_WEIGHT_GRAD_DN = RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), (0,), ())
+
+
+class _OutInLinear(torch.autograd.Function):
+    """rows [S, in] x weight [E, out, in] (transformers' untransposed layout) -> [S, out], whose weight gradient
+    is computed in the weight's own [E, out, in] layout. Through a transposed view, ragged_dot's gradient comes
+    in the view's [E, in, out] layout, which AccumulateGrad then copies into the parameter's layout: one
+    transient weight-sized buffer per projection. Saves what ragged_dot saves (rows, weight, sizes)."""
+
+    @staticmethod
+    def forward(ctx, rows, weight, sizes, backend):
+        ctx.save_for_backward(rows, weight, sizes)
+        ctx.backend = backend
+        return ragged_dot(rows, weight.transpose(1, 2), sizes, backend=backend)
+
+    @staticmethod
+    def backward(ctx, dy):
+        rows, weight, sizes = ctx.saved_tensors
+        need_rows, need_weight = ctx.needs_input_grad[:2]
+        d_rows = ragged_dot(dy, weight, sizes, backend=ctx.backend) if need_rows else None
+        d_weight = None
+        if need_weight:
+            d_weight = ragged_dot_general(dy, rows, sizes, _WEIGHT_GRAD_DN, backend=ctx.backend)
+        return d_rows, d_weight, None, None
+
+
+def _eager_grad(*tensors: torch.Tensor) -> bool:
+    """Eager autograd (no torch.compile trace, no torch.func transform) with a tensor that needs a gradient."""
+    if torch.compiler.is_compiling() or _transformed() or not torch.is_grad_enabled():
+        return False
+    return any(t.requires_grad for t in tensors)
+
+
+def _matmul(rows, weight, is_transposed, sizes, backend):
+    """ragged_dot of rows with a weight [E, in, out] (is_transposed) or [E, out, in] (transformers' default)."""
+    if is_transposed:
+        return ragged_dot(rows, weight, sizes, backend=backend)
+    if _eager_grad(rows, weight):
+        return _OutInLinear.apply(rows, weight, sizes, backend)
+    return ragged_dot(rows, weight.transpose(1, 2), sizes, backend=backend)
 
 
 def _linear(
     rows: torch.Tensor,
     weight: torch.Tensor,
+    is_transposed: bool,
     bias: torch.Tensor | None,
     sizes: torch.Tensor,
     row_experts: torch.Tensor | None,
     backend: str | None,
 ) -> torch.Tensor:
-    out = ragged_dot(rows, weight, sizes, backend=backend)
+    out = _matmul(rows, weight, is_transposed, sizes, backend)
     if bias is not None:
         out = out + bias.index_select(0, row_experts)
     return out
+
+
+def _gate(module: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The module's gate on the up projection's rows. The decorator's default gate with a SiLU activation runs
+    ragdot's SwiGLU in eager autograd: the same elementwise ops (the same bits), but only h is saved for the
+    backward (silu(gate) is recomputed there), where the plain ops also keep silu(gate) [S, H]."""
+    if _uses_default_gate(module) and type(getattr(module, "act_fn", None)).__name__ in _SILU and _eager_grad(h):
+        return _SwiGLU.apply(h)
+    return module._apply_gate(h)
 
 
 def _forward(
@@ -133,8 +199,8 @@ def _forward(
     is_transposed = _flag(module, "is_transposed", False)
     ep = _expert_parallel(module)
     prefix = "gate_up_proj" if has_gate else "up_proj"
-    w_up = _as_rhs(getattr(module, prefix), is_transposed, prefix, num_experts)
-    w_down = _as_rhs(module.down_proj, is_transposed, "down_proj", num_experts)
+    w_up = _checked_weight(getattr(module, prefix), prefix, num_experts)
+    w_down = _checked_weight(module.down_proj, "down_proj", num_experts)
     b_up = getattr(module, f"{prefix}_bias") if has_bias else None
     b_down = module.down_proj_bias if has_bias else None
 
@@ -150,9 +216,9 @@ def _forward(
         if ep:
             b_up, b_down = _zero_row_below(b_up), _zero_row_below(b_down)
 
-    h = _linear(rows, w_up, b_up, sizes, row_experts, backend)
-    h = module._apply_gate(h) if has_gate else module.act_fn(h)
-    out = _linear(h.to(w_down.dtype), w_down, b_down, sizes, row_experts, backend)
+    h = _linear(rows, w_up, is_transposed, b_up, sizes, row_experts, backend)
+    h = _gate(module, h) if has_gate else module.act_fn(h)
+    out = _linear(h.to(w_down.dtype), w_down, is_transposed, b_down, sizes, row_experts, backend)
     if _flag(module, "has_post_expert_norm", False):
         out = module.post_expert_norm(out)
 

@@ -57,20 +57,21 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
 
 
 class _SwiGLU(torch.autograd.Function):
-    """swiglu with a backward that writes both halves of dh into one buffer: the gate half by silu_backward in
-    place of grad * up, the up half as grad * silu(gate). The same elementwise ops as autograd's backward of
-    ``swiglu`` (so the same bits), without its grad_silu temporary and the final cat of the two halves."""
+    """swiglu that saves only h for the backward (autograd's ``swiglu`` also keeps silu(gate), [..., hidden]:
+    a third more activation memory) and recomputes silu(gate) there. Its backward writes both halves of dh into
+    one buffer: the gate half by silu_backward in place of grad * up, the up half as silu(gate) * grad. The same
+    elementwise ops as autograd's backward of ``swiglu`` (so the same bits: the recomputed silu is the
+    forward's), without its grad_silu temporary and the final cat of the two halves."""
 
     @staticmethod
     def forward(ctx, h):
         gate, up = h.chunk(2, dim=-1)
-        s = F.silu(gate)
-        ctx.save_for_backward(h, s)
-        return s * up
+        ctx.save_for_backward(h)
+        return F.silu(gate) * up
 
     @staticmethod
     def backward(ctx, grad):
-        h, s = ctx.saved_tensors
+        (h,) = ctx.saved_tensors
         if torch.is_grad_enabled() or grad.dtype != h.dtype:  # create_graph or a mixed dtype: autograd's own
             with torch.enable_grad():
                 (dh,) = torch.autograd.grad(swiglu(h), h, grad, create_graph=torch.is_grad_enabled())
@@ -81,13 +82,15 @@ class _SwiGLU(torch.autograd.Function):
         d_gate, d_up = dh[..., :hidden], dh[..., hidden:]
         torch.mul(grad, up, out=d_gate)  # dL/ds
         torch.ops.aten.silu_backward.grad_input(d_gate, gate, grad_input=d_gate)
-        torch.mul(grad, s, out=d_up)
+        torch.ops.aten.silu.out(gate, out=d_up)  # silu(gate) again, in place of the saved copy
+        d_up.mul_(grad)
         return dh
 
 
-# The lean backward saves the cat's copy of dh (2 * bytes of h of memory traffic) but runs as a Python autograd
-# node, which costs host time on autograd's device thread (about 10-20 µs on an H200 host) where autograd's own
-# backward is three C++ nodes: it pays from rows of this many bytes on (a copy of 64 MiB: ~18 µs at 3.5 TB/s).
+# The lean backward saves the cat's copy of dh (2 * bytes of h of memory traffic) and keeps a third less for the
+# backward (h, not h and silu(gate)) but runs as a Python autograd node, which costs host time on autograd's
+# device thread (about 10-20 µs on an H200 host) where autograd's own backward is three C++ nodes: it pays from
+# rows of this many bytes on (a copy of 64 MiB: ~18 µs at 3.5 TB/s).
 _LEAN_SWIGLU_BYTES = 32 << 20
 
 
