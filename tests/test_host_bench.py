@@ -11,6 +11,7 @@ import torch
 
 from ragdot.bench import host
 from ragdot.cli import main
+from ragdot.measure import host as measure_host
 from ragdot.shapes import Shape
 
 CPU = torch.device("cpu")
@@ -24,7 +25,7 @@ def test_time_host_counts_warmup_pilot_and_passes():
     def call() -> None:
         count[0] += 1
 
-    timing = host.time_host(call, CPU, calls=7, repeats=3, warmup=2)
+    timing = measure_host.time_host(call, CPU, calls=7, repeats=3, warmup=2)
     assert count[0] == 2 + 7 + 3 * 7  # warm-up, pilot (min(calls, 10)), passes
     assert timing.calls == 7 and timing.host_us > 0
     assert timing.eager_us is None and timing.device_us is None and timing.host_bound is None
@@ -179,7 +180,7 @@ def test_cuda_path_chunks_holds_and_retries(monkeypatch, early, device_passes, g
     def call() -> None:
         count[0] += 1
 
-    timing = host.time_host(call, torch.device("cuda"), calls=20, repeats=2, warmup=1, chunk=8)
+    timing = measure_host.time_host(call, torch.device("cuda"), calls=20, repeats=2, warmup=1, chunk=8)
     assert count[0] == 1 + 10 + 2 * 20 + 20 * device_passes  # warm-up, pilot, host passes, device passes
     assert timing.eager_us is not None and timing.eager_us >= 0
     assert (timing.device_us is None) == gave_up and (timing.host_bound is None) == gave_up
@@ -191,7 +192,7 @@ def test_cuda_path_chunks_holds_and_retries(monkeypatch, early, device_passes, g
 def test_interleaved_passes_alternate_between_calls():
     order: list[str] = []
     named = {name: (lambda n=name: order.append(n)) for name in ("a", "b")}
-    timings = host.time_host_interleaved(named, CPU, calls=2, repeats=3, warmup=1)
+    timings = measure_host.time_host_interleaved(named, CPU, calls=2, repeats=3, warmup=1)
     assert set(timings) == {"a", "b"} and all(t.calls == 2 for t in timings.values())
     timed = order[2 * (1 + 2):]  # after each call's warm-up and pilot
     assert timed == ["a", "a", "b", "b"] * 3  # one pass of each per round

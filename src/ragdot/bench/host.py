@@ -57,7 +57,7 @@ from ragdot.cli_common import (
     parse_shape_args,
 )
 from ragdot.measure import records
-from ragdot.measure.host import MIN_CALLS, HostTiming, time_host, time_host_interleaved  # noqa: F401
+from ragdot.measure.host import MIN_CALLS, HostTiming, time_host_interleaved
 from ragdot.measure.host import budgeted_calls as _budgeted_calls  # noqa: F401 - part of this module's surface
 from ragdot.measure.host import chunk_sizes as _chunk_sizes  # noqa: F401
 from ragdot.measure.progress import Progress

@@ -131,13 +131,13 @@ def time_host_interleaved(
     """`time_host` of several calls, their passes interleaved: warm-up and pilot of each, then `repeats` rounds
     of one pass per call (host and eager time), then on CUDA the device-time rounds the same way. Each call
     keeps its own calls per pass (its pilot and `max_seconds`, which bounds each call's passes)."""
+    device_repeats = min(repeats, DEVICE_REPEATS) if device.type == "cuda" else 0
     counts: dict[str, int] = {}
     for name, call in named.items():
         for _ in range(warmup):
             call()
         synchronize(device)
         pilot_host, pilot_event, _ = _pass(call, min(calls, PILOT_CALLS), chunk, device)
-        device_repeats = min(repeats, DEVICE_REPEATS) if device.type == "cuda" else 0
         counts[name] = budgeted_calls(max(pilot_host, pilot_event or 0.0), calls, repeats + device_repeats,
                                       max_seconds)
     samples: dict[str, list] = {name: [] for name in named}
@@ -148,7 +148,7 @@ def time_host_interleaved(
     if device.type != "cuda":
         return {name: HostTiming(host[name], counts[name]) for name in named}
     held: dict[str, list] = {name: [] for name in named}
-    for _ in range(min(repeats, DEVICE_REPEATS)):
+    for _ in range(device_repeats):
         for name, call in named.items():
             held[name].append(_device_us(call, counts[name], chunk, device, host[name]))
     out = {}
