@@ -377,6 +377,13 @@ def test_stacked_group_sizes_match_jax_lax(name):
         assert all(nerr(_t(g), _t(r)) < TOL[torch.float32] for g, r in zip(got, want))
 
 
+def test_stacked_group_sizes_with_a_non_array_operand_raise_type_error():
+    lshape, rshape, dims, lr, rg, _ = STACKED["free_prefix"]
+    dn = jax.lax.RaggedDotDimensionNumbers(dims, lr, rg)
+    with pytest.raises(TypeError, match="lhs must be a jax array"):
+        rj.ragged_dot_general(np.ones(lshape).tolist(), jnp.ones(rshape), jnp.ones((4, 3), jnp.int32), dn)
+
+
 def test_stacked_group_sizes_of_the_wrong_shape_raise_shape_errors():
     lshape, rshape, dims, lr, rg, _ = STACKED["free_prefix"]
     dn = jax.lax.RaggedDotDimensionNumbers(dims, lr, rg)

@@ -64,10 +64,13 @@ def _sizes(group_sizes: Any) -> Any:
     return group_sizes if name in _SIGNED else jnp.asarray(group_sizes, jnp.int32)
 
 
-def _signature(lhs: Any, rhs: Any, sizes: Any, dn: Any, preferred_element_type: Any, backend: str | None):
+def _check_arrays(lhs: Any, rhs: Any) -> None:
     for name, x in (("lhs", lhs), ("rhs", rhs)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be a jax array, got {type(x).__name__}")
+
+
+def _signature(lhs: Any, rhs: Any, sizes: Any, dn: Any, preferred_element_type: Any, backend: str | None):
     dtype = _float_dtype(lhs.dtype, "lhs")
     if np.dtype(rhs.dtype) != np.dtype(lhs.dtype):  # the caller promotes mixed floats first
         raise TypeError(f"rhs must have lhs's dtype {np.dtype(lhs.dtype).name}, got {np.dtype(rhs.dtype).name}")
@@ -151,6 +154,7 @@ def ragged_dot_general(
     """
     if group_offset is not None:
         raise ValueError("group_offset is not supported by ragdot.jax (pass None)")
+    _check_arrays(lhs, rhs)
     lhs, rhs = _promoted(lhs, rhs)
     sizes = _sizes(group_sizes)
     if len(sizes.shape) > 1:  # jax's [slices..., G] form: one call per slice (ragdot.stacked)
@@ -168,7 +172,7 @@ def _one_row_call(lhs, rhs, sizes, dn, *, preferred_element_type, precision, bac
 
 def _promoted(lhs: Any, rhs: Any) -> tuple[Any, Any]:
     """Mixed floating operands cast to their common dtype, as jax.lax.ragged_dot_general does."""
-    if not (hasattr(lhs, "dtype") and hasattr(rhs, "dtype")) or np.dtype(lhs.dtype) == np.dtype(rhs.dtype):
+    if np.dtype(lhs.dtype) == np.dtype(rhs.dtype):
         return lhs, rhs
     if not all(jnp.issubdtype(x.dtype, jnp.floating) for x in (lhs, rhs)):
         return lhs, rhs
