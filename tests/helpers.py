@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import ragdot
@@ -31,3 +33,12 @@ def nerr(out: torch.Tensor, ref: torch.Tensor) -> float:
     denom = ref.norm().item()
     diff = (out - ref).norm().item()
     return diff / denom if denom > 0 else diff
+
+
+def bundled_ptxas() -> bool:
+    """Whether Triton's NVIDIA backend ships its ptxas (sm_90 code can then be compiled on any machine)."""
+    try:
+        import triton
+    except ImportError:
+        return False
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))

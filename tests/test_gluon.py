@@ -18,6 +18,7 @@ import textwrap
 import pytest
 import torch
 
+from helpers import bundled_ptxas
 from ragdot.kernels.gluon import GluonConfig, gluon_tuning_configs, pick_gluon_config, unavailable_reason
 from ragdot.kernels.gluon.config import SHARED_BYTES, gluon_m_tuning_configs
 from ragdot.routing import balanced, empty, skewed
@@ -232,15 +233,7 @@ _COMPILE_SCRIPT = textwrap.dedent(
 )
 
 
-def _bundled_ptxas() -> bool:
-    try:
-        import triton
-    except ImportError:
-        return False
-    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
-
-
-@pytest.mark.skipif(not _bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
+@pytest.mark.skipif(not bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
 def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
     """Every candidate config compiles (for sm_90, on any machine) to wgmma (ragged_k: a transposed-A operand
     from shared memory), register reallocation between the partitions, a TMA store and zero spills."""

@@ -22,6 +22,7 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from helpers import bundled_ptxas  # noqa: E402
 from ragdot.kernels import TileConfig, candidate_configs, pick_config, zero_tail_rows_  # noqa: E402
 from ragdot.kernels import batch as batch_mod  # noqa: E402
 from ragdot.kernels import ragged_k as rk_mod  # noqa: E402
@@ -355,15 +356,7 @@ _COMPILE_SCRIPT = textwrap.dedent(
 )
 
 
-def _bundled_ptxas() -> bool:
-    try:
-        import triton
-    except ImportError:
-        return False
-    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
-
-
-@pytest.mark.skipif(not _bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
+@pytest.mark.skipif(not bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
 def test_sm90_code_uses_wgmma_without_spills() -> None:
     """The heuristic's configs compile (for sm_90, on any machine) to wgmma with zero register spills."""
     import json
