@@ -397,7 +397,7 @@ def step_bench(out: Path, cpu: bool, part: int) -> None:
         return
     systems = ["triton", "xla", "ragdot-jax", "tokamax"]
     argv = ["bench", "--shapes", *shapes, "--backends", *systems, "--no-vendor", "--out", str(out / "bench"),
-            "--warmup", "3", "--iters", "20", "--max-seconds", "0.4", "--no-plots"]
+            "--warmup", "3", "--iters", "300", "--max-seconds", "0.4", "--no-plots"]
     argv += ["--device", "cpu", "--quick"] if cpu else list(H200_CEILINGS)
     code = main(argv)
     if code:

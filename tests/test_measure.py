@@ -139,6 +139,26 @@ def test_cuda_clocks_interleave_batches_and_replays(monkeypatch):
     assert {n: t.clock for n, t in one.items()} == {"a": "graph", "b": "eager", "nocapture": "eager"}
 
 
+def test_an_asynchronous_system_is_timed_in_batches_with_one_wait_each(monkeypatch):
+    replays: list[str] = []
+    _stand_in_cuda(monkeypatch, replays)
+    waits: list[int] = []
+    issued: list[int] = []
+
+    def call():
+        issued.append(1)
+        return len(issued)
+
+    system = Timed("jax", [call] * 3, sync=lambda out: waits.append(out))
+    got = measure_clocks([system], CUDA, clocks=timing.CLOCKS, warmup=2, iters=30, rounds=25)
+    t = got[("jax", "batch")]
+    assert list(got) == [("jax", "batch")] and (t.batch, t.iters, len(t.samples_ms)) == (10, 30, 3)
+    assert len(issued) == 1 + 1 + 30  # the estimate, the warm-up, the timed calls
+    # one wait after the estimate, one after the warm-up, then one per batch of ten, on each batch's last call
+    assert waits == [1, 2, 12, 22, 32] and t.host_ms == t.samples_ms
+    assert timing.sync_batch(2) == 1 and timing.sync_batch(30) == 10
+
+
 def test_cpu_has_one_clock_whatever_is_asked():
     got = measure_clocks([Timed("a", [lambda: None])], CPU, clocks=timing.CLOCKS, warmup=1, iters=4, rounds=2)
     assert list(got) == [("a", "wall")]
