@@ -137,6 +137,38 @@ def test_eager_choice_weighs_host_time():
     assert select.eager_cost(entry, {}, "ragged_m") == {"torch": 0.06, "triton": 0.05}
 
 
+def test_a_result_copied_into_the_callers_buffer_charges_the_copy(monkeypatch):
+    # the shipped H200 entry of mixtral-8x7b's weight gradient: the vendor 7.35 ms, triton's best 8.43 ms
+    entry = {"backend": "torch", "ms": {"torch": {"balanced": 7.35, "skewed": 7.4},
+                                        "triton:a": {"balanced": 8.43, "skewed": 8.5},
+                                        "triton:b": {"balanced": 9.36, "skewed": 9.4}}}
+    monkeypatch.setattr(cache_mod.CACHE, "host_ms", lambda device: {})
+    names = ["triton", "torch"]
+    assert select._winner(entry, "ragged_k", "H200", names, eager=False) == "torch"
+    assert select._winner(entry, "ragged_k", "H200", names, eager=True) == "torch"
+    # writing XLA's buffer: the vendor's result is copied (3.8 ms for its 8 GB), triton writes in place
+    for eager in (False, True):
+        assert select._winner(entry, "ragged_k", "H200", names, eager, copy_ms=3.8) == "triton"
+    assert select._winner(entry, "ragged_k", "H200", names, False, copy_ms=0.5) == "torch"  # a small copy
+    assert select.eager_cost(entry, {}, "ragged_k", {"torch": 1.0}) == {"torch": 16.75, "triton": 16.93}
+
+
+def test_copy_ms_from_the_devices_memory_clock_and_bus(monkeypatch):
+    from types import SimpleNamespace
+
+    from ragdot import ops
+
+    props = SimpleNamespace(memory_clock_rate=2_500_000, memory_bus_width=6144)  # kHz, bits: 3.84 TB/s
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(ops, "_BANDWIDTH", {})
+    gpu = torch.device("cuda", 0)
+    assert ops.copy_ms((32, 6144, 20480), torch.bfloat16, gpu) == pytest.approx(4.194, rel=1e-3)
+    assert ops.copy_ms((4, 4), torch.float32, torch.device("cpu")) == 0.0
+    monkeypatch.setattr(ops, "_BANDWIDTH", {})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace())
+    assert ops.copy_ms((1000,), torch.float32, gpu) == pytest.approx(2 * 4000 / 2e12 * 1e3)
+
+
 def test_tuned_entry_follows_the_cache_and_is_deterministic():
     key = _key()
     cache_mod.CACHE.put({key.text(): {"backend": "torch", "triton_config": {"block_m": 64, "block_n": 64}}})

@@ -181,14 +181,18 @@ class _Call:
         self.direct = _direct_kind(plan, lhs, rhs)
         self.bwd: dict[tuple, tuple | None] = {}  # backward key -> bound gradient products (grad_plan)
 
-    def _runner(self, lhs: torch.Tensor, rhs: torch.Tensor) -> ops.Runner:
-        """The forward problem's runner (looked up again only when the state a choice depends on changed)."""
+    def _runner(self, lhs: torch.Tensor, rhs: torch.Tensor, into: bool = False) -> ops.Runner:
+        """The forward problem's runner (looked up again only when the state a choice depends on changed).
+        `into`: for a result that lands in the caller's buffer (`ops.runner`; not cached here: the JAX bridge,
+        its one user, keeps it per state)."""
         state = ops._state(lhs)
-        if state != self.state:
+        if into or state != self.state:
             a, b = self.plan.views(lhs, rhs)
             groups = self.groups if self.mode != "batch" else 0
-            self.runner = ops.runner(self.mode, self.backend, a, b, groups, self.out_dtype, self.plan.group_scale)
-            self.state = state
+            found = ops.runner(self.mode, self.backend, a, b, groups, self.out_dtype, self.plan.group_scale, into)
+            if into:
+                return found
+            self.runner, self.state = found, state
         return self.runner
 
     def forward(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None,

@@ -69,7 +69,7 @@ class Runner:
                  "scale")
 
     def __init__(self, problem: str, requested: str, a: torch.Tensor, b: torch.Tensor, num_groups: int,
-                 out_dtype: torch.dtype, scale: int = 1):
+                 out_dtype: torch.dtype, scale: int = 1, into: bool = False):
         self.problem, self.requested, self.out_dtype, self.groups = problem, requested, out_dtype, num_groups
         self.scale = scale
         self.out_shape = _out_shape(problem, a, b, num_groups)
@@ -79,7 +79,8 @@ class Runner:
         self.index = -1
         if not _empty(problem, a, b, num_groups):
             eager = not (a.is_cuda and torch.cuda.is_current_stream_capturing())
-            self.candidates = plan(problem, requested, a, b, num_groups, out_dtype, eager=eager)
+            copy = copy_ms(self.out_shape, out_dtype, a.device) if into else 0.0
+            self.candidates = plan(problem, requested, a, b, num_groups, out_dtype, eager=eager, copy_ms=copy)
             self._advance(a, b, [])
 
     def _advance(self, a: torch.Tensor, b: torch.Tensor, errors: list[str]) -> None:
@@ -147,16 +148,38 @@ def _state(a: torch.Tensor) -> tuple:
 
 
 def runner(problem: str, backend: str, a: torch.Tensor, b: torch.Tensor, num_groups: int,
-           out_dtype: torch.dtype, scale: int = 1) -> Runner:
-    """The prepared runner of this signature (built on first use)."""
+           out_dtype: torch.dtype, scale: int = 1, into: bool = False) -> Runner:
+    """The prepared runner of this signature (built on first use). `into`: the caller needs the result in a
+    buffer of its own, so `auto` charges a copy of it to backends that cannot write there (`copy_ms`)."""
     key = (problem, backend, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), num_groups, out_dtype,
-           scale, _state(a))
+           scale, _state(a), into)
     found = _RUNNERS.get(key)
     if found is None:
         if len(_RUNNERS) >= _MAX_RUNNERS:  # many distinct shapes (e.g. serving): start over rather than grow
             _RUNNERS.clear()
-        found = _RUNNERS[key] = Runner(problem, backend, a, b, num_groups, out_dtype, scale)
+        found = _RUNNERS[key] = Runner(problem, backend, a, b, num_groups, out_dtype, scale, into)
     return found
+
+
+_BANDWIDTH: dict[torch.device, float] = {}
+_FALLBACK_BANDWIDTH = 2e12  # bytes/s where the device reports no memory clock
+
+
+def copy_ms(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> float:
+    """Milliseconds to copy a result of this shape once (read and write) at the device's nominal memory
+    bandwidth (memory clock x bus width x 2, from its properties; 0 off CUDA, where nothing is tuned)."""
+    if device.type != "cuda":
+        return 0.0
+    bw = _BANDWIDTH.get(device)
+    if bw is None:
+        props = torch.cuda.get_device_properties(device)
+        clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+        bus_bits = getattr(props, "memory_bus_width", 0) or 0
+        bw = _BANDWIDTH[device] = 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz and bus_bits else _FALLBACK_BANDWIDTH
+    elems = 1
+    for n in shape:
+        elems *= n
+    return 2 * elems * dtype.itemsize / bw * 1e3
 
 
 # ------------------------------------------------------------------------------------------------ autograd

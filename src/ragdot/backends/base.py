@@ -23,6 +23,9 @@ class BackendBase:
 
     name: str = "?"
     config_type: type | None = None  # the frozen dataclass of the backend's launch configs, if it has any
+    # Whether its prepared calls can write a caller's buffer (`fn.prepared(a, b, sizes, out)`): a caller
+    # that needs the result in a buffer of its own (the JAX bridge: XLA's output) copies the others' results.
+    writes_into: bool = False
 
     def is_available(self) -> bool:
         return True

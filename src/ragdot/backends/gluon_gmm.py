@@ -40,6 +40,7 @@ def _out_bytes(dtype: torch.dtype) -> int:
 
 class GluonBackend(BackendBase):
     name = "gluon"
+    writes_into = True
     config_type = GluonConfig
 
     def is_available(self) -> bool:

@@ -56,6 +56,7 @@ class _KernelCall:
 
 class TritonBackend(BackendBase):
     name = "triton"
+    writes_into = True  # the kernels read and write addresses only (`_KernelCall.prepared`)
     config_type = TileConfig
 
     def is_available(self) -> bool:

@@ -8,7 +8,9 @@ current stream for the call), so no synchronisation is needed either way.
 
 Where the prepared backend can write into a given output (the Triton kernels, direct_kind "address"), the
 forward writes straight into XLA's output buffer, and so do the backward's Triton products into XLA's
-gradient buffers; otherwise ragdot's results are copied into them (one device copy each).
+gradient buffers; otherwise ragdot's results are copied into them (one device copy each). The forward's
+`auto` choice counts that copy against the backends that need it (`ops.runner(..., into=True)`); the
+backward's products are those of the PyTorch autograd's choice.
 
 What does not change between calls is bound at the first call on a device and stream (`_Prepared`: the
 stream switch, the DLPack arguments, the `_Call`, the forward launch for the current backend state), so a
@@ -183,7 +185,7 @@ class _Prepared:
             self.state, self.fwd = state, None
         if self.fwd is None:
             call = self.call
-            runner = call._runner(lhs, rhs)
+            runner = call._runner(lhs, rhs, into=True)
             prepared = getattr(runner.fn, "prepared", None)
             if prepared is not None and runner.takes(call.direct):
                 self.fwd = prepared  # (lhs, rhs, sizes, out): the kernel reads only the addresses
@@ -275,7 +277,7 @@ class Bridge:
             out_t, lhs_t, rhs_t, sizes_t = _tensors(out, lhs, rhs, sizes)
             call = self._call(lhs_t, rhs_t, sizes_t)
             used = None if call.mode == "batch" else sizes_t
-            runner = call._runner(lhs_t, rhs_t)
+            runner = call._runner(lhs_t, rhs_t, into=True)
             prepared = getattr(runner.fn, "prepared", None)
             if prepared is not None and runner.takes(call.direct):
                 prepared(lhs_t, rhs_t, used, out_t)  # zero copy: the kernel writes XLA's output buffer
