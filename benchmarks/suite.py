@@ -156,6 +156,10 @@ def _suites() -> dict[str, Suite]:
         )),
         "jax": Suite("benchmarks/jax_gpu.py: ragdot.jax correctness, host time, profile and the bench cells", (
             Step("jax", ("{py}", "benchmarks/jax_gpu.py", "--out", "{out}"), 480, tail=30),
+            Step("cells", ("{py}", "benchmarks/jax_cell_probe.py", "--out", "{out}"), 120, tail=8),
+            # tokamax, where benchmarks/tokamax_site.sh put it on PYTHONPATH (exit 2 and one line otherwise)
+            Step("tokamax", ("{py}", "benchmarks/tokamax_check.py", "--out", "{out}/tokamax_check.jsonl"), 90,
+                 tail=12),
         )),
         "probes": Suite("diagnosis probes: graph capture, host time under GPU load, the MoE layer host time", (
             Step("capture", ("{py}", "benchmarks/capture_probe.py"), 240, tail=12),

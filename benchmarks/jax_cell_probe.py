@@ -1,0 +1,183 @@
+"""ragdot.jax on single bench cells: time per call outside the bench, the kernels a call runs, the backend it picks.
+
+    python benchmarks/jax_cell_probe.py --out DIR      # GPU; writes DIR/jax_cell_probe.json
+
+Two sections, each printed as JSON lines as it finishes:
+- `per_call` (3840x2048x1408 with 64 and with 8 groups, 16384x4096x4096 with 8 groups, bf16): a jitted
+  `ragdot.jax.ragged_dot` on one operand set, rotating over six, and over six shared from torch through
+  DLPack (as `ragdot bench` makes them); jitted `jax.lax.ragged_dot`; ragdot's PyTorch call (triton and
+  auto). Clock: host wall time of 50 calls (5 for jax.lax) ending in one wait, per call, median of 5
+  batches. With the kernels of 10 jitted calls from torch's profiler (CUPTI sees XLA's stream too).
+- `backends` (mixtral-8x7b's weight gradient, wgrad_wi: 15360x6144 by 15360x20480 into 32 groups): the
+  jitted call with backend None (auto), "triton" and "torch", each with the kernels one call runs; ragdot's
+  PyTorch call with the same three. Clock: host wall time of 10 calls ending in one wait, per call.
+  (The first system timed in a process ran about 2.5x slower than its own kernels in both runs of this
+  section on the H200; read the kernel times beside the wall times.)
+
+Written to explain two findings of the 48-cell JAX bench: cells timed at 0.4-1.5 ms a call whose kernels
+run 0.1 ms (a clock that waited after every call; fixed in ragdot.measure.timing), and mixtral-8x7b's
+weight gradient 25% slower than ragdot's PyTorch call (the auto choice's copy into XLA's buffer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.30")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+import ragdot  # noqa: E402
+import ragdot.jax as rj  # noqa: E402
+from ragdot.dimension_numbers import RaggedDotDimensionNumbers  # noqa: E402
+
+
+def _per_call_us(fn, args_list, calls: int, batches: int = 5) -> float:
+    for args in args_list[:2]:
+        fn(*args).block_until_ready()
+    times = []
+    for _ in range(batches):
+        t = time.perf_counter()
+        out = None
+        for i in range(calls):
+            out = fn(*args_list[i % len(args_list)])
+        out.block_until_ready()
+        times.append((time.perf_counter() - t) / calls * 1e6)
+    return statistics.median(times)
+
+
+def _kernels(run) -> dict[str, list]:
+    """{kernel name: [count, device µs per launch]} of what `run()` launches."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+    found = {}
+    for e in prof.key_averages():
+        total = getattr(e, "self_device_time_total", 0)
+        if total > 0:
+            found[e.key[:80]] = [e.count, round(total / max(e.count, 1), 1)]
+    return found
+
+
+def _jax_sets(m: int, k: int, n: int, g: int, sets: int, via_torch: bool) -> list[tuple]:
+    out = []
+    for s in range(sets):
+        sizes = [m // g] * g
+        sizes[-1] += m - sum(sizes)
+        if via_torch:
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(g, k, n, device="cuda", dtype=torch.bfloat16)
+            sz = torch.tensor(sizes, device="cuda", dtype=torch.int32)
+            torch.cuda.synchronize()
+            out.append(tuple(jax.dlpack.from_dlpack(t) for t in (a, b, sz)))
+        else:
+            key = jax.random.split(jax.random.PRNGKey(s), 2)
+            out.append((jax.random.normal(key[0], (m, k), jnp.bfloat16),
+                        jax.random.normal(key[1], (g, k, n), jnp.bfloat16), jnp.array(sizes, jnp.int32)))
+    return out
+
+
+def per_call(emit) -> None:
+    fn = jax.jit(lambda a, b, s: rj.ragged_dot(a, b, s))
+    lax = jax.jit(lambda a, b, s: jax.lax.ragged_dot(a, b, s))
+    for m, k, n, g in [(3840, 2048, 1408, 64), (3840, 2048, 1408, 8), (16384, 4096, 4096, 8)]:
+        row: dict = {"section": "per_call", "shape": f"{m}x{k}x{n}x{g}"}
+        one, six = _jax_sets(m, k, n, g, 1, False), _jax_sets(m, k, n, g, 6, False)
+        shared = _jax_sets(m, k, n, g, 6, True)
+        row["ragdot_jax_one_set_us"] = _per_call_us(fn, one, 50)
+        row["ragdot_jax_six_sets_us"] = _per_call_us(fn, six, 50)
+        row["ragdot_jax_six_dlpack_sets_us"] = _per_call_us(fn, shared, 50)
+        row["jax_lax_us"] = _per_call_us(lax, one, 5)
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(g, k, n, device="cuda", dtype=torch.bfloat16)
+        sz = torch.full((g,), m // g, device="cuda", dtype=torch.int32)
+        for backend in ("triton", None):
+            for _ in range(3):
+                ragdot.ragged_dot(a, b, sz, backend=backend)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(50):
+                ragdot.ragged_dot(a, b, sz, backend=backend)
+            torch.cuda.synchronize()
+            row[f"torch_{backend or 'auto'}_us"] = (time.perf_counter() - t) / 50 * 1e6
+
+        def ten_calls(six=six):
+            out = None
+            for i in range(10):
+                out = fn(*six[i % 6])
+            out.block_until_ready()
+
+        row["kernels_of_10_calls"] = _kernels(ten_calls)
+        emit(row)
+
+
+def backends(emit) -> None:
+    m, k, n, g = 15360, 6144, 20480, 32
+    jdn = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((0,), (0,)), ((), ())),
+                                            lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
+    key = jax.random.split(jax.random.PRNGKey(0), 2)
+    lhs = jax.random.normal(key[0], (m, k), jnp.bfloat16)
+    rhs = jax.random.normal(key[1], (m, n), jnp.bfloat16)
+    sizes = jnp.full((g,), m // g, jnp.int32)
+    for backend in (None, "triton", "torch"):
+        fn = jax.jit(lambda a, b, s, backend=backend: rj.ragged_dot_general(a, b, s, jdn, backend=backend))
+        row = {"section": "backends", "system": "ragdot.jax", "backend": backend or "auto"}
+        try:
+            row["ms_per_call"] = _per_call_us(fn, [(lhs, rhs, sizes)], 10, batches=1) / 1e3
+            row["kernels_of_1_call"] = _kernels(lambda fn=fn: fn(lhs, rhs, sizes).block_until_ready())
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        emit(row)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    sz = torch.full((g,), m // g, device="cuda", dtype=torch.int32)
+    tdn = RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), (0,), ())
+    for backend in (None, "triton", "torch"):
+        def call(backend=backend):
+            return ragdot.ragged_dot_general(a, b, sz, tdn, backend=backend)
+
+        for _ in range(2):
+            call()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(10):
+            call()
+        torch.cuda.synchronize()
+        emit({"section": "backends", "system": "ragdot (torch)", "backend": backend or "auto",
+              "ms_per_call": (time.perf_counter() - t) / 10 * 1e3})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sections", nargs="+", choices=("per_call", "backends"), default=["per_call", "backends"])
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("jax_cell_probe: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        (args.out / "jax_cell_probe.json").write_text(json.dumps(rows, indent=1))
+
+    for name in args.sections:
+        {"per_call": per_call, "backends": backends}[name](emit)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
