@@ -288,6 +288,28 @@ def test_prepared_bridge_gives_the_general_path_s_bits(case, backend, monkeypatc
         assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got, want))
 
 
+def test_the_bridge_binds_its_backward_for_results_copied_into_xla_s_buffers(monkeypatch):
+    """The bridge's products are chosen copy-aware (`into`) and bound apart from the PyTorch autograd's."""
+    from ragdot import grad_plan
+
+    seen = []
+    original = grad_plan.build
+
+    def build(*args, **kwargs):
+        seen.append(args[6])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(grad_plan, "build", build)
+    lhs, rhs, sizes = _inputs("fwd_wi", jnp.float32)
+    f = jax.jit(lambda x, w: rj.ragged_dot(x, w, sizes))
+    for _ in range(2):
+        out, vjp = jax.vjp(f, lhs, rhs)
+        dl, dr = vjp(jnp.ones_like(out))
+    assert seen == [True]  # bound once, by the first backward, with the copy-aware choice
+    da, db = _oracle_grads(lhs, rhs, sizes, _dns("fwd_wi")[1], jnp.ones_like(out))
+    assert nerr(_t(dl), da) < TOL[torch.float32] and nerr(_t(dr), db) < TOL[torch.float32]
+
+
 def test_prepared_triton_backward_writes_xla_s_buffers(monkeypatch):
     from ragdot.jax import _bridge
 

@@ -212,20 +212,26 @@ class _Call:
         return self.plan.finish(runner(a, b, sizes))
 
     def backward(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, dout: torch.Tensor,
-                 needs: tuple[bool, bool], fwd_ends: tuple | None) -> tuple:
+                 needs: tuple[bool, bool], fwd_ends: tuple | None, into: bool = False) -> tuple:
         """(grad lhs, grad rhs) in the user's layouts: the key's bound products (`grad_plan`) where they
-        exist; the general path under create_graph (differentiable products) and while profiling."""
+        exist; the general path under create_graph (differentiable products) and while profiling. `into`:
+        the gradients are copied into the caller's buffers unless a product writes them (the JAX bridge)."""
         if not torch.is_grad_enabled() and not ops._profiling():
-            key = (dout.dtype, dout.stride(), needs, ops._state(lhs))
+            key = self.bwd_key(lhs, dout, needs, into)
             bound = self.bwd.get(key, False)
             if bound:
                 return grad_plan.run(bound, lhs, rhs, dout, sizes, fwd_ends)
             if bound is False:  # first backward of this key: computed while binding
                 if len(self.bwd) >= 64:
                     self.bwd.clear()
-                grads, self.bwd[key] = grad_plan.build(self, lhs, rhs, sizes, dout, needs)
+                grads, self.bwd[key] = grad_plan.build(self, lhs, rhs, sizes, dout, needs, into)
                 return grads
         return self.vjp(lhs, rhs, sizes, dout, needs)
+
+    @staticmethod
+    def bwd_key(lhs: torch.Tensor, dout: torch.Tensor, needs: tuple[bool, bool], into: bool = False) -> tuple:
+        """The key of `bwd`: what a backward's bound products depend on beyond the call's signature."""
+        return dout.dtype, dout.stride(), needs, ops._state(lhs), into
 
     def vjp(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, dout: torch.Tensor,
             needs: tuple[bool, bool], apply=ops.run) -> tuple:

@@ -89,15 +89,16 @@ def _distinct(*tensors: torch.Tensor) -> bool:
 
 
 def build(call: Any, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, dout: torch.Tensor,
-          needs: tuple[bool, bool]) -> tuple[tuple, tuple | None]:
+          needs: tuple[bool, bool], into: bool = False) -> tuple[tuple, tuple | None]:
     """(the gradients, the bound products or None) for the first backward of a key of `call` (an api._Call):
     its general VJP, with each product's prepared runner recorded and then bound. Runs outside grad mode and
-    transforms, as every backward that binds does."""
+    transforms, as every backward that binds does. `into`: the gradients land in the caller's buffers
+    (`ops.runner`'s copy-aware choice)."""
     groups = 0 if sizes is None else sizes.shape[0]
     made: list[tuple] = []  # (runner, operands x and y, canonical output) of each product, in order
 
     def apply(product, x, y, sizes_, dtype, backend, scale):
-        runner = ops.runner(product, backend, x, y, groups, dtype, scale)
+        runner = ops.runner(product, backend, x, y, groups, dtype, scale, into)
         out = runner(x, y, sizes_)
         made.append((runner, x, y, out))
         return out

@@ -9,8 +9,8 @@ current stream for the call), so no synchronisation is needed either way.
 Where the prepared backend can write into a given output (the Triton kernels, direct_kind "address"), the
 forward writes straight into XLA's output buffer, and so do the backward's Triton products into XLA's
 gradient buffers; otherwise ragdot's results are copied into them (one device copy each). The forward's
-`auto` choice counts that copy against the backends that need it (`ops.runner(..., into=True)`); the
-backward's products are those of the PyTorch autograd's choice.
+`auto` choice counts that copy against the backends that need it (`ops.runner(..., into=True)`), and so
+does the backward's for its products (bound separately from the PyTorch autograd's, `_Call.bwd_key`).
 
 What does not change between calls is bound at the first call on a device and stream (`_Prepared`: the
 stream switch, the DLPack arguments, the `_Call`, the forward launch for the current backend state), so a
@@ -299,14 +299,14 @@ class Bridge:
             dlhs_t, drhs_t, lhs_t, rhs_t, sizes_t, dout_t = p.views(*outs, lhs, rhs, sizes, dout)
             call = p.call if p.call is not None else p.bind(self, lhs_t, rhs_t, sizes_t)
             used = None if p.batch else sizes_t
-            bound = call.bwd.get((dout_t.dtype, dout_t.stride(), (True, True), ops._state(lhs_t)))
+            bound = call.bwd.get(call.bwd_key(lhs_t, dout_t, (True, True), into=True))
             if bound and _in_place(bound, (dlhs_t, drhs_t)):
                 users = (lhs_t, rhs_t, dout_t)
                 for product, dst in zip(bound, (dlhs_t, drhs_t)):
                     (i, v), (j, w) = product.sources
                     product.fn.prepared(_operand(users, (i, v)), _operand(users, (j, w)), used, dst)
                 return
-            da, db = call.backward(lhs_t, rhs_t, used, dout_t, (True, True), None)
+            da, db = call.backward(lhs_t, rhs_t, used, dout_t, (True, True), None, into=True)
             dlhs_t.copy_(da)
             drhs_t.copy_(db)
         finally:
