@@ -300,7 +300,10 @@ def test_the_bridge_binds_its_backward_for_results_copied_into_xla_s_buffers(mon
         return original(*args, **kwargs)
 
     monkeypatch.setattr(grad_plan, "build", build)
-    lhs, rhs, sizes = _inputs("fwd_wi", jnp.float32)
+    rng = np.random.default_rng(7)  # a signature of its own: no other test has bound its backward before
+    lhs = jnp.asarray(rng.standard_normal((29, 13)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((3, 13, 11)), jnp.float32)
+    sizes = jnp.asarray([9, 0, 17], jnp.int32)
     f = jax.jit(lambda x, w: rj.ragged_dot(x, w, sizes))
     for _ in range(2):
         out, vjp = jax.vjp(f, lhs, rhs)
