@@ -185,15 +185,17 @@ class _Call:
         """The forward problem's runner (looked up again only when the state a choice depends on changed).
         `into`: for a result that lands in the caller's buffer (`ops.runner`; not cached here: the JAX bridge,
         its one user, keeps it per state)."""
+        if into:
+            return self._lookup(lhs, rhs, True)
         state = ops._state(lhs)
-        if into or state != self.state:
-            a, b = self.plan.views(lhs, rhs)
-            groups = self.groups if self.mode != "batch" else 0
-            found = ops.runner(self.mode, self.backend, a, b, groups, self.out_dtype, self.plan.group_scale, into)
-            if into:
-                return found
-            self.runner, self.state = found, state
+        if state != self.state:
+            self.runner, self.state = self._lookup(lhs, rhs, False), state
         return self.runner
+
+    def _lookup(self, lhs: torch.Tensor, rhs: torch.Tensor, into: bool) -> ops.Runner:
+        a, b = self.plan.views(lhs, rhs)
+        groups = self.groups if self.mode != "batch" else 0
+        return ops.runner(self.mode, self.backend, a, b, groups, self.out_dtype, self.plan.group_scale, into)
 
     def forward(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None,
                 keep_ends: list | None = None) -> torch.Tensor:

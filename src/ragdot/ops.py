@@ -25,6 +25,7 @@ rounded to float16 first.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -176,10 +177,7 @@ def copy_ms(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) ->
         clock_khz = getattr(props, "memory_clock_rate", 0) or 0
         bus_bits = getattr(props, "memory_bus_width", 0) or 0
         bw = _BANDWIDTH[device] = 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz and bus_bits else _FALLBACK_BANDWIDTH
-    elems = 1
-    for n in shape:
-        elems *= n
-    return 2 * elems * dtype.itemsize / bw * 1e3
+    return 2 * math.prod(shape) * dtype.itemsize / bw * 1e3
 
 
 # ------------------------------------------------------------------------------------------------ autograd
