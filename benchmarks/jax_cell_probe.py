@@ -6,11 +6,13 @@ Two sections, each printed as JSON lines as it finishes:
 - `per_call` (3840x2048x1408 with 64 and with 8 groups, 16384x4096x4096 with 8 groups, bf16): a jitted
   `ragdot.jax.ragged_dot` on one operand set, rotating over six, and over six shared from torch through
   DLPack (as `ragdot bench` makes them); jitted `jax.lax.ragged_dot`; ragdot's PyTorch call (triton and
-  auto). Clock: host wall time of 50 calls (5 for jax.lax) ending in one wait, per call, median of 5
-  batches. With the kernels of 10 jitted calls from torch's profiler (CUPTI sees XLA's stream too).
+  auto). Clocks: the JAX calls, host wall time of a batch of 50 calls (5 for jax.lax) ending in one wait,
+  per call, median of 5 batches; ragdot's PyTorch call, `ragdot.measure.host.time_host`'s host, eager and
+  device time per call. With the kernels of 10 jitted calls from torch's profiler (CUPTI sees XLA's stream
+  too).
 - `backends` (mixtral-8x7b's weight gradient, wgrad_wi: 15360x6144 by 15360x20480 into 32 groups): the
   jitted call with backend None (auto), "triton" and "torch", each with the kernels one call runs; ragdot's
-  PyTorch call with the same three. Clock: host wall time of 10 calls ending in one wait, per call.
+  PyTorch call with the same three. Clocks as above, batches of 10 calls (one batch for the JAX calls).
   (The first system timed in a process ran about 2.5x slower than its own kernels in both runs of this
   section on the H200; read the kernel times beside the wall times.)
 
@@ -24,9 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,20 +42,28 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 import ragdot  # noqa: E402
 import ragdot.jax as rj  # noqa: E402
 from ragdot.dimension_numbers import RaggedDotDimensionNumbers  # noqa: E402
+from ragdot.measure.host import time_host  # noqa: E402
+
+CPU = torch.device("cpu")  # the JAX calls' clock: the host's (their stream is XLA's)
 
 
 def _per_call_us(fn, args_list, calls: int, batches: int = 5) -> float:
-    for args in args_list[:2]:
-        fn(*args).block_until_ready()
-    times = []
-    for _ in range(batches):
-        t = time.perf_counter()
+    """Host wall time per call of `calls` jitted calls rotating over `args_list`, ending in one wait
+    (median of `batches` such batches, after warm-up calls)."""
+
+    def batch() -> None:
         out = None
         for i in range(calls):
             out = fn(*args_list[i % len(args_list)])
         out.block_until_ready()
-        times.append((time.perf_counter() - t) / calls * 1e6)
-    return statistics.median(times)
+
+    return time_host(batch, CPU, calls=1, repeats=batches, warmup=2).host_us / calls
+
+
+def _torch_us(call, calls: int) -> dict[str, float | None]:
+    """ragdot's PyTorch call: host, eager (CUDA events, host included) and device time per call, µs."""
+    t = time_host(call, torch.device("cuda"), calls=calls, repeats=5, warmup=3)
+    return {"host_us": t.host_us, "eager_us": t.eager_us, "device_us": t.device_us}
 
 
 def _kernels(run) -> dict[str, list]:
@@ -103,14 +111,8 @@ def per_call(emit) -> None:
         b = torch.randn(g, k, n, device="cuda", dtype=torch.bfloat16)
         sz = torch.full((g,), m // g, device="cuda", dtype=torch.int32)
         for backend in ("triton", None):
-            for _ in range(3):
-                ragdot.ragged_dot(a, b, sz, backend=backend)
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(50):
-                ragdot.ragged_dot(a, b, sz, backend=backend)
-            torch.cuda.synchronize()
-            row[f"torch_{backend or 'auto'}_us"] = (time.perf_counter() - t) / 50 * 1e6
+            row[f"torch_{backend or 'auto'}"] = _torch_us(
+                lambda a=a, b=b, sz=sz, backend=backend: ragdot.ragged_dot(a, b, sz, backend=backend), 50)
 
         def ten_calls(six=six):
             out = None
@@ -144,18 +146,8 @@ def backends(emit) -> None:
     sz = torch.full((g,), m // g, device="cuda", dtype=torch.int32)
     tdn = RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), (0,), ())
     for backend in (None, "triton", "torch"):
-        def call(backend=backend):
-            return ragdot.ragged_dot_general(a, b, sz, tdn, backend=backend)
-
-        for _ in range(2):
-            call()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(10):
-            call()
-        torch.cuda.synchronize()
-        emit({"section": "backends", "system": "ragdot (torch)", "backend": backend or "auto",
-              "ms_per_call": (time.perf_counter() - t) / 10 * 1e3})
+        times = _torch_us(lambda backend=backend: ragdot.ragged_dot_general(a, b, sz, tdn, backend=backend), 10)
+        emit({"section": "backends", "system": "ragdot (torch)", "backend": backend or "auto", **times})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,8 @@ Prints (and with --out writes) one JSON line per case:
 - forward, 4096x1024x512 with 8 groups summing to 3984 of 4096 rows (a tail): tokamax's default
   implementation, "mosaic" and "xla", each against `jax.lax.ragged_dot` in float32 (max error over the
   largest reference value), the largest magnitude in the tail rows, and the time per call (host clock: wall
-  time of 20 jitted calls ending in one `block_until_ready`, after a first call that compiles).
+  time of 20 jitted calls ending in one `block_until_ready`, median of 3 such batches, after a first call
+  that compiles).
 - weight gradient (tokamax's own `jax.vjp` with respect to rhs), 3840x512 by 3840x256 into 64 groups, with
   every group 60 rows and with groups of 64 rows: per-group error against a float64 oracle, how many groups
   are off by more than 2e-2, and jax.lax's own error for scale.
@@ -34,6 +35,21 @@ def _emit(row: dict, out) -> None:
         out.write(line + "\n")
 
 
+def _batch_seconds(call, calls: int) -> float:
+    """Seconds per call of `calls` jitted calls ending in one wait, on the host clock (median of 3 batches)."""
+    import torch
+
+    from ragdot.measure.host import time_host
+
+    def batch() -> None:
+        result = None
+        for _ in range(calls):
+            result = call()
+        result.block_until_ready()
+
+    return time_host(batch, torch.device("cpu"), calls=1, repeats=3, warmup=1).host_us / calls / 1e6
+
+
 def forward(tokamax, out) -> None:
     k = jax.random.split(jax.random.PRNGKey(0), 2)
     m, kk, n, g = 4096, 1024, 512, 8
@@ -49,11 +65,7 @@ def forward(tokamax, out) -> None:
             first = time.perf_counter() - t
             err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
             tail = float(jnp.max(jnp.abs(got[int(sizes.sum()):].astype(jnp.float32))))
-            t = time.perf_counter()
-            for _ in range(20):
-                got = fn(lhs, rhs, sizes)
-            got.block_until_ready()
-            per = (time.perf_counter() - t) / 20
+            per = _batch_seconds(lambda fn=fn: fn(lhs, rhs, sizes), 20)
             _emit({"case": "forward", "impl": impl, "first_call_s": round(first, 2), "rel_err": err,
                    "tail_max": tail, "ms_per_call": round(per * 1e3, 3),
                    "tflops": round(2 * int(sizes.sum()) * kk * n / per / 1e12, 1)}, out)
