@@ -55,15 +55,15 @@ def _setup_path() -> None:
 
 
 def _jax(cpu: bool):
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.30")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    """jax with the environment every ragdot JAX measurement uses (`ragdot.bench.xla.import_jax`); `cpu`:
+    XLA's CPU platform and Triton's interpreter."""
+    _setup_path()
     if cpu:
         os.environ["JAX_PLATFORMS"] = "cpu"
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    import jax
+    from ragdot.bench.xla import import_jax
 
-    return jax
+    return import_jax()
 
 
 def _write_json(path: Path, data: object) -> None:

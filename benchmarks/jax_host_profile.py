@@ -56,14 +56,15 @@ COLUMNS = ("section", "what", "M", "K", "N", "G", "dtype", "us_per_call", "calls
 
 
 def _jax(cpu: bool) -> Any:
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    """jax with the environment every ragdot JAX measurement uses (`ragdot.bench.xla.import_jax`: no
+    preallocation, at most 0.30 of the GPU unless set, XLA's log quiet); `cpu`: XLA's CPU platform and
+    Triton's interpreter."""
     if cpu:
         os.environ["JAX_PLATFORMS"] = "cpu"
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    import jax
+    from ragdot.bench.xla import import_jax
 
-    return jax
+    return import_jax()
 
 
 def _batch(fn: Callable[..., Any], args: tuple, calls: int, wait: str = "block") -> Callable[[], None]:
