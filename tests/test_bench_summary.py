@@ -123,7 +123,8 @@ def test_summary_shows_both_clocks_side_by_side(monkeypatch):
     assert "| nograph | 1 | 0 |" in text  # eager: one timed cell ...
     assert "| fast | dgrad | " in text and "2.000x" in text and "0.500x" in text
     assert "| small (40,16,24,5) |" in text and "vendor eager | vendor graph" in text
-    assert "host-bound" in text and "`graph` = graph clock (CUDA-graph replays: device time)" in text
+    graph_title = "`graph` = graph clock (CUDA-graph replays: device time; JAX systems: n calls in one jitted program)"
+    assert "host-bound" in text and graph_title in text
 
 
 def test_terminal_tables_show_every_clock(monkeypatch):

@@ -34,6 +34,39 @@ def test_ragdot_jax_system_matches_ragdot(cls):
     system.release()
 
 
+@pytest.mark.parametrize("system_cls", ["xla", RAGDOT_JAX])
+def test_a_program_runs_the_call_n_times_in_one_jitted_program(system_cls, monkeypatch):
+    """The program clock's programs: the call's result, with the call made n times (not hoisted out of the
+    loop), in one compiled program for every n."""
+    from ragdot.bench.xla import XlaSystem
+    from ragdot.jax import _bridge
+
+    forwards = []  # counted from the first trace on: the callbacks bind Bridge.forward when traced
+    original = _bridge.Bridge.forward
+    monkeypatch.setattr(_bridge.Bridge, "forward", lambda self, *a: (forwards.append(1), original(self, *a))[1])
+    cls = CLASSES[0]
+    gen = torch.Generator().manual_seed(1)
+    # a signature of its own (21x13 by 3x13x6, 19 rows in groups): no other test has traced its callbacks
+    sets = [Operands(torch.randn(21, 13, generator=gen), torch.randn(3, 13, 6, generator=gen),
+                     torch.tensor([10, 0, 9], dtype=torch.int32)) for _ in range(2)]
+    system = (XlaSystem if system_cls == "xla" else RagdotJaxSystem)(torch.device("cpu"))
+    calls = system.prepare(cls, sets, torch.float32)
+    programs = system.programs(cls, sets, torch.float32)
+    assert len(programs) == len(sets)
+    for n in (1, 4, 7):
+        forwards.clear()
+        got = system.to_torch(programs[1](n))
+        torch.testing.assert_close(got, system.to_torch(calls[1]()), rtol=0, atol=0)
+        if system_cls == RAGDOT_JAX:
+            assert len(forwards) == n + 1  # the program's n calls, then the one call compared against
+    if system_cls == "xla":  # every part of the call stays inside the loop body: none hoisted as invariant
+        lowered = system._looped[(cls.name, torch.float32, torch.float32)].lower(*system._args[0], system._count(3))
+        hlo = lowered.compile().as_text()
+        entry = hlo[hlo.index("\nENTRY"):].split("\n\n")[0]  # the program's top level, outside the loop
+        assert " while(" in entry and "jit(call)" in hlo and "jit(call)" not in entry
+    system.release()
+
+
 def test_tokamax_is_left_out_with_a_reason_when_missing():
     system, reason = jax_system(TOKAMAX, torch.device("cpu"))
     try:
@@ -50,6 +83,28 @@ def test_bench_cli_times_ragdot_jax(tmp_path):
     (result,) = tmp_path.glob("*.json")
     rows = [r for r in json.loads(result.read_text())["rows"] if r["backend"] == RAGDOT_JAX]
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+
+
+def test_bench_times_the_jax_systems_on_the_program_clock_where_offered(tmp_path, monkeypatch):
+    """The bench's program-clock path, on the CPU: the clocks a CUDA device would give (batch and program for
+    the asynchronous systems) stood in for the CPU's one wall clock."""
+    from ragdot.bench import runner
+    from ragdot.measure import timing
+
+    def cuda_like(system, device, clocks):
+        if system.sync is None:
+            return ["wall"]
+        return ["batch", "program"] if system.programs else ["batch"]
+
+    monkeypatch.setattr(timing, "lane_clocks", cuda_like)
+    monkeypatch.setattr(runner, "lane_clocks", cuda_like)
+    assert main(["bench", "--quick", "--device", "cpu", "--shapes", "tiny-8e", "--classes", "fwd_wi",
+                 "--backends", "reference", "xla", RAGDOT_JAX, "--out", str(tmp_path)]) == 0
+    (result,) = tmp_path.glob("*.json")
+    rows = {(r["backend"], r["clock"]): r for r in json.loads(result.read_text())["rows"]}
+    for name in (RAGDOT_JAX, "xla"):
+        assert rows[(name, "batch")]["status"] == "ok" and rows[(name, "program")]["status"] == "ok"
+        assert rows[(name, "program")]["ms"] > 0 and rows[(name, "program")]["batch"] >= 1
 
 
 def test_switch_interval_is_set_for_ragdot_jax_cells_only(monkeypatch):

@@ -159,6 +159,28 @@ def test_an_asynchronous_system_is_timed_in_batches_with_one_wait_each(monkeypat
     assert timing.sync_batch(2) == 1 and timing.sync_batch(30) == 10
 
 
+def test_the_program_clock_times_one_program_of_n_calls_per_sample(monkeypatch):
+    replays: list[str] = []
+    _stand_in_cuda(monkeypatch, replays)
+    runs: list[int] = []
+    waits: list[int] = []
+
+    def program(n):
+        runs.append(n)
+        time.sleep(1e-4 * n)  # n calls of 0.1 ms on the stand-in device
+        return n
+
+    system = Timed("jax", [lambda: 1] * 2, sync=lambda out: waits.append(out), programs=[program] * 2)
+    assert timing.lane_clocks(system, CUDA, timing.CLOCKS) == ["batch", "program"]
+    assert timing.lane_clocks(system, CUDA, ("eager",)) == ["batch"]  # no program clock unless graph is asked
+    got = measure_clocks([system], CUDA, clocks=timing.CLOCKS, warmup=1, iters=30, rounds=25)
+    t = got[("jax", "program")]
+    assert (t.clock, t.batch, t.iters, len(t.samples_ms)) == ("program", 10, 30, 3)
+    assert runs == [10] * 5  # each program warmed once, then one program of ten calls per sample
+    assert waits.count(10) == 5 and all(ms >= 0.1 for ms in t.samples_ms)  # per call: the program's time / 10
+    assert timing.view_of("program") == "graph" and not timing.is_host_bound("program", 1.0, 1.0)
+
+
 def test_cpu_has_one_clock_whatever_is_asked():
     got = measure_clocks([Timed("a", [lambda: None])], CPU, clocks=timing.CLOCKS, warmup=1, iters=4, rounds=2)
     assert list(got) == [("a", "wall")]

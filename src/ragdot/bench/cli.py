@@ -94,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=CLOCKS,
         metavar="CLOCK",
         help=f"CUDA clocks, both by default: eager (CUDA events around batches of {EAGER_BATCH} back-to-back "
-        "eager calls, host time included) and graph (CUDA-graph replays: device time); a CPU has one, wall",
+        "eager calls, host time included) and graph (CUDA-graph replays: device time; the JAX systems: n calls "
+        "in one jitted program); a CPU has one, wall",
     )
     parser.add_argument(
         "--cuda-graphs",

@@ -2,7 +2,8 @@
 
 Both are timed like `xla` (`ragdot.bench.xla.XlaSystem`): operands shared with torch through DLPack, one
 jitted program per class and shape compiled ahead of time, asynchronous calls timed on the batch clock
-around a batch ending in `block_until_ready`.
+around a batch ending in `block_until_ready`, and, where the graph clock is asked for, on the program clock
+(`XlaSystem.programs`: n calls in one jitted program).
 
 `ragdot-jax` runs ragdot's own kernels inside XLA's program (a buffer callback on XLA's stream), with
 ragdot's choice of backend; its extra memory is XLA's account (the output buffer; with the Triton kernels

@@ -27,6 +27,7 @@ from ragdot.measure.classes import RaggedClass, flops, min_bytes
 from ragdot.measure.timing import (
     CLOCKS,
     DEFAULT_ROUNDS,
+    PROGRAM,
     Timed,
     Timing,
     free_memory,
@@ -230,8 +231,11 @@ def run_cell(
     checked = {
         s.name: Result(shape, cls.name, routing, s.name, "error", n_flops, n_bytes, sol) for s in systems
     }
-    lanes = {s.name: lane_clocks(Timed(s.name, [], s.sync, s.graphable), cfg.device, cfg.clocks) for s in systems}
+    # the clocks of each system (a stand-in program says whether it has the program clock: only its presence counts)
+    lanes = {s.name: lane_clocks(Timed(s.name, [], s.sync, s.graphable, (None,) if s.has_programs else ()),
+                                 cfg.device, cfg.clocks) for s in systems}
     calls: dict[str, list[Callable[[], Any]]] = {}
+    programs: dict[str, list[Callable[[int], Any]]] = {}
     try:
         sets, ref, ref_note = _cell_inputs(shape, cls, routing, cfg, reference or RagdotSystem("reference"))
     except Exception as exc:  # the inputs themselves do not fit
@@ -255,8 +259,15 @@ def run_cell(
         if r.status not in ("ok", "unchecked"):
             calls.pop(system.name)
             free_memory(cfg.device)
+        elif system.has_programs and PROGRAM in lanes[system.name]:
+            try:
+                programs[system.name] = system.programs(cls, sets, cfg.dtype)
+            except Exception as exc:  # its program-clock row says why; the other clocks are timed as usual
+                r.note = f"{r.note}; " if r.note else ""
+                r.note += f"no program clock: {failure_status(exc)[1] or type(exc).__name__}"
     del ref
-    timed = [Timed(s.name, calls[s.name], s.sync, s.graphable) for s in systems if s.name in calls]
+    timed = [Timed(s.name, calls[s.name], s.sync, s.graphable, programs.get(s.name, ()))
+             for s in systems if s.name in calls]
     failed: dict[str, tuple[str, str]] = {}
     timings = _time(timed, cfg, failed)
     results = _ordered(

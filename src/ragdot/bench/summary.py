@@ -5,8 +5,9 @@ The same code summarises one run (`ragdot bench` writes ``<stem>.md`` and its pl
 work too (their clock ``event`` is today's ``eager``; a missing clock counts as ``eager``).
 
 Views (`timing.view_of`): ``eager`` (clock eager: CUDA events around batches of back-to-back eager calls,
-host time included; XLA's batch clock, a wall clock around a batch of its calls, is shown here too),
-``graph`` (CUDA-graph replays: device time) and ``wall`` (a CPU's one clock). Every ratio is the
+host time included; the JAX systems' batch clock, a wall clock around a batch of their calls, is shown
+here too), ``graph`` (CUDA-graph replays: device time; the JAX systems' program clock, n calls in one
+jitted program, is shown here too) and ``wall`` (a CPU's one clock). Every ratio is the
 baseline's time over the system's in the same cell and view (> 1: faster than the baseline), the
 baseline being `vendor` (raw ``torch._grouped_mm``) unless asked otherwise. A pass (fwd, dgrad, wgrad)
 aggregates its two classes. No plot is written without data in it.
@@ -31,8 +32,8 @@ TIMED = ("ok", "unchecked")
 _VIEW_ORDER = ("eager", "graph", "wall")
 _VIEW_TITLES = {
     "eager": "eager clock (CUDA events around batches of back-to-back eager calls, host time included; "
-    "xla: wall clock around a batch of calls)",
-    "graph": "graph clock (CUDA-graph replays: device time)",
+    "JAX systems: wall clock around a batch of calls)",
+    "graph": "graph clock (CUDA-graph replays: device time; JAX systems: n calls in one jitted program)",
     "wall": "wall clock (CPU, per call)",
 }
 _VIEW_SHORT = {"eager": "eager calls, host time included", "graph": "CUDA-graph replays, device time",

@@ -57,11 +57,17 @@ class System:
     name: str = "?"
     sync: Callable[[Any], None] | None = None
     graphable: bool = True  # calls can be captured in a CUDA graph (no host synchronisation inside)
+    has_programs: bool = False  # offers `programs` (the program clock: asynchronous systems)
 
     def prepare(
         self, cls: RaggedClass, sets: list[Operands], out_dtype: torch.dtype
     ) -> list[Callable[[], Any]]:
         raise NotImplementedError
+
+    def programs(self, cls: RaggedClass, sets: list[Operands], out_dtype: torch.dtype) -> list[Callable[[int], Any]]:
+        """After `prepare`: per input set, `program(n)` running the call n times in one program (the program
+        clock, `ragdot.measure.timing`); none by default."""
+        return []
 
     def to_torch(self, out: Any) -> torch.Tensor:
         return out

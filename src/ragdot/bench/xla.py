@@ -3,7 +3,9 @@
 This measures XLA's own lowering of ragged dot (on NVIDIA GPUs today: the padded rewrite, XLA's default
 baseline) in the same process and on the same GPU as ragdot's backends. Inputs are
 shared with torch through DLPack (no copy); calls are asynchronous, so they are timed by wall clock around
-a batch ending in `block_until_ready`. The extra device memory of a call is XLA's own account of the
+a batch ending in `block_until_ready` (the batch clock) and, on a GPU where the graph clock is asked for,
+around one jitted program that makes the call n times (the program clock, the device-time view: one
+dispatch for n calls). The extra device memory of a call is XLA's own account of the
 compiled program (temporaries + output).
 
 Before JAX is imported we ask it not to grab most of the GPU up front (`XLA_PYTHON_CLIENT_PREALLOCATE`)
@@ -63,6 +65,7 @@ class XlaSystem(System):
     """`jax.lax.ragged_dot_general`, jitted once per class and dtype (compiled once per shape)."""
 
     name = "xla"
+    has_programs = True
 
     def __init__(self, device: torch.device) -> None:
         self.jax = import_jax()
@@ -72,6 +75,8 @@ class XlaSystem(System):
         self._args: list[tuple[Any, Any, Any]] = []
         self._compiled: Any = None
         self._programs: dict[tuple[Any, ...], Any] = {}
+        self._looped: dict[tuple[str, torch.dtype, torch.dtype], Any] = {}
+        self._counts: dict[int, Any] = {}
         self.sync = lambda out: out.block_until_ready()
 
     def _fn(self, cls: RaggedClass, in_dtype: torch.dtype, out_dtype: torch.dtype) -> Any:
@@ -121,6 +126,34 @@ class XlaSystem(System):
             self._programs[key] = fn.lower(*self._args[0]).compile()
         compiled = self._compiled = self._programs[key]
         return [lambda a=args: compiled(*a) for args in self._args]
+
+    def programs(self, cls: RaggedClass, sets: list[Operands], out_dtype: torch.dtype) -> list[Callable[[int], Any]]:
+        """Per input set of the prepared cell, `program(n)`: one jitted program calling the op n times in a
+        loop. Each turn passes the operands through an optimization barrier, so XLA can hoist no part of a
+        call out of the loop as loop-invariant (the weights' layout changes, the group sizes' masks) nor fold
+        the turns together; XLA may copy the loop-carried operands once per program (spread over n calls)."""
+        key = (cls.name, sets[0].lhs.dtype, out_dtype)
+        looped = self._looped.get(key)
+        if looped is None:
+            jax, op = self.jax, self._fn(cls, sets[0].lhs.dtype, out_dtype)
+
+            def run(lhs: Any, rhs: Any, sizes: Any, n: Any) -> Any:
+                def turn(_: Any, carry: tuple) -> tuple:
+                    operands = jax.lax.optimization_barrier(carry[0])
+                    return operands, op(*operands)
+
+                out = jax.eval_shape(op, lhs, rhs, sizes)
+                return jax.lax.fori_loop(0, n, turn, ((lhs, rhs, sizes), jax.numpy.zeros(out.shape, out.dtype)))[1]
+
+            looped = self._looped[key] = self.jax.jit(run)
+        return [lambda n, a=args: looped(*a, self._count(n)) for args in self._args]
+
+    def _count(self, n: int) -> Any:
+        """n as an int32 device scalar, made once (a traced trip count: one program for every n)."""
+        found = self._counts.get(n)
+        if found is None:
+            found = self._counts[n] = self.jax.device_put(self.jax.numpy.int32(n), self.jax_device)
+        return found
 
     def to_torch(self, out: Any) -> torch.Tensor:
         out.block_until_ready()

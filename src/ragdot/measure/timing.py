@@ -20,6 +20,11 @@ Clocks (the `clock` of every timing; each one also records the host time per cal
   adds to every call (ragdot.jax on the H200: 0.47 ms a call in single-call samples, 0.11 ms in batches of
   50, 3840x2048x1408 with 64 groups, whose kernel runs 0.10 ms). Like ``eager`` it includes the host's
   cost; the summaries show it in the eager view.
+- ``program`` (asynchronous systems that offer it: the JAX systems): wall clock around one compiled program
+  that runs the call n times back to back (a loop inside one jitted program; n as for ``batch``, a third of
+  the iterations), ending in the system's `sync`, divided by n: one dispatch per sample instead of one per
+  call, so device time wherever a call's own host work inside the program (for ragdot.jax, its callback)
+  is shorter than its device work. The JAX counterpart of ``graph``, and shown in the graph view.
 
 Host time per call (`Timing.host_ms`, one value per sample): the wall time the host spends issuing the
 sample's calls, without waiting for the device, divided by their number. A timing is host-bound when that
@@ -74,6 +79,7 @@ __all__ = [
     "GRAPH",
     "WALL",
     "BATCH",
+    "PROGRAM",
     "CLOCKS",
     "EAGER_BATCH",
     "HOST_BOUND_SHARE",
@@ -81,7 +87,7 @@ __all__ = [
 
 MIN_ITERS = 3
 DEFAULT_ROUNDS = 25  # interleaved rounds per cell (see the module docstring)
-EAGER, GRAPH, WALL, BATCH = "eager", "graph", "wall", "batch"
+EAGER, GRAPH, WALL, BATCH, PROGRAM = "eager", "graph", "wall", "batch", "program"
 CLOCKS: tuple[str, ...] = (EAGER, GRAPH)  # the clocks one can ask for (CUDA); a CPU has WALL only
 EAGER_BATCH = 10  # back-to-back eager calls per sample on the eager clock
 SYNC_SAMPLES = 3  # samples of an asynchronous system on the batch clock: each a third of its iterations
@@ -89,12 +95,12 @@ SYNC_SAMPLES = 3  # samples of an asynchronous system on the batch clock: each a
 # (nothing overlaps that one), so its host share is just under 1 (B / (B + 1) when both are equal): a
 # timing counts as host-bound once the host time per call reaches this share of the measured time.
 HOST_BOUND_SHARE = 0.9
-_VIEWS = {EAGER: EAGER, "event": EAGER, BATCH: EAGER, GRAPH: GRAPH, WALL: WALL}
+_VIEWS = {EAGER: EAGER, "event": EAGER, BATCH: EAGER, GRAPH: GRAPH, PROGRAM: GRAPH, WALL: WALL}
 
 
 def view_of(clock: str) -> str:
-    """The view a clock belongs to: ``eager`` (eager, batch, and the older spelling ``event``), ``graph``,
-    ``wall``. Ratios are only taken between timings of one view."""
+    """The view a clock belongs to: ``eager`` (eager, batch, and the older spelling ``event``), ``graph``
+    (graph, program), ``wall``. Ratios are only taken between timings of one view."""
     return _VIEWS.get(clock, clock or EAGER)
 
 
@@ -102,7 +108,7 @@ def is_host_bound(clock: str, ms: float | None, host_ms: float | None) -> bool:
     """Whether the device waited for the host: host time per call >= HOST_BOUND_SHARE x the measured time.
 
     Only CUDA clocks can say (on the wall clock of a CPU, host and measured time are the same thing)."""
-    if view_of(clock) not in (EAGER, GRAPH) or clock == BATCH or not ms or host_ms is None:
+    if view_of(clock) not in (EAGER, GRAPH) or clock in (BATCH, PROGRAM) or not ms or host_ms is None:
         return False
     return host_ms >= HOST_BOUND_SHARE * ms
 
@@ -133,6 +139,8 @@ class Timed:
     calls: Sequence[Callable[[], Any]]
     sync: Callable[[Any], None] | None = None  # blocks until a result is ready (JAX); None for torch
     graphable: bool = True  # False for calls that synchronise with the host (cannot be graph-captured)
+    # The program clock (asynchronous systems): per input set, `program(n)` runs the call n times in one program
+    programs: Sequence[Callable[[int], Any]] = ()
 
 
 @dataclass
@@ -298,12 +306,12 @@ def sync_batch(n_iter: int) -> int:
 
 def lane_clocks(system: Timed, device: torch.device, clocks: Sequence[str]) -> list[str]:
     """The clocks `system` is timed on when `clocks` are asked for: WALL on a CPU, BATCH for an
-    asynchronous system, else each asked clock, EAGER in place of GRAPH for calls that cannot be captured
-    (no clock twice)."""
+    asynchronous system (and PROGRAM for one with programs, when GRAPH is asked), else each asked clock,
+    EAGER in place of GRAPH for calls that cannot be captured (no clock twice)."""
     if device.type != "cuda":
         return [WALL]
     if system.sync is not None:
-        return [BATCH]
+        return [BATCH, PROGRAM] if system.programs and GRAPH in clocks else [BATCH]
     out: list[str] = []
     for clock in clocks:
         got = GRAPH if clock == GRAPH and system.graphable else EAGER
@@ -415,11 +423,21 @@ def _lanes(system: Timed, device: torch.device, clocks: Sequence[str], warm: int
             if EAGER in clocks:
                 continue
             clock, runs = EAGER, system.calls
-        batch = eager_batch(n_iter) if clock == EAGER else sync_batch(n_iter) if clock == BATCH else 1
+        batch = eager_batch(n_iter) if clock == EAGER else sync_batch(n_iter) if clock in (BATCH, PROGRAM) else 1
+        if clock == PROGRAM:
+            runs = _programs(system, batch)
         samples = max(1, n_iter // batch)
         timing = Timing(warmup=warm, iters=samples * batch, clock=clock, batch=batch)
         lanes.append(_Lane(system, clock, runs, samples, batch, warm, timing))
     return lanes
+
+
+def _programs(system: Timed, n: int) -> list[Callable[[], Any]]:
+    """The system's programs of n calls each, each run once untimed (compiled and warm)."""
+    runs = [lambda program=program: program(n) for program in system.programs]
+    for run in runs:
+        system.sync(run())
+    return runs
 
 
 def _share(total: int, n_rounds: int, r: int) -> int:
@@ -454,11 +472,17 @@ def measure_clocks(
             count = _share(lane.samples, n_rounds, r)
             if count == 0:
                 continue
-            sync = lane.system.sync if lane.clock == BATCH else None
-            samples, hosts = _round(lane.runs, sync, lane.cursor, count, device, lane.batch)
+            sync = lane.system.sync if lane.clock in (BATCH, PROGRAM) else None
+            if lane.clock == PROGRAM:  # a sample is one program of `batch` calls: one run, one wait
+                samples, _ = _round(lane.runs, sync, lane.cursor, count, device, 1)
+                samples = [ms / lane.batch for ms in samples]
+                hosts = list(samples)
+                lane.cursor += count
+            else:
+                samples, hosts = _round(lane.runs, sync, lane.cursor, count, device, lane.batch)
+                lane.cursor += count * lane.batch
             lane.timing.samples_ms += samples
             lane.timing.host_ms += hosts
-            lane.cursor += count * lane.batch
     return {(lane.system.name, lane.clock): lane.timing for lane in lanes}
 
 
