@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ("env", "check", "host", "profile", "bench")
 LIMITS = {"env": 60, "check": 150, "host": 90, "profile": 150, "bench": 200}  # seconds per step (bench: per part)
+SYSTEMS = ("triton", "xla", "ragdot-jax", "tokamax")  # the bench step's systems
 BENCH_PARTS = 4  # the bench runs in parts of 2 anchor shapes: a part cut by its limit loses only its cells
 # The H200 ceilings measured at d2e757e (benchmarks/results/h200-eager-path-20261201/bench-log-d2e757e.txt),
 # given so that each part does not measure them again.
@@ -386,7 +387,7 @@ def step_profile(out: Path, cpu: bool) -> None:
 # ------------------------------------------------------------------------------------------------- bench
 
 
-def step_bench(out: Path, cpu: bool, part: int) -> None:
+def step_bench(out: Path, cpu: bool, part: int, systems: list[str]) -> None:
     _jax(cpu)
     _setup_path()
     from ragdot.cli import main
@@ -397,7 +398,6 @@ def step_bench(out: Path, cpu: bool, part: int) -> None:
     shapes = names[part * size:(part + 1) * size]
     if not shapes:
         return
-    systems = ["triton", "xla", "ragdot-jax", "tokamax"]
     argv = ["bench", "--shapes", *shapes, "--backends", *systems, "--no-vendor", "--out", str(out / "bench"),
             "--warmup", "3", "--iters", "300", "--max-seconds", "0.4", "--no-plots"]
     argv += ["--device", "cpu", "--quick"] if cpu else list(H200_CEILINGS)
@@ -421,6 +421,7 @@ def _run_step(name: str, args: argparse.Namespace, part: int | None, remaining: 
     cmd = [sys.executable, __file__, "--out", str(args.out), "--step", name]
     cmd += ["--cpu"] if args.cpu else []
     cmd += [] if part is None else ["--part", str(part)]
+    cmd += ["--systems", *args.systems]
     start = time.perf_counter()
     log = args.out / f"{label}.log"
     try:
@@ -442,13 +443,15 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="run on the CPU with tiny shapes (checks the script)")
     parser.add_argument("--budget", type=float, default=470.0, help="seconds for the whole run (default 470)")
     parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS), help="steps to run")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
+                        help="the bench step's systems (default: all; triton's rows are the device-time reference)")
     parser.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)  # one step, in this process
     parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step:
         if args.step == "bench":
-            step_bench(args.out, args.cpu, args.part)
+            step_bench(args.out, args.cpu, args.part, args.systems)
         else:
             steps = {"env": step_env, "check": step_check, "host": step_host, "profile": step_profile}
             steps[args.step](args.out, args.cpu)

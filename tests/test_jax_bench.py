@@ -37,7 +37,7 @@ def test_ragdot_jax_system_matches_ragdot(cls):
 @pytest.mark.parametrize("system_cls", ["xla", RAGDOT_JAX])
 def test_a_program_runs_the_call_n_times_in_one_jitted_program(system_cls, monkeypatch):
     """The program clock's programs: the call's result, with the call made n times (not hoisted out of the
-    loop), in one compiled program for every n."""
+    loop), n static: one compiled program per n, whose loop XLA knows the trip count of."""
     from ragdot.bench.xla import XlaSystem
     from ragdot.jax import _bridge
 
@@ -60,7 +60,7 @@ def test_a_program_runs_the_call_n_times_in_one_jitted_program(system_cls, monke
         if system_cls == RAGDOT_JAX:
             assert len(forwards) == n + 1  # the program's n calls, then the one call compared against
     if system_cls == "xla":  # every part of the call stays inside the loop body: none hoisted as invariant
-        lowered = system._looped[(cls.name, torch.float32, torch.float32)].lower(*system._args[0], system._count(3))
+        lowered = system._looped[(cls.name, torch.float32, torch.float32)].lower(*system._args[0], n=3)
         hlo = lowered.compile().as_text()
         entry = hlo[hlo.index("\nENTRY"):].split("\n\n")[0]  # the program's top level, outside the loop
         assert " while(" in entry and "jit(call)" in hlo and "jit(call)" not in entry

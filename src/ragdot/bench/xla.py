@@ -76,7 +76,6 @@ class XlaSystem(System):
         self._compiled: Any = None
         self._programs: dict[tuple[Any, ...], Any] = {}
         self._looped: dict[tuple[str, torch.dtype, torch.dtype], Any] = {}
-        self._counts: dict[int, Any] = {}
         self.sync = lambda out: out.block_until_ready()
 
     def _fn(self, cls: RaggedClass, in_dtype: torch.dtype, out_dtype: torch.dtype) -> Any:
@@ -131,13 +130,18 @@ class XlaSystem(System):
         """Per input set of the prepared cell, `program(n)`: one jitted program calling the op n times in a
         loop. Each turn passes the operands through an optimization barrier, so XLA can hoist no part of a
         call out of the loop as loop-invariant (the weights' layout changes, the group sizes' masks) nor fold
-        the turns together; XLA may copy the loop-carried operands once per program (spread over n calls)."""
+        the turns together; XLA may copy the loop-carried operands once per program (spread over n calls).
+
+        n is static (one program per n; the timing uses one n per cell): XLA then knows the loop's trip count
+        and runs the turns back to back. A traced n made it read the loop predicate back to the host every
+        turn, a wait per call that serialised the host's work with the device's (H200, 4a19b62: ragdot.jax's
+        program clock 10-130% above its batch clock)."""
         key = (cls.name, sets[0].lhs.dtype, out_dtype)
         looped = self._looped.get(key)
         if looped is None:
             jax, op = self.jax, self._fn(cls, sets[0].lhs.dtype, out_dtype)
 
-            def run(lhs: Any, rhs: Any, sizes: Any, n: Any) -> Any:
+            def run(lhs: Any, rhs: Any, sizes: Any, n: int) -> Any:
                 def turn(_: Any, carry: tuple) -> tuple:
                     operands = jax.lax.optimization_barrier(carry[0])
                     return operands, op(*operands)
@@ -145,15 +149,8 @@ class XlaSystem(System):
                 out = jax.eval_shape(op, lhs, rhs, sizes)
                 return jax.lax.fori_loop(0, n, turn, ((lhs, rhs, sizes), jax.numpy.zeros(out.shape, out.dtype)))[1]
 
-            looped = self._looped[key] = self.jax.jit(run)
-        return [lambda n, a=args: looped(*a, self._count(n)) for args in self._args]
-
-    def _count(self, n: int) -> Any:
-        """n as an int32 device scalar, made once (a traced trip count: one program for every n)."""
-        found = self._counts.get(n)
-        if found is None:
-            found = self._counts[n] = self.jax.device_put(self.jax.numpy.int32(n), self.jax_device)
-        return found
+            looped = self._looped[key] = self.jax.jit(run, static_argnames="n")
+        return [lambda n, a=args: looped(*a, n=n) for args in self._args]
 
     def to_torch(self, out: Any) -> torch.Tensor:
         out.block_until_ready()
