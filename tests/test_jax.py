@@ -357,14 +357,34 @@ def test_the_cuda_stream_switch_and_views_without_a_gpu(monkeypatch):
     seen = []
 
     class Buffer:
+        def __init__(self, address=4096):
+            self.address = address
+
+        @property
+        def __cuda_array_interface__(self):
+            return {"data": (self.address, False)}
+
         def __dlpack__(self, **kwargs):
             seen.append(kwargs)
-            return "capsule"
+            return f"view of {self.address}"
 
     monkeypatch.setattr(_bridge, "_from_capsule", lambda capsule: capsule)
-    assert _bridge._Views(torch.device("cuda", 0), 0)(Buffer()) == ["capsule"]
-    assert _bridge._Views(torch.device("cuda", 0), 1234)(Buffer()) == ["capsule"]
+    assert _bridge._Views(torch.device("cuda", 0), 0)(Buffer()) == ["view of 4096"]
+    assert _bridge._Views(torch.device("cuda", 0), 1234)(Buffer()) == ["view of 4096"]
     assert seen == [{"max_version": (1, 0), "stream": 1}, {"max_version": (1, 0), "stream": 1234}]
+
+    # A view is reused for a buffer at the address its argument position had in the previous call of as many
+    # buffers; a new address is wrapped anew (and then kept), other arities keep their own views.
+    views = _bridge._Views(torch.device("cuda", 0), 5)
+    seen.clear()
+    first = views(Buffer(16), Buffer(32))
+    assert first == ["view of 16", "view of 32"] and len(seen) == 2
+    again = views(Buffer(16), Buffer(32))
+    assert all(a is b for a, b in zip(again, first)) and len(seen) == 2
+    assert views(Buffer(16), Buffer(48)) == ["view of 16", "view of 48"] and len(seen) == 3
+    assert views(Buffer(32), Buffer(16)) == ["view of 32", "view of 16"] and len(seen) == 5  # positions, not sets
+    assert views(Buffer(16), Buffer(32), Buffer(64)) == ["view of 16", "view of 32", "view of 64"] and len(seen) == 8
+    assert views(Buffer(32), Buffer(16))[0] is not None and len(seen) == 8
 
 
 def test_mixed_float_operands_are_promoted_as_jax_does():
