@@ -429,3 +429,46 @@ def test_bound_descriptor_slots_keep_no_reference_to_the_first_calls_tensors():
     assert ref() is None
     for slots in bound:  # the same layout still takes the bound path
         assert _Descriptors(None, slots).expand((Desc(torch.zeros(4, 8)),)) is not None
+
+
+def test_a_fixed_launch_passes_what_the_bound_launch_would(monkeypatch):
+    """`BoundLaunch.fixed`: the C launcher gets the same arguments as a bound call's, built once; a profiler's
+    hooks (or another current device) send the launch through the ordinary call; None where nothing is bound."""
+    from triton import knobs
+
+    from ragdot.kernels import launch as L
+
+    class Raw:
+        launch_cooperative_grid, launch_pdl = False, True
+
+        def __init__(self):
+            self.calls = []
+
+        def launch(self, *args):
+            self.calls.append(args)
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+    class Kernel:
+        params = []
+        __name__ = "kernel"
+
+    raw, compiled, t = Raw(), Compiled(), torch.zeros(8)
+    bound = L.BoundLaunch(Kernel(), (3, 2), {}, {}, torch.device("cpu"))
+    assert bound.fixed(t, 5) is None  # never launched: nothing bound yet
+    bound._direct, bound._tensors, bound._tail = True, (0,), ("tail",)
+    bound._compiled[((t.dtype, True),)] = (compiled, raw, None)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: bound.device)
+    run = bound.fixed(t, 5)
+    assert run() is compiled and run() is compiled
+    want = (3, 2, 1, 77, "function", False, True, None, None, "metadata", None, None, None, t, 5, "tail")
+    assert raw.calls == [want, want]
+    ordinary = []
+    monkeypatch.setattr(L.BoundLaunch, "__call__", lambda self, *args: ordinary.append(args))
+    monkeypatch.setattr(knobs.runtime.launch_enter_hook, "calls", [print])
+    run()
+    assert ordinary == [(t, 5)] and len(raw.calls) == 2
+    bound._compiled[((t.dtype, True),)] = (compiled, None, None)  # no bound C launcher: the ordinary path only
+    assert bound.fixed(t, 5) is None

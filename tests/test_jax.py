@@ -249,6 +249,41 @@ def test_on_the_gpu_through_triton_on_xla_s_stream(case):
     assert nerr(_t(dl), da) < TOL[torch.bfloat16] and nerr(_t(dr), db) < TOL[torch.bfloat16]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["fwd_wi", "wgrad"])
+def test_on_the_gpu_repeated_buffers_replay_the_launch_with_their_new_contents(case):
+    """A loop whose turns change the operands in buffers XLA keeps at one address (the replayed, fixed
+    launch), then the same program on other arrays and on the first ones again: each result is the oracle's."""
+    gpu = _jax_gpu()
+    if gpu is None:
+        pytest.skip("jax has no GPU backend here")
+    lhs, rhs, sizes = (jax.device_put(t, gpu) for t in _inputs(case, jnp.bfloat16))
+    jdn, dn = _dns(case)
+    call = lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn, preferred_element_type=jnp.float32,
+                                              backend="triton")
+
+    def turns(x, w):
+        def turn(i, carry):
+            x, total = carry
+            x = (x * 0.5 + 0.25).astype(x.dtype)
+            return x, total + call(x, w) * (i + 1)
+        return jax.lax.fori_loop(0, 4, turn, (x, jnp.zeros(jax.eval_shape(call, x, w).shape, jnp.float32)))[1]
+
+    def oracle(x, w):
+        x, w, total = _t(x), _t(w), 0
+        for i in range(4):
+            x = (x * 0.5 + 0.25).to(torch.bfloat16).double()
+            total = total + ragged_dot_general_oracle(x, w, torch.tensor(np.asarray(sizes)), dn) * (i + 1)
+        return total
+
+    program = jax.jit(turns)
+    other = (lhs * 2).astype(lhs.dtype), (rhs - 1).astype(rhs.dtype)
+    for x, w in ((lhs, rhs), other, (lhs, rhs)):
+        assert nerr(_t(program(x, w)), oracle(x, w)) < TOL[torch.bfloat16]
+        assert nerr(_t(jax.jit(call)(x, w)), ragged_dot_general_oracle(
+            _t(x), _t(w), torch.tensor(np.asarray(sizes)), dn)) < TOL[torch.bfloat16]
+
+
 @pytest.mark.skipif(not hasattr(jax, "enable_x64"), reason="this jax has no jax.enable_x64 context")
 @pytest.mark.parametrize("case", ["fwd_wi", "wgrad", "batch_mode"])
 def test_float64_with_x64_enabled(case):
@@ -434,3 +469,33 @@ def test_stacked_group_sizes_of_the_wrong_shape_raise_shape_errors():
     dn = jax.lax.RaggedDotDimensionNumbers(dims, lr, rg)
     with pytest.raises(ragdot.ShapeError, match=r"expected shape \(G,\) or \(4, 3\)"):
         rj.ragged_dot_general(jnp.ones(lshape), jnp.ones(rshape), jnp.ones((5, 3), jnp.int32), dn)
+
+
+def test_a_repeated_forward_on_the_same_views_runs_its_fixed_launch(monkeypatch):
+    """`_Prepared.forward` on CUDA views: the first call launches and fixes its launch; the same tensors
+    again replay it; any other tensor takes the ordinary launch (and fixes that one)."""
+    from ragdot.jax import _bridge
+
+    log = []
+
+    class Launch:  # what forward_launch hands back for a Triton kernel: a call and its fixed form
+        def __call__(self, lhs, rhs, sizes, out):
+            log.append(("call", out))
+
+        def fixed(self, lhs, rhs, sizes, out):
+            return lambda: log.append(("replay", out))
+
+    launch = Launch()
+    monkeypatch.setattr(_bridge._Prepared, "forward_launch", lambda self, lhs, rhs: launch)
+    p = _bridge._Prepared(torch.device("cpu"), None)
+    p.views.cuda = True  # views of CUDA buffers repeat; CPU ones never do
+    out, other, lhs, rhs, sizes = (torch.zeros(2) for _ in range(5))
+    for target in (out, out, out, other, other, out):
+        p.forward(target, lhs, rhs, sizes)
+    assert [kind for kind, _ in log] == ["call", "replay", "replay", "call", "replay", "call"]
+    assert [t is want for (_, t), want in zip(log, (out, out, out, other, other, out))] == [True] * 6
+    cpu = _bridge._Prepared(torch.device("cpu"), None)  # CPU views are new tensors each call: never replayed
+    log.clear()
+    cpu.forward(out, lhs, rhs, sizes)
+    cpu.forward(out, lhs, rhs, sizes)
+    assert [kind for kind, _ in log] == ["call", "call"]
