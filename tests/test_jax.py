@@ -251,9 +251,9 @@ def test_on_the_gpu_through_triton_on_xla_s_stream(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["fwd_wi", "wgrad"])
-def test_on_the_gpu_repeated_buffers_replay_the_launch_with_their_new_contents(case):
-    """A loop whose turns change the operands in buffers XLA keeps at one address (the replayed, fixed
-    launch), then the same program on other arrays and on the first ones again: each result is the oracle's."""
+def test_on_the_gpu_a_loop_whose_turns_change_the_operands(case):
+    """A loop whose turns change the operands (buffers XLA may keep at one address from turn to turn), then
+    the same program on other arrays and on the first ones again: each result is the oracle's."""
     gpu = _jax_gpu()
     if gpu is None:
         pytest.skip("jax has no GPU backend here")
@@ -392,34 +392,14 @@ def test_the_cuda_stream_switch_and_views_without_a_gpu(monkeypatch):
     seen = []
 
     class Buffer:
-        def __init__(self, address=4096):
-            self.address = address
-
-        @property
-        def __cuda_array_interface__(self):
-            return {"data": (self.address, False)}
-
         def __dlpack__(self, **kwargs):
             seen.append(kwargs)
-            return f"view of {self.address}"
+            return "capsule"
 
     monkeypatch.setattr(_bridge, "_from_capsule", lambda capsule: capsule)
-    assert _bridge._Views(torch.device("cuda", 0), 0)(Buffer()) == ["view of 4096"]
-    assert _bridge._Views(torch.device("cuda", 0), 1234)(Buffer()) == ["view of 4096"]
+    assert _bridge._Views(torch.device("cuda", 0), 0)(Buffer()) == ["capsule"]
+    assert _bridge._Views(torch.device("cuda", 0), 1234)(Buffer()) == ["capsule"]
     assert seen == [{"max_version": (1, 0), "stream": 1}, {"max_version": (1, 0), "stream": 1234}]
-
-    # A view is reused for a buffer at the address its argument position had in the previous call of as many
-    # buffers; a new address is wrapped anew (and then kept), other arities keep their own views.
-    views = _bridge._Views(torch.device("cuda", 0), 5)
-    seen.clear()
-    first = views(Buffer(16), Buffer(32))
-    assert first == ["view of 16", "view of 32"] and len(seen) == 2
-    again = views(Buffer(16), Buffer(32))
-    assert all(a is b for a, b in zip(again, first)) and len(seen) == 2
-    assert views(Buffer(16), Buffer(48)) == ["view of 16", "view of 48"] and len(seen) == 3
-    assert views(Buffer(32), Buffer(16)) == ["view of 32", "view of 16"] and len(seen) == 5  # positions, not sets
-    assert views(Buffer(16), Buffer(32), Buffer(64)) == ["view of 16", "view of 32", "view of 64"] and len(seen) == 8
-    assert views(Buffer(32), Buffer(16))[0] is not None and len(seen) == 8
 
 
 def test_mixed_float_operands_are_promoted_as_jax_does():
@@ -469,33 +449,3 @@ def test_stacked_group_sizes_of_the_wrong_shape_raise_shape_errors():
     dn = jax.lax.RaggedDotDimensionNumbers(dims, lr, rg)
     with pytest.raises(ragdot.ShapeError, match=r"expected shape \(G,\) or \(4, 3\)"):
         rj.ragged_dot_general(jnp.ones(lshape), jnp.ones(rshape), jnp.ones((5, 3), jnp.int32), dn)
-
-
-def test_a_repeated_forward_on_the_same_views_runs_its_fixed_launch(monkeypatch):
-    """`_Prepared.forward` on CUDA views: the first call launches and fixes its launch; the same tensors
-    again replay it; any other tensor takes the ordinary launch (and fixes that one)."""
-    from ragdot.jax import _bridge
-
-    log = []
-
-    class Launch:  # what forward_launch hands back for a Triton kernel: a call and its fixed form
-        def __call__(self, lhs, rhs, sizes, out):
-            log.append(("call", out))
-
-        def fixed(self, lhs, rhs, sizes, out):
-            return lambda: log.append(("replay", out))
-
-    launch = Launch()
-    monkeypatch.setattr(_bridge._Prepared, "forward_launch", lambda self, lhs, rhs: launch)
-    p = _bridge._Prepared(torch.device("cpu"), None)
-    p.views.cuda = True  # views of CUDA buffers repeat; CPU ones never do
-    out, other, lhs, rhs, sizes = (torch.zeros(2) for _ in range(5))
-    for target in (out, out, out, other, other, out):
-        p.forward(target, lhs, rhs, sizes)
-    assert [kind for kind, _ in log] == ["call", "replay", "replay", "call", "replay", "call"]
-    assert [t is want for (_, t), want in zip(log, (out, out, out, other, other, out))] == [True] * 6
-    cpu = _bridge._Prepared(torch.device("cpu"), None)  # CPU views are new tensors each call: never replayed
-    log.clear()
-    cpu.forward(out, lhs, rhs, sizes)
-    cpu.forward(out, lhs, rhs, sizes)
-    assert [kind for kind, _ in log] == ["call", "call"]

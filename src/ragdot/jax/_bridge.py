@@ -14,11 +14,8 @@ does the backward's for its products (bound separately from the PyTorch autograd
 
 What does not change between calls is bound at the first call on a device and stream (`_Prepared`: the
 stream switch, the DLPack arguments, the `_Call`, the forward launch for the current backend state), so a
-call is the DLPack views and the prepared launches; on CUDA, where XLA passes the same buffers as in the
-previous call (every turn of a loop, repeated calls on the same arrays), the views are the previous call's
-and the forward's Triton launch runs again with its arguments as they were fixed then. `PREPARED = False`
-runs the general path of every call (`forward_general`, `backward_general`): the same bits, kept to measure
-the difference.
+call is the DLPack views and the prepared launches. `PREPARED = False` runs the general path of every call
+(`forward_general`, `backward_general`): the same bits, kept to measure the difference.
 """
 
 from __future__ import annotations
@@ -100,52 +97,23 @@ class _Views:
     is XLA's own), then `torch._C._from_dlpack`. It skips `torch.from_dlpack`'s device and stream queries of
     every call (a whole `torch.from_dlpack` measured 1.1-1.4 µs a buffer on the CPU inside a callback,
     benchmarks/jax_host_profile.py). A producer that refuses these arguments (TypeError) gets
-    `torch.from_dlpack` from then on.
+    `torch.from_dlpack` from then on."""
 
-    On CUDA a view is also reused: each argument position of a call (per number of buffers: the forward's
-    and the backward's) keeps the view of its previous call with that buffer's address, read from
-    `__cuda_array_interface__`; a buffer at the same address gets the same view again (one signature fixes its
-    shape, dtype and dense layout, so the same address is the same tensor). XLA passes the same addresses
-    call after call wherever its buffer assignment repeats: every turn of a loop in one program, and the
-    operands of repeated calls on the same arrays. On the H200 (4 views, inside a jitted loop) the DLPack
-    views cost 14 µs of a 24 µs callback (`benchmarks/results/h200-program-clock-20261201/probes`)."""
-
-    __slots__ = ("kwargs", "plain", "cuda", "last")
+    __slots__ = ("kwargs", "plain")
 
     def __init__(self, device: torch.device, stream: int | None) -> None:
         self.kwargs: dict[str, Any] = {"max_version": (1, 0)}
-        self.cuda = device.type == "cuda"
-        if self.cuda:
+        if device.type == "cuda":
             self.kwargs["stream"] = 1 if stream == 0 else stream  # DLPack: 1 names CUDA's legacy default stream
         self.plain = False
-        self.last: dict[int, list[tuple[int, torch.Tensor]]] = {}  # number of buffers -> per position
 
     def __call__(self, *buffers: Any) -> list[torch.Tensor]:
-        if self.cuda:
-            return self._reused(buffers)
-        return [self._view(b) for b in buffers]
-
-    def _view(self, buffer: Any) -> torch.Tensor:
         if not self.plain:
             try:
-                return _from_capsule(buffer.__dlpack__(**self.kwargs))
+                return [_from_capsule(b.__dlpack__(**self.kwargs)) for b in buffers]
             except TypeError:
                 self.plain = True
-        return torch.from_dlpack(buffer)
-
-    def _reused(self, buffers: tuple) -> list[torch.Tensor]:
-        last = self.last.get(len(buffers))
-        if last is None:
-            last = self.last[len(buffers)] = [(-1, None)] * len(buffers)
-        views = []
-        for i, buffer in enumerate(buffers):
-            address = buffer.__cuda_array_interface__["data"][0]
-            known, view = last[i]
-            if address != known:
-                view = self._view(buffer)
-                last[i] = (address, view)
-            views.append(view)
-        return views
+        return [torch.from_dlpack(b) for b in buffers]
 
 
 _from_capsule = torch._C._from_dlpack
@@ -194,7 +162,7 @@ class _Prepared:
     backend choice depends on (`ops._state`: the tuning cache, TF32, graph capture; looked up again when it
     changes). The backward's bound products are the `_Call`'s own (`ragdot.grad_plan`)."""
 
-    __slots__ = ("stream", "views", "call", "batch", "state", "fwd", "last", "replay")
+    __slots__ = ("stream", "views", "call", "batch", "state", "fwd")
 
     def __init__(self, device: torch.device, stream: int | None) -> None:
         self.stream = _Stream(device, stream)
@@ -203,8 +171,6 @@ class _Prepared:
         self.batch = False
         self.state: tuple | None = None
         self.fwd: Any = None
-        self.last: tuple = ()  # the previous forward's tensors (views of XLA's buffers)
-        self.replay: Any = None  # that forward's launch with its arguments fixed (`Prepared.fixed`), or None
 
     def bind(self, bridge: Bridge, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor) -> _Call:
         call = self.call = bridge._call(lhs, rhs, sizes)
@@ -216,7 +182,7 @@ class _Prepared:
         backend reads only addresses, else ragdot's forward and one copy into it."""
         state = ops._state(lhs)
         if state != self.state:
-            self.state, self.fwd, self.last, self.replay = state, None, (), None
+            self.state, self.fwd = state, None
         if self.fwd is None:
             call = self.call
             runner = call._runner(lhs, rhs, into=True)
@@ -226,23 +192,6 @@ class _Prepared:
             else:
                 self.fwd = _copying(call, runner)
         return self.fwd
-
-
-    def forward(self, out: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None) -> None:
-        """out <- the forward. When every tensor is the previous call's own (`_Views` reuses a view for a
-        buffer at the same address, so the same objects mean the same buffers), the Triton launch of that
-        call runs again as it was fixed then (`Prepared.fixed`: descriptors and launcher arguments built
-        once); otherwise the prepared launch, whose fixed form is kept for the next call."""
-        launch = self.forward_launch(lhs, rhs)
-        tensors = (out, lhs, rhs, sizes)
-        last = self.last
-        if self.replay is not None and all(t is u for t, u in zip(tensors, last)):
-            self.replay()
-            return
-        launch(lhs, rhs, sizes, out)
-        fix = getattr(launch, "fixed", None)
-        if fix is not None and self.views.cuda:  # only CUDA views repeat (`_Views`)
-            self.last, self.replay = tensors, fix(lhs, rhs, sizes, out)
 
 
 def _copying(call: _Call, runner: ops.Runner) -> Any:
@@ -318,7 +267,7 @@ class Bridge:
                 sizes_t = None
             else:
                 out_t, lhs_t, rhs_t, sizes_t = p.views(out, lhs, rhs, sizes)
-            p.forward(out_t, lhs_t, rhs_t, None if p.batch else sizes_t)
+            p.forward_launch(lhs_t, rhs_t)(lhs_t, rhs_t, None if p.batch else sizes_t, out_t)
         finally:
             p.stream.exit(previous)
 

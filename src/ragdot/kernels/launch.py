@@ -16,7 +16,6 @@ yet, every call takes the ordinary path.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -189,38 +188,3 @@ class BoundLaunch:
             compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
                          *args, *self._tail)
         return compiled
-
-    def fixed(self, *args: Any) -> Callable[[], Any] | None:
-        """A zero-argument launch of exactly these arguments: their descriptors filled and the C launcher's
-        argument list built once, so a call is the launch alone (on the then current stream). For a caller
-        that passes the same buffers again and again (the JAX bridge, whose views of XLA's buffers repeat);
-        the tensors' storage must stay where it is while the launch is kept. None where only the ordinary
-        path applies: the interpreter, compile-only mode, no bound C launcher, or arguments whose pattern
-        was not launched yet (the first call goes through `__call__`). While a profiler listens, or on
-        another current device, the launch takes `__call__` with the same arguments."""
-        if not self._direct or configs._AOT_TARGET is not None or self._tensors is None:
-            return None
-        align = tuple((args[i].dtype, args[i].data_ptr() % 16 == 0) for i in self._tensors)
-        entry = self._compiled.get(align)
-        if entry is None or entry[1] is None:
-            return None
-        compiled, raw, descs = entry
-        launch, expanded = raw.launch, args
-        if descs is not None:
-            expanded = descs.expand(args)
-            if expanded is None:
-                return None
-            launch = descs.launch
-        head = (*self.grid,)
-        mid = (compiled.function, raw.launch_cooperative_grid, raw.launch_pdl, None, None, compiled.packed_metadata,
-               None, None, None, *expanded, *self._tail)
-        device, runtime, stream_of = self.device, knobs.runtime, torch._C._cuda_getCurrentRawStream
-
-        def run() -> Any:
-            if (runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls
-                    or torch.cuda.current_device() != device):
-                return self(*args)
-            launch(*head, stream_of(device), *mid)
-            return compiled
-
-        return run

@@ -19,9 +19,6 @@ Two schedules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
@@ -249,17 +246,6 @@ def schedule(groups: torch.Tensor, extent: int | None = None, scale: int = 1) ->
     integer dtype; `scale` rows per unit), and the result is [4, G] with the clamped ends in row 3.
     One launch of one program on the device; no host sync.
     """
-    sched = _schedule_buffer(groups, extent)
-    _schedule_launch(groups, extent, scale)(groups, sched, groups.shape[0], extent or 0, scale)
-    return sched
-
-
-def _schedule_buffer(groups: torch.Tensor, extent: int | None) -> torch.Tensor:
-    return torch.empty((3 if extent is None else 4, groups.shape[0]), dtype=torch.int32, device=groups.device)
-
-
-def _schedule_launch(groups: torch.Tensor, extent: int | None, scale: int) -> BoundLaunch:
-    """The bound ranking launch for `schedule`'s arguments (one per group count, input kind and extent)."""
     g = groups.shape[0]
     from_sizes = extent is not None
     key = (g, from_sizes, extent, scale, groups.device)
@@ -269,7 +255,9 @@ def _schedule_launch(groups: torch.Tensor, extent: int | None, scale: int) -> Bo
             _SCHEDULES.clear()
         consts = {"BLOCK_G": min(next_pow2(g), 128), "BLOCK_H": 32, "FROM_SIZES": from_sizes}
         launch = _SCHEDULES[key] = BoundLaunch(_schedule_kernel, (1,), consts, {"num_warps": 4}, groups.device)
-    return launch
+    sched = torch.empty((4 if from_sizes else 3, g), dtype=torch.int32, device=groups.device)
+    launch(groups, sched, g, extent or 0, scale)
+    return sched
 
 
 def longest_first(group_ends: torch.Tensor) -> torch.Tensor:
@@ -331,30 +319,6 @@ class Prepared:
         tma = self.tma and c.data_ptr() % 16 == 0
         c_desc = host_descriptor(c, *self.c_desc) if tma else None
         return c, self.launches[tma](a, b, c, c_desc, sched, *self.scalars)
-
-    def fixed(
-        self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor
-    ) -> Callable[[], Any] | None:
-        """The call `self(a, b, ends, out)` as a zero-argument launch of these very tensors (`BoundLaunch.fixed`)
-        after one ordinary call with them: the ranking launch into a schedule buffer of its own, then the
-        kernel. One caller on one stream (the buffer is reused by every launch, in stream order). None where
-        only the ordinary call applies."""
-        if self.empty or self.zero:
-            return None
-        sched = _schedule_buffer(ends, self.sizes_extent)
-        rank = _schedule_launch(ends, self.sizes_extent, self.scale).fixed(
-            ends, sched, ends.shape[0], self.sizes_extent or 0, self.scale)
-        tma = self.tma and out.data_ptr() % 16 == 0
-        c_desc = host_descriptor(out, *self.c_desc) if tma else None
-        product = self.launches[tma].fixed(a, b, out, c_desc, sched, *self.scalars)
-        if rank is None or product is None:
-            return None
-
-        def run() -> Any:
-            rank()
-            return product()
-
-        return run
 
 
 def launch(

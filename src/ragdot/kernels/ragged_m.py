@@ -21,9 +21,6 @@ reaches a result.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
@@ -374,19 +371,6 @@ class Prepared:
             b_desc = host_descriptor(b, *self.b_desc)
             return c, self.tma_launch(a_desc, b_desc, c, ends, *self.sizes)
         return c, self.ptr_launch(a, b, c, ends, *self.sizes[:4], self.scale, *self.strides, self.max_tiles)
-
-    def fixed(
-        self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor
-    ) -> Callable[[], Any] | None:
-        """The call `self(a, b, ends, out)` as a zero-argument launch of these very tensors (`BoundLaunch.fixed`;
-        for callers that pass the same buffers again), after one ordinary call with them; None where only
-        the ordinary call applies (also for problems with nothing to launch)."""
-        if self.empty or self.zero:
-            return None
-        if self.tma and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0:
-            a_desc, b_desc = host_descriptor(a, *self.a_desc), host_descriptor(b, *self.b_desc)
-            return self.tma_launch.fixed(a_desc, b_desc, out, ends, *self.sizes)
-        return self.ptr_launch.fixed(a, b, out, ends, *self.sizes[:4], self.scale, *self.strides, self.max_tiles)
 
 
 def launch(
