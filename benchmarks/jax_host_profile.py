@@ -23,6 +23,10 @@ the per-call time is the batch's wall time / calls (median of 5 batches; 3 in th
   wait time (equal when each call waits for its own work: no overlap), the time inside the callback, the
   gil rows (ragdot.jax only), and ragdot's PyTorch call of that shape (triton): host, eager (CUDA events)
   and device time.
+- program: the cost of one turn inside one jitted program of PROGRAM_TURNS turns (`ragdot.bench.xla.looped`,
+  the bench's program clock: a static loop, operands behind an optimization barrier) for jax.lax.ragged_dot,
+  an empty buffer_callback, the callback with its four DLPack views, and ragdot.jax.ragged_dot: what a call
+  costs the host where no dispatch is paid per call (the floor of ragdot.jax's program clock).
 - a cProfile of the forward callback (profile-<shape>.txt), collected on XLA's thread.
 
 Runs on the CPU (jax CPU build, `--cpu`, float32) and on a GPU (bfloat16). Writes host_profile.csv/json
@@ -52,6 +56,7 @@ PREPARED_DEFAULT = os.environ.get("RAGDOT_JAX_BRIDGE", "prepared") != "general"
 SWITCH_FAST = 1e-5  # seconds: the short switch interval of the gil section
 GIL_CALLS = 200  # at most this many calls per batch in the gil section
 LAX_SYNC_CALLS = 5  # jax.lax's calls per batch at the sync shape (XLA's default lowering is slow there)
+PROGRAM_TURNS = 100  # turns of the program section's loop
 COLUMNS = ("section", "what", "M", "K", "N", "G", "dtype", "us_per_call", "calls", "note")
 
 
@@ -200,10 +205,39 @@ def _operands(jax: Any, mkng: tuple[int, int, int, int], dt: Any) -> tuple[Any, 
     return x, w, jax.numpy.full((g,), m // g, jax.numpy.int32)
 
 
+def _empty(ctx: Any, out: Any, *args: Any) -> None:
+    """A buffer callback that does nothing."""
+
+
+def _wraps(ctx: Any, out: Any, *args: Any) -> None:
+    """A buffer callback that only views its buffers as torch tensors (what the bridge does before ragdot)."""
+    import torch
+
+    for buf in (out, *args):
+        torch.from_dlpack(buf)
+
+
+def _program(jax: Any, rows: _Rows, ops: tuple) -> None:
+    """One turn of a jitted PROGRAM_TURNS-turn loop (the program clock's program) per op."""
+    from jax.experimental.buffer_callback import buffer_callback
+
+    import ragdot.jax as rj
+    from ragdot.bench.xla import looped
+
+    x, w, _ = ops
+    struct = jax.ShapeDtypeStruct((x.shape[0], w.shape[2]), x.dtype)
+    for label, op in (("jax.lax.ragged_dot", jax.lax.ragged_dot), ("empty buffer_callback",
+                      buffer_callback(_empty, struct)), ("buffer_callback + 4 DLPack views",
+                      buffer_callback(_wraps, struct)), ("ragdot.jax.ragged_dot", rj.ragged_dot)):
+        program = looped(jax, op)
+        turns = lambda *a, program=program: program(*a, n=PROGRAM_TURNS)
+        rows.add("program", f"{label}, one turn of a {PROGRAM_TURNS}-turn jitted loop",
+                 _per_call_us(turns, ops, 1) / PROGRAM_TURNS)
+
+
 def _per_call(jax: Any, rows: _Rows, ops: tuple, calls: int) -> None:
     """Host time per jitted call: jax.lax, the empty and the DLPack-viewing callback, ragdot.jax before
     (general bridge) and after (prepared bridge), and both gradients."""
-    import torch
     from jax.experimental.buffer_callback import buffer_callback
 
     import ragdot.jax as rj
@@ -213,13 +247,9 @@ def _per_call(jax: Any, rows: _Rows, ops: tuple, calls: int) -> None:
     x, w, s = ops
     struct = jax.ShapeDtypeStruct((x.shape[0], w.shape[2]), x.dtype)
 
-    def wraps(ctx, o, *a):
-        for buf in (o, *a):
-            torch.from_dlpack(buf)
-
     lax_f, rj_f = jax.jit(jax.lax.ragged_dot), jax.jit(rj.ragged_dot)
-    empty = jax.jit(buffer_callback(lambda ctx, o, *a: None, struct))
-    wrapped = jax.jit(buffer_callback(wraps, struct))
+    empty = jax.jit(buffer_callback(_empty, struct))
+    wrapped = jax.jit(buffer_callback(_wraps, struct))
     rows.add("per_call", "jax.lax.ragged_dot (jit)", _per_call_us(lax_f, ops, calls))
     rows.add("per_call", "empty buffer_callback (jit)", _per_call_us(empty, ops, calls))
     rows.add("per_call", "buffer_callback + 4 DLPack views (jit)", _per_call_us(wrapped, ops, calls))
@@ -350,6 +380,7 @@ def measure_shape(jax: Any, mkng: tuple[int, int, int, int], cpu: bool, calls: i
     _per_call(jax, rows, ops, calls)
     _inside(jax, rows, ops, calls, out / f"profile-{'x'.join(map(str, mkng))}.txt")
     _dlpack_rows(jax, rows, ops)
+    _program(jax, rows, ops)
     if gil:
         _gil(jax, rows, ops, calls)
     return rows.rows

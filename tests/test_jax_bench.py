@@ -139,7 +139,9 @@ def test_host_profile_script_runs_every_section_on_the_cpu(tmp_path):
             "--sync-calls", "5"]
     assert module.main(argv) == 0
     rows = json.loads((tmp_path / "host_profile.json").read_text())["rows"]
-    assert {r["section"] for r in rows} == {"per_call", "inside", "gil", "sync"}
+    assert {r["section"] for r in rows} == {"per_call", "inside", "gil", "sync", "program"}
+    assert len([r for r in rows if r["section"] == "program"]) == 4 and all(
+        r["us_per_call"] > 0 for r in rows if r["section"] == "program")
     assert any("prepared bridge" in r["what"] for r in rows) and any("general bridge" in r["what"] for r in rows)
     assert (tmp_path / "profile-16x8x8x2.txt").read_text().startswith("cProfile")
     from ragdot.jax import _bridge

@@ -25,7 +25,7 @@ import torch
 from ragdot.bench.systems import Operands, System
 from ragdot.measure.classes import RaggedClass
 
-__all__ = ["XlaSystem", "xla_unavailable_reason", "import_jax"]
+__all__ = ["XlaSystem", "xla_unavailable_reason", "import_jax", "looped"]
 
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -59,6 +59,29 @@ def xla_unavailable_reason(device: torch.device) -> str | None:
     except Exception as exc:
         return f"jax has no {device.type} device ({exc})"
     return None
+
+
+def looped(jax: Any, op: Callable[..., Any]) -> Any:
+    """`op(lhs, rhs, sizes)` n times in one jitted program, called as `program(lhs, rhs, sizes, n=n)`: the
+    program clock's program (`ragdot.measure.timing`). Each turn passes the operands through an optimization
+    barrier, so XLA can hoist no part of a call out of the loop as loop-invariant (the weights' layout
+    changes, the group sizes' masks) nor fold the turns together; XLA may copy the loop-carried operands once
+    per program (spread over n calls).
+
+    n is static (one program per n; the timing uses one n per cell): XLA then knows the loop's trip count
+    and runs the turns back to back. A traced n made it read the loop predicate back to the host every turn,
+    a wait per call that serialised the host's work with the device's (H200, 4a19b62: ragdot.jax's program
+    clock at 0.70x of triton's graph time where its batch clock gave 0.84x)."""
+
+    def run(lhs: Any, rhs: Any, sizes: Any, n: int) -> Any:
+        def turn(_: Any, carry: tuple) -> tuple:
+            operands = jax.lax.optimization_barrier(carry[0])
+            return operands, op(*operands)
+
+        out = jax.eval_shape(op, lhs, rhs, sizes)
+        return jax.lax.fori_loop(0, n, turn, ((lhs, rhs, sizes), jax.numpy.zeros(out.shape, out.dtype)))[1]
+
+    return jax.jit(run, static_argnames="n")
 
 
 class XlaSystem(System):
@@ -128,29 +151,12 @@ class XlaSystem(System):
 
     def programs(self, cls: RaggedClass, sets: list[Operands], out_dtype: torch.dtype) -> list[Callable[[int], Any]]:
         """Per input set of the prepared cell, `program(n)`: one jitted program calling the op n times in a
-        loop. Each turn passes the operands through an optimization barrier, so XLA can hoist no part of a
-        call out of the loop as loop-invariant (the weights' layout changes, the group sizes' masks) nor fold
-        the turns together; XLA may copy the loop-carried operands once per program (spread over n calls).
-
-        n is static (one program per n; the timing uses one n per cell): XLA then knows the loop's trip count
-        and runs the turns back to back. A traced n made it read the loop predicate back to the host every
-        turn, a wait per call that serialised the host's work with the device's (H200, 4a19b62: ragdot.jax's
-        program clock 10-130% above its batch clock)."""
+        loop (`looped`)."""
         key = (cls.name, sets[0].lhs.dtype, out_dtype)
-        looped = self._looped.get(key)
-        if looped is None:
-            jax, op = self.jax, self._fn(cls, sets[0].lhs.dtype, out_dtype)
-
-            def run(lhs: Any, rhs: Any, sizes: Any, n: int) -> Any:
-                def turn(_: Any, carry: tuple) -> tuple:
-                    operands = jax.lax.optimization_barrier(carry[0])
-                    return operands, op(*operands)
-
-                out = jax.eval_shape(op, lhs, rhs, sizes)
-                return jax.lax.fori_loop(0, n, turn, ((lhs, rhs, sizes), jax.numpy.zeros(out.shape, out.dtype)))[1]
-
-            looped = self._looped[key] = self.jax.jit(run, static_argnames="n")
-        return [lambda n, a=args: looped(*a, n=n) for args in self._args]
+        program = self._looped.get(key)
+        if program is None:
+            program = self._looped[key] = looped(self.jax, self._fn(cls, sets[0].lhs.dtype, out_dtype))
+        return [lambda n, a=args: program(*a, n=n) for args in self._args]
 
     def to_torch(self, out: Any) -> torch.Tensor:
         out.block_until_ready()
