@@ -155,7 +155,14 @@ def _suites() -> dict[str, Suite]:
             Step("bench-models", (*RAGDOT, "bench-models", "--out", "{out}", "--budget", "270"), 330, tail=30),
         )),
         "jax": Suite("benchmarks/jax_gpu.py: ragdot.jax correctness, host time, profile and the bench cells", (
-            Step("jax", ("{py}", "benchmarks/jax_gpu.py", "--out", "{out}"), 480, tail=30),
+            Step("jax", ("{py}", "benchmarks/jax_gpu.py", "--out", "{out}", "--steps", "env", "check", "host",
+                         "profile", "--budget", "320"), 330, tail=30),
+            # the device-time target: ragdot-jax's program clock beside triton's graph clock (about 100 s)
+            Step("device", ("{py}", "benchmarks/jax_gpu.py", "--out", "{out}/device", "--steps", "bench",
+                            "--systems", "triton", "ragdot-jax", "--budget", "200"), 210, tail=12),
+            # against xla and tokamax (with tokamax on PYTHONPATH: about 420 s)
+            Step("peers", ("{py}", "benchmarks/jax_gpu.py", "--out", "{out}/peers", "--steps", "bench", "--budget",
+                           "470"), 480, tail=12),
             Step("cells", ("{py}", "benchmarks/jax_cell_probe.py", "--out", "{out}"), 120, tail=8),
             # tokamax, where benchmarks/tokamax_site.sh put it on PYTHONPATH (exit 2 and one line otherwise)
             Step("tokamax", ("{py}", "benchmarks/tokamax_check.py", "--out", "{out}/tokamax_check.jsonl"), 90,
