@@ -27,6 +27,10 @@ the per-call time is the batch's wall time / calls (median of 5 batches; 3 in th
   the bench's program clock: a static loop, operands behind an optimization barrier) for jax.lax.ragged_dot,
   an empty buffer_callback, the callback with its four DLPack views, and ragdot.jax.ragged_dot: what a call
   costs the host where no dispatch is paid per call (the floor of ragdot.jax's program clock).
+- ffi: an XLA FFI custom call whose C++ handler does nothing (`benchmarks/ffi_empty.cc`, built here with the C++
+  compiler in $CXX or on PATH and `jax.ffi.include_dir()`'s headers), jitted and as one turn of the program
+  section's loop: the host cost of a custom call with no Python in it, beside the empty buffer_callback's rows.
+  Without a compiler the section has one row saying so.
 - a cProfile of the forward callback (profile-<shape>.txt), collected on XLA's thread.
 
 Runs on the CPU (jax CPU build, `--cpu`, float32) and on a GPU (bfloat16). Writes host_profile.csv/json
@@ -41,6 +45,7 @@ import io
 import os
 import pstats
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -235,6 +240,58 @@ def _program(jax: Any, rows: _Rows, ops: tuple) -> None:
                  _per_call_us(turns, ops, 1) / PROGRAM_TURNS)
 
 
+FFI_TARGET = "ragdot_empty_call"
+
+
+def _ffi_empty(jax: Any, cpu: bool, build: Path) -> tuple[Callable[..., Any] | None, str]:
+    """The empty FFI call as `op(lhs, rhs, sizes)` (built into `build` and registered once), or (None, why)."""
+    import ctypes
+    import shutil
+
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        return None, "no C++ compiler (set CXX)"
+    library = build / "libragdot_ffi_empty.so"
+    if not library.exists():
+        command = [compiler, "-O2", "-shared", "-fPIC", "-std=c++17", f"-I{jax.ffi.include_dir()}",
+                   str(ROOT / "benchmarks" / "ffi_empty.cc"), "-o", str(library)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"build failed: {type(exc).__name__}: {exc}"[:200]
+        if done.returncode != 0:
+            last = done.stderr.strip().splitlines()[-1][:160] if done.stderr.strip() else f"exit {done.returncode}"
+            return None, f"build failed: {last}"
+    if FFI_TARGET not in _REGISTERED:
+        handler = ctypes.CDLL(str(library)).RagdotEmptyCall
+        jax.ffi.register_ffi_target(FFI_TARGET, jax.ffi.pycapsule(handler), platform="cpu" if cpu else "CUDA")
+        _REGISTERED.add(FFI_TARGET)
+
+    def op(lhs: Any, rhs: Any, sizes: Any) -> Any:
+        return jax.ffi.ffi_call(FFI_TARGET, jax.ShapeDtypeStruct((lhs.shape[0], rhs.shape[2]), lhs.dtype))(
+            lhs, rhs, sizes)
+
+    return op, ""
+
+
+_REGISTERED: set[str] = set()
+
+
+def _ffi(jax: Any, rows: _Rows, ops: tuple, calls: int, cpu: bool, build: Path) -> None:
+    """An empty FFI custom call: per jitted call and per turn of the program section's loop."""
+    from ragdot.bench.xla import looped
+
+    op, why = _ffi_empty(jax, cpu, build)
+    if op is None:
+        rows.add("ffi", "empty FFI custom call", None, why)
+        return
+    rows.add("ffi", "empty FFI custom call (jit)", _per_call_us(jax.jit(op), ops, calls))
+    program = looped(jax, op)
+    turns = lambda *a: program(*a, n=PROGRAM_TURNS)
+    rows.add("ffi", f"empty FFI custom call, one turn of a {PROGRAM_TURNS}-turn jitted loop",
+             _per_call_us(turns, ops, 1) / PROGRAM_TURNS)
+
+
 def _per_call(jax: Any, rows: _Rows, ops: tuple, calls: int) -> None:
     """Host time per jitted call: jax.lax, the empty and the DLPack-viewing callback, ragdot.jax before
     (general bridge) and after (prepared bridge), and both gradients."""
@@ -381,6 +438,7 @@ def measure_shape(jax: Any, mkng: tuple[int, int, int, int], cpu: bool, calls: i
     _inside(jax, rows, ops, calls, out / f"profile-{'x'.join(map(str, mkng))}.txt")
     _dlpack_rows(jax, rows, ops)
     _program(jax, rows, ops)
+    _ffi(jax, rows, ops, calls, cpu, out)
     if gil:
         _gil(jax, rows, ops, calls)
     return rows.rows

@@ -139,7 +139,10 @@ def test_host_profile_script_runs_every_section_on_the_cpu(tmp_path):
             "--sync-calls", "5"]
     assert module.main(argv) == 0
     rows = json.loads((tmp_path / "host_profile.json").read_text())["rows"]
-    assert {r["section"] for r in rows} == {"per_call", "inside", "gil", "sync", "program"}
+    assert {r["section"] for r in rows} == {"per_call", "inside", "gil", "sync", "program", "ffi"}
+    ffi = [r for r in rows if r["section"] == "ffi"]  # built where a C++ compiler is, else one row saying why
+    assert (len(ffi) == 2 and all(r["us_per_call"] > 0 for r in ffi)) or (
+        len(ffi) == 1 and ffi[0]["us_per_call"] is None and ffi[0]["note"])
     assert len([r for r in rows if r["section"] == "program"]) == 4 and all(
         r["us_per_call"] > 0 for r in rows if r["section"] == "program")
     assert any("prepared bridge" in r["what"] for r in rows) and any("general bridge" in r["what"] for r in rows)
