@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +15,7 @@ import torch
 pytest.importorskip("jax")
 pytest.importorskip("jax.experimental.buffer_callback")
 
+from helpers import bundled_ptxas  # noqa: E402
 from ragdot.bench.jax_system import RagdotJaxSystem, jax_system  # noqa: E402
 from ragdot.bench.systems import RAGDOT_JAX, TOKAMAX, Operands  # noqa: E402
 from ragdot.cli import main  # noqa: E402
@@ -150,3 +156,49 @@ def test_host_profile_script_runs_every_section_on_the_cpu(tmp_path):
     from ragdot.jax import _bridge
 
     assert _bridge.PREPARED  # restored after the before/after rows
+
+
+@pytest.mark.skipif(not bundled_ptxas() or shutil.which(os.environ.get("CC", "cc")) is None,
+                    reason="needs the ptxas bundled with Triton and a C compiler")
+def test_ffi_probe_builds_its_handler_for_a_kernel_compiled_without_a_gpu(tmp_path):
+    """benchmarks/jax_ffi_probe.py --cpu: the kernel compiled for sm_90, the handler generated and built."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the interpreter compiles nothing
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "jax_ffi_probe.py"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--cpu", "--shape", "256,64,64,8"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "ffi_probe.json").read_text())
+    assert report["built"] and (tmp_path / report["built"]).exists()
+    source = (tmp_path / "ffi_handler.c").read_text()
+    params = source[source.index("void* params[] = {"):].split("}", 1)[0]
+    # the four buffers in the kernel's order (a, b, c, ends), the integers that were not specialised, the scratch
+    assert params.split("{", 1)[1].split(", ")[:4] == ["&lhs", "&rhs", "&out", "&sizes"]
+    assert params.rstrip().endswith("&global_scratch, &profile_scratch")
+    assert "int32_t arg4 = 256;" in source  # M
+    _handler_answers_xla_on_the_cpu(tmp_path / report["built"])
+
+
+def _handler_answers_xla_on_the_cpu(library: Path) -> None:
+    """Registered for XLA's CPU platform, the handler answers the metadata query, decodes the call and returns
+    its errors as XLA errors (where no CUDA driver is: with one, it would launch a made-up kernel)."""
+    import ctypes
+
+    import jax
+    import jax.numpy as jnp
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        pass
+    else:
+        return
+    lib = ctypes.CDLL(str(library))
+    jax.ffi.register_ffi_target("ragdot_ffi_probe_test", jax.ffi.pycapsule(lib.ragdot_ffi_call), platform="cpu")
+    call = jax.jit(lambda a, b, c: jax.ffi.ffi_call("ragdot_ffi_probe_test", jax.ShapeDtypeStruct((8, 4), a.dtype))(
+        a, b, c))
+    operands = (jnp.ones((8, 2)), jnp.ones((2, 2, 4)), jnp.ones((2,), jnp.int32))
+    with pytest.raises(Exception, match="no kernel set"):
+        call(*operands).block_until_ready()
+    lib.ragdot_ffi_set_kernel(ctypes.c_uint64(1))
+    with pytest.raises(Exception, match="cuLaunchKernelEx not found"):
+        call(*operands).block_until_ready()
