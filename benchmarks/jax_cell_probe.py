@@ -42,7 +42,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 import ragdot  # noqa: E402
 import ragdot.jax as rj  # noqa: E402
 from ragdot.dimension_numbers import RaggedDotDimensionNumbers  # noqa: E402
-from ragdot.measure.host import time_host  # noqa: E402
+from ragdot.measure.host import async_us_per_call, time_host  # noqa: E402
 
 CPU = torch.device("cpu")  # the JAX calls' clock: the host's (their stream is XLA's)
 
@@ -50,14 +50,7 @@ CPU = torch.device("cpu")  # the JAX calls' clock: the host's (their stream is X
 def _per_call_us(fn, args_list, calls: int, batches: int = 5) -> float:
     """Host wall time per call of `calls` jitted calls rotating over `args_list`, ending in one wait
     (median of `batches` such batches, after warm-up calls)."""
-
-    def batch() -> None:
-        out = None
-        for i in range(calls):
-            out = fn(*args_list[i % len(args_list)])
-        out.block_until_ready()
-
-    return time_host(batch, CPU, calls=1, repeats=batches, warmup=2).host_us / calls
+    return async_us_per_call(fn, args_list, calls, repeats=batches, warmup=2)
 
 
 def _torch_us(call, calls: int) -> dict[str, float | None]:

@@ -17,7 +17,7 @@ The forward of `jax.lax.ragged_dot` (lhs [M, K], rhs [G, K, N], int32 group size
 3. Registered with `jax.ffi.register_ffi_target` (platform CUDA) and called with `jax.ffi.ffi_call` inside
    jit: its result against `jax.lax.ragged_dot`, then the host time per jitted call and per turn of a
    jitted 100-turn loop (`ragdot.bench.xla.looped`), beside ragdot.jax (buffer_callback) and jax.lax, on
-   the host clock (`ragdot.measure.host.time_host`: batches ending in one `block_until_ready`).
+   the host clock (`ragdot.measure.host.async_us_per_call`: batches ending in one `block_until_ready`).
 
 With --cpu, steps 1 and 2 only: the kernel compiled for sm_90 without a GPU (`ragdot.kernels.compile_only`,
 which needs the ptxas bundled with Triton and TRITON_INTERPRET unset) and the handler built, not run.
@@ -205,11 +205,9 @@ def _nerr(got: Any, want: Any) -> float:
 
 def run_gpu(mkng: tuple[int, int, int, int], library: Path, compiled: Any, calls: int) -> dict[str, Any]:
     """Register the handler, check it against jax.lax, time it beside ragdot.jax and jax.lax."""
-    import torch
-
     import ragdot.jax as rj
     from ragdot.bench.xla import import_jax, looped
-    from ragdot.measure.host import time_host
+    from ragdot.measure.host import async_us_per_call
 
     jax = import_jax()  # the environment of every ragdot JAX measurement (XLA capped at 0.30 of the GPU)
     jnp = jax.numpy
@@ -226,22 +224,12 @@ def run_gpu(mkng: tuple[int, int, int, int], library: Path, compiled: Any, calls
     ops = {"ffi (this probe)": ffi, "ragdot.jax.ragged_dot": rj.ragged_dot, "jax.lax.ragged_dot": jax.lax.ragged_dot}
     want = jax.jit(jax.lax.ragged_dot)(x, w, s)
     result: dict[str, Any] = {"check_vs_jax_lax": {name: _nerr(jax.jit(op)(x, w, s), want) for name, op in ops.items()}}
-    cpu = torch.device("cpu")  # the host clock: wall time around batches that end in block_until_ready
-
-    def per_call_us(fn: Any, args: tuple, count: int) -> float:
-        def batch() -> None:
-            for _ in range(count):
-                out = fn(*args)
-            out.block_until_ready()
-
-        return time_host(batch, cpu, calls=1, repeats=5, warmup=1).host_us / count
-
-    timing = {}
+    timing = {}  # the host clock: wall time around batches that end in block_until_ready
     for name, op in ops.items():
         program = looped(jax, op)
         timing[name] = {
-            "us_per_jitted_call": per_call_us(jax.jit(op), (x, w, s), calls),
-            "us_per_loop_turn": per_call_us(lambda *a, p=program: p(*a, n=TURNS), (x, w, s), 1) / TURNS,
+            "us_per_jitted_call": async_us_per_call(jax.jit(op), [(x, w, s)], calls),
+            "us_per_loop_turn": async_us_per_call(lambda *a, p=program: p(*a, n=TURNS), [(x, w, s)], 1) / TURNS,
         }
     result["host"] = timing
     return result

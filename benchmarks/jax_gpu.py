@@ -12,7 +12,9 @@ runs; the whole run stays within --budget seconds):
    M with a NaN tail, results chained inside one jitted program (the stream order), and whether the forward
    wrote XLA's output buffer in place (zero copy).
 3. host: host time per jitted call of ragdot.jax against a jitted jax.lax.ragged_dot of the same shapes
-   (small shapes, so the host dominates), plus an empty buffer_callback and ragdot's eager PyTorch call.
+   (small shapes, so the host dominates), plus an empty buffer_callback and ragdot's eager PyTorch call: the
+   JAX calls as batches ending in one wait, interleaved pass by pass, medians of 5 (before 2026-12-01's
+   last commits: the best of 5, one system after another).
 4. profile: benchmarks/jax_host_profile.py (where a call's host time goes: the bridge before and after its
    calls were prepared, the time inside the callback and on which thread, the DLPack views, the GIL
    hand-over under two switch intervals, and a large shape where the device dominates), under profile/.
@@ -279,38 +281,11 @@ def step_check(out: Path, cpu: bool) -> None:
 # -------------------------------------------------------------------------------------------------- host
 
 
-def _per_call_us(fn, args, calls: int, repeats: int = 5) -> float:
-    """Best of `repeats` of (wall time of `calls` back-to-back calls, then one wait) / calls."""
-    for _ in range(20):
-        fn(*args).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            result = fn(*args)
-        result.block_until_ready()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
-
-
-def _torch_per_call_us(fn, calls: int, repeats: int = 5) -> float:
-    import torch
-
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(20):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
-
-
 def _host_timings(jax, rj, ragdot, buffer_callback, torch, mkng, dt, tdt, dev, calls) -> dict[str, float]:
+    """Host µs per call: the JAX calls as batches ending in one wait, interleaved pass by pass (median of 5
+    passes each, `ragdot.measure.host`), and ragdot's eager PyTorch call (`time_host`)."""
+    from ragdot.measure.host import async_batch, time_host, time_host_interleaved
+
     jnp = jax.numpy
     m, k, n, g = mkng
     x, w = jnp.ones((m, k), dt), jnp.ones((g, k, n), dt)
@@ -324,18 +299,23 @@ def _host_timings(jax, rj, ragdot, buffer_callback, torch, mkng, dt, tdt, dev, c
     wraps = buffer_callback(wrap, jax.ShapeDtypeStruct((m, n), dt))
     tx, tw = torch.ones(m, k, dtype=tdt, device=dev), torch.ones(g, k, n, dtype=tdt, device=dev)
     ts = torch.full((g,), m // g, dtype=torch.int32, device=dev)
-    timings = {
-        "jax.lax.ragged_dot (jit)": _per_call_us(jax.jit(jax.lax.ragged_dot), (x, w, s), calls),
-        "empty buffer_callback (jit)": _per_call_us(jax.jit(noop), (x, w, s), calls),
-        "buffer_callback + 4 DLPack wraps (jit)": _per_call_us(jax.jit(wraps), (x, w, s), calls),
-        "ragdot.jax.ragged_dot (jit)": _per_call_us(jax.jit(rj.ragged_dot), (x, w, s), calls),
-        "ragdot.ragged_dot (torch eager)": _torch_per_call_us(lambda: ragdot.ragged_dot(tx, tw, ts), calls),
-    }
     grad_calls = max(calls // 4, 20)
     jg = jax.jit(jax.grad(lambda a, b: jax.lax.ragged_dot(a, b, s).astype(jnp.float32).sum(), (0, 1)))
     rg = jax.jit(jax.grad(lambda a, b: rj.ragged_dot(a, b, s).astype(jnp.float32).sum(), (0, 1)))
-    timings["grad jax.lax (jit)"] = _per_call_us(lambda a, b: jg(a, b)[1], (x, w), grad_calls)
-    timings["grad ragdot.jax (jit)"] = _per_call_us(lambda a, b: rg(a, b)[1], (x, w), grad_calls)
+    jobs = {  # name: (jitted function, its arguments, calls per batch)
+        "jax.lax.ragged_dot (jit)": (jax.jit(jax.lax.ragged_dot), (x, w, s), calls),
+        "empty buffer_callback (jit)": (jax.jit(noop), (x, w, s), calls),
+        "buffer_callback + 4 DLPack wraps (jit)": (jax.jit(wraps), (x, w, s), calls),
+        "ragdot.jax.ragged_dot (jit)": (jax.jit(rj.ragged_dot), (x, w, s), calls),
+        "grad jax.lax (jit)": (lambda a, b: jg(a, b)[1], (x, w), grad_calls),
+        "grad ragdot.jax (jit)": (lambda a, b: rg(a, b)[1], (x, w), grad_calls),
+    }
+    # the JAX batches interleaved pass by pass, so a slow phase of the host lands on all of them
+    batches = {name: async_batch(fn, [args], n) for name, (fn, args, n) in jobs.items()}
+    got = time_host_interleaved(batches, torch.device("cpu"), calls=1, repeats=5, warmup=2)
+    timings = {name: got[name].host_us / jobs[name][2] for name in jobs}
+    eager = time_host(lambda: ragdot.ragged_dot(tx, tw, ts), torch.device(dev), calls=calls, repeats=5, warmup=20)
+    timings["ragdot.ragged_dot (torch eager)"] = eager.host_us
     return timings
 
 

@@ -77,34 +77,11 @@ def _jax(cpu: bool) -> Any:
     return import_jax()
 
 
-def _batch(fn: Callable[..., Any], args: tuple, calls: int, wait: str = "block") -> Callable[[], None]:
-    """One timed unit: `calls` jitted calls back to back, then a wait ("block": block_until_ready; "spin": a
-    Python loop on is_ready(); "each": every call waited for in turn)."""
-
-    def run() -> None:
-        if wait == "each":
-            for _ in range(calls):
-                fn(*args).block_until_ready()
-            return
-        for _ in range(calls):
-            out = fn(*args)
-        leaf = out[-1] if isinstance(out, (tuple, list)) else out
-        if wait == "spin":
-            while not leaf.is_ready():
-                pass
-        leaf.block_until_ready()
-
-    return run
-
-
 def _per_call_us(fn: Callable[..., Any], args: tuple, calls: int, wait: str = "block", repeats: int = 5) -> float:
-    import torch
+    """Host µs per call of batches of `calls` calls on `args` ending in one wait (`async_us_per_call`)."""
+    from ragdot.measure.host import async_us_per_call
 
-    from ragdot.measure.host import time_host
-
-    run = _batch(fn, args, calls, wait)
-    timing = time_host(run, torch.device("cpu"), calls=1, repeats=repeats, warmup=1)
-    return timing.host_us / calls
+    return async_us_per_call(fn, [args], calls, repeats=repeats, wait=wait)
 
 
 class _Inside:
@@ -352,7 +329,9 @@ def _inside(jax: Any, rows: _Rows, ops: tuple, calls: int, profile: Path | None)
         rows.add("inside", "the same batch: dispatch and wait", total / calls * 1e6, "ending in block_until_ready")
         if profile is not None:
             inside.reset(profile=True)
-            _batch(rj_f, ops, calls)()
+            for _ in range(calls):
+                result = rj_f(*ops)
+            result.block_until_ready()
             profile.write_text(_profile_text(inside.profile, inside.count))
     finally:
         undo()

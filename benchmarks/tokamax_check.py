@@ -37,17 +37,9 @@ def _emit(row: dict, out) -> None:
 
 def _batch_seconds(call, calls: int) -> float:
     """Seconds per call of `calls` jitted calls ending in one wait, on the host clock (median of 3 batches)."""
-    import torch
+    from ragdot.measure.host import async_us_per_call
 
-    from ragdot.measure.host import time_host
-
-    def batch() -> None:
-        result = None
-        for _ in range(calls):
-            result = call()
-        result.block_until_ready()
-
-    return time_host(batch, torch.device("cpu"), calls=1, repeats=3, warmup=1).host_us / calls / 1e6
+    return async_us_per_call(call, [()], calls, repeats=3) / 1e6
 
 
 def forward(tokamax, out) -> None:

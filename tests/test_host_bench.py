@@ -196,3 +196,42 @@ def test_interleaved_passes_alternate_between_calls():
     assert set(timings) == {"a", "b"} and all(t.calls == 2 for t in timings.values())
     timed = order[2 * (1 + 2):]  # after each call's warm-up and pilot
     assert timed == ["a", "a", "b", "b"] * 3  # one pass of each per round
+
+
+def test_async_batches_rotate_their_arguments_and_wait_as_asked():
+    """`async_batch`: calls rotating over the argument sets, one wait for the last result ("block"), a spin on
+    is_ready() first ("spin"), or a wait after every call ("each"); bad arguments name themselves."""
+    from ragdot.measure.host import async_batch, async_us_per_call
+
+    log = []
+
+    class Result:
+        def __init__(self, tag):
+            self.tag, self.polls = tag, 0
+
+        def is_ready(self):
+            self.polls += 1
+            log.append(("poll", self.tag))
+            return self.polls > 2
+
+        def block_until_ready(self):
+            log.append(("wait", self.tag))
+            return self
+
+    def fn(tag):
+        log.append(("call", tag))
+        return Result(tag)
+
+    async_batch(fn, [("a",), ("b",)], 3)()
+    assert log == [("call", "a"), ("call", "b"), ("call", "a"), ("wait", "a")]
+    log.clear()
+    async_batch(fn, [("a",)], 2, wait="each")()
+    assert log == [("call", "a"), ("wait", "a"), ("call", "a"), ("wait", "a"), ("wait", "a")]
+    log.clear()
+    async_batch(fn, [("a",)], 1, wait="spin")()
+    assert log == [("call", "a"), ("poll", "a"), ("poll", "a"), ("poll", "a"), ("wait", "a")]
+    assert async_us_per_call(fn, [("a",)], 4, repeats=3) > 0
+    with pytest.raises(ValueError, match="wait"):
+        async_batch(fn, [("a",)], 1, wait="later")
+    with pytest.raises(ValueError, match="calls"):
+        async_batch(fn, [], 1)

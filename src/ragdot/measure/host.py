@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,8 @@ import torch
 
 from ragdot.measure.timing import synchronize
 
-__all__ = ["HostTiming", "time_host", "time_host_interleaved", "budgeted_calls", "chunk_sizes", "MIN_CALLS"]
+__all__ = ["HostTiming", "time_host", "time_host_interleaved", "async_batch", "async_us_per_call", "budgeted_calls",
+           "chunk_sizes", "MIN_CALLS"]
 
 MIN_CALLS = 10  # the time budget never cuts a pass below this many calls
 PILOT_CALLS = 10
@@ -157,3 +158,41 @@ def time_host_interleaved(
         device_us = None if None in held[name] else statistics.median(held[name])
         out[name] = HostTiming(host[name], counts[name], eager_us, device_us)
     return out
+
+
+def async_batch(
+    fn: Callable[..., Any], arg_sets: Sequence[tuple], calls: int, wait: str = "block"
+) -> Callable[[], None]:
+    """One timed unit of an asynchronous system (JAX: jitted functions, whose results have
+    `block_until_ready`): `calls` calls rotating over `arg_sets`, then one wait for the last result ("block":
+    `block_until_ready`; "spin": a Python loop on `is_ready()` first; "each": every call waited for in turn).
+    Time it with `time_host` / `time_host_interleaved` on the CPU device (its stream is not torch's) and
+    divide by `calls`."""
+    if wait not in ("block", "spin", "each"):
+        raise ValueError(f"wait must be 'block', 'spin' or 'each', got {wait!r}")
+    if calls < 1 or not arg_sets:
+        raise ValueError(f"calls must be >= 1 and arg_sets not empty, got calls={calls}, {len(arg_sets)} sets")
+
+    def batch() -> None:
+        out = None
+        for i in range(calls):
+            out = fn(*arg_sets[i % len(arg_sets)])
+            if wait == "each":
+                out.block_until_ready()
+        leaf = out[-1] if isinstance(out, (tuple, list)) else out
+        if wait == "spin":
+            while not leaf.is_ready():
+                pass
+        leaf.block_until_ready()
+
+    return batch
+
+
+def async_us_per_call(
+    fn: Callable[..., Any], arg_sets: Sequence[tuple], calls: int, *, repeats: int = 5, warmup: int = 1,
+    wait: str = "block",
+) -> float:
+    """Host µs per call of `async_batch(fn, arg_sets, calls, wait)`: the median of `repeats` batches on the
+    wall clock, after `warmup` batches."""
+    batch = async_batch(fn, arg_sets, calls, wait)
+    return time_host(batch, torch.device("cpu"), calls=1, repeats=repeats, warmup=warmup).host_us / calls
