@@ -5,15 +5,17 @@
 
 The forward of `jax.lax.ragged_dot` (lhs [M, K], rhs [G, K, N], int32 group sizes [G] -> [M, N], bf16):
 
-1. The kernel: ragdot's ragged_m pointer kernel for this one signature (`ragdot.kernels.ragged_m.Prepared`,
-   raw group sizes read in the kernel, rows past their sum written as zeros), with the heuristic's tiles
-   without TMA (TMA descriptors hold addresses and would have to be encoded in the handler per call),
-   launched once through torch, which compiles it.
-2. The handler: C source generated from the compiled kernel's signature (the four buffers' addresses for its
-   pointer parameters, the signature's integers as constants, Triton's two trailing scratch pointers as
-   null), built with the C compiler (`$CC`, else `cc`) against jaxlib's FFI C API header and the `cuda.h`
-   that ships with Triton; it answers XLA's metadata query, takes XLA's stream from the call frame and calls
-   `cuLaunchKernelEx` (looked up in libcuda.so.1 once) on the CUfunction Triton loaded.
+1. The kernels: ragdot's ragged_m kernel for this one signature as `triton` runs it (`ragdot.ops.runner`:
+   the tuned or heuristic config, raw group sizes read in the kernel, rows past their sum written as
+   zeros; with --cpu a persistent TMA config instead), and the same tiles on the pointer kernel (no TMA),
+   each launched once through torch, which compiles it.
+2. The handlers: C source generated from each compiled kernel's signature (the four buffers' addresses for
+   its pointer parameters; for each TMA descriptor, a tensor map encoded per call from its buffer's address
+   with `cuTensorMapEncodeTiled`, as Triton's launcher does, then its shape and strides; the signature's
+   integers as constants; Triton's two trailing scratch pointers as null), built with the C compiler (`$CC`,
+   else `cc`) against jaxlib's FFI C API header and the `cuda.h` that ships with Triton; a handler answers
+   XLA's metadata query, takes XLA's stream from the call frame and calls `cuLaunchKernelEx` (looked up in
+   libcuda.so.1 once) on the CUfunction Triton loaded.
 3. Registered with `jax.ffi.register_ffi_target` (platform CUDA) and called with `jax.ffi.ffi_call` inside
    jit: its result against `jax.lax.ragged_dot`, then the host time per jitted call and per turn of a
    jitted 100-turn loop (`ragdot.bench.xla.looped`), beside ragdot.jax (buffer_callback) and jax.lax, on
@@ -21,12 +23,13 @@ The forward of `jax.lax.ragged_dot` (lhs [M, K], rhs [G, K, N], int32 group size
 
 With --cpu, steps 1 and 2 only: the kernel compiled for sm_90 without a GPU (`ragdot.kernels.compile_only`,
 which needs the ptxas bundled with Triton and TRITON_INTERPRET unset) and the handler built, not run.
-Writes ffi_probe.json and the handler's source under --out. A probe: ragdot.jax itself is unchanged.
+Writes ffi_probe.json and the handlers' sources under --out. A probe: ragdot.jax itself is unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -55,7 +58,11 @@ _HANDLER = r"""
 #include "xla/ffi/api/c_api.h"
 
 typedef CUresult (*launch_fn)(const CUlaunchConfig*, CUfunction, void**, void**);
+typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 static launch_fn launch = NULL;
+static encode_fn encode = NULL;
 static CUfunction kernel = NULL;
 
 void ragdot_ffi_set_kernel(uint64_t function) { kernel = (CUfunction)function; }
@@ -77,8 +84,11 @@ XLA_FFI_Error* ragdot_ffi_call(XLA_FFI_CallFrame* frame) {
   if (kernel == NULL) return fail(frame->api, "ragdot ffi: no kernel set");
   if (launch == NULL) {
     void* cuda = dlopen("libcuda.so.1", RTLD_LAZY);
-    if (cuda != NULL) launch = (launch_fn)dlsym(cuda, "cuLaunchKernelEx");
-    if (launch == NULL) return fail(frame->api, "ragdot ffi: cuLaunchKernelEx not found");
+    if (cuda != NULL) {
+      encode = (encode_fn)dlsym(cuda, "cuTensorMapEncodeTiled");
+      launch = (launch_fn)dlsym(cuda, "cuLaunchKernelEx");
+    }
+    if (launch == NULL || encode == NULL) return fail(frame->api, "ragdot ffi: cuLaunchKernelEx not found");
   }
   XLA_FFI_Buffer** args = (XLA_FFI_Buffer**)frame->args.args;
   XLA_FFI_Buffer** rets = (XLA_FFI_Buffer**)frame->rets.rets;
@@ -121,38 +131,96 @@ def _shape(spec: str) -> tuple[int, int, int, int]:
     return m, k, n, g
 
 
-def _prepared(m: int, k: int, n: int, g: int, device: Any) -> tuple[Any, tuple, Any]:
-    """The kernel's prepared call, its first launch's tensors and the compiled kernel (torch operands)."""
+def _kernels(m: int, k: int, n: int, g: int, device: Any) -> dict[str, tuple[Any, tuple, Any]]:
+    """Per variant ("triton": the kernel ragdot's triton backend runs for this signature; "pointer": its tiles
+    without TMA), the prepared call, its first launch's tensors and the compiled kernel (torch operands)."""
     import torch
 
+    from ragdot import ops
     from ragdot.kernels import ragged_m as rm
-    from ragdot.kernels.configs import pick_config
+    from ragdot.kernels.configs import TileConfig
 
     bf = torch.bfloat16
-    cfg = dataclasses.replace(pick_config("ragged_m", m, k, n, g, bf), tma=False, flat=False)
     a = torch.randn(1, m, k, dtype=bf, device=device)
     b = torch.randn(1, g, k, n, dtype=bf, device=device) * k**-0.5
     sizes = torch.full((g,), m // g, dtype=torch.int32, device=device)
-    prepared = rm.Prepared(a, b, bf, cfg, from_sizes=True)
     out = torch.empty(1, m, n, dtype=bf, device=device)
-    _, compiled = prepared(a, b, sizes, out)
-    return prepared, (a, b, out, sizes), compiled
+    if device.type == "cuda":  # what ragdot's triton backend runs (tuned or heuristic config)
+        chosen = ops.runner("ragged_m", "triton", a, b, g, bf, 1, into=True).fn.prepared
+    else:  # compile-only: a persistent TMA config of the kind the H200 tune file ships, to build its descriptors
+        cfg = TileConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4, persistent=True,
+                         tma=True, flat=True)
+        chosen = rm.Prepared(a, b, bf, cfg, from_sizes=True)
+    pointer = rm.Prepared(a, b, bf, dataclasses.replace(chosen.cfg, tma=False, flat=False), from_sizes=True)
+    kernels = {}
+    for name, prepared in (("triton", chosen), ("pointer", pointer)):
+        _, compiled = prepared(a, b, sizes, out)
+        kernels[name] = (prepared, (a, b, out, sizes), compiled)
+    return kernels
+
+
+# Triton's host-side TMA element types differ from the device enum for 8-10 (its driver's TMA_DTYPE_DEVICE_TO_HOST)
+_TMA_HOST_TYPE = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
+
+
+def _descriptor(i: int, desc: Any, meta: dict, source: str) -> tuple[list[str], list[str]]:
+    """C declarations and launch parameters of one TMA descriptor argument: its tensor map encoded from the
+    buffer's address (as Triton's `fill_tma_descriptor`), then its shape (i32) and strides (i64)."""
+    if meta is None or meta.get("fp4_padded"):
+        raise NotImplementedError("a descriptor without TMA metadata (or fp4-padded): not handled by this probe")
+    shape, strides, block = list(desc.shape), list(desc.strides), list(meta["block_size"])
+    rank, elem = len(shape), meta["elem_size"]
+    dims = ", ".join(str(x) for x in reversed(shape))
+    steps = ", ".join(str(elem * strides[j]) for j in reversed(range(rank - 1)))
+    box = ", ".join(str(x) for x in reversed(block))
+    fill = "CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA" if desc.padding == "nan" else \
+        "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"
+    decls = [
+        f"  CUtensorMap map{i} __attribute__((aligned(64)));",
+        "  {",
+        f"    const cuuint64_t dims[] = {{{dims}}};",
+        f"    const cuuint64_t strides[] = {{{steps or 0}}};",
+        f"    const cuuint32_t box[] = {{{box}}};",
+        "    const cuuint32_t unit[] = {1, 1, 1, 1, 1};",
+        f"    if (encode(&map{i}, (CUtensorMapDataType){_TMA_HOST_TYPE[meta['elem_type']]}, {rank},",
+        f"               (void*){source}, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,",
+        f"               (CUtensorMapSwizzle){meta['swizzle']}, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, {fill})",
+        "        != CUDA_SUCCESS)",
+        '      return fail(frame->api, "ragdot ffi: cuTensorMapEncodeTiled failed");',
+        "  }",
+        *(f"  int32_t map{i}_dim{j} = {v};" for j, v in enumerate(shape)),
+        *(f"  int64_t map{i}_stride{j} = {v};" for j, v in enumerate(strides)),
+    ]
+    params = [f"&map{i}", *(f"&map{i}_dim{j}" for j in range(rank)), *(f"&map{i}_stride{j}" for j in range(rank))]
+    return decls, params
 
 
 def handler_source(prepared: Any, tensors: tuple, compiled: Any) -> str:
-    """The C handler for the compiled pointer kernel of `prepared` (first call's tensors: a, b, out, sizes)."""
+    """The C handler for the compiled kernel of `prepared` (its first call's tensors: a, b, out, sizes)."""
+    from ragdot.kernels.configs import host_descriptor
+
     a, b, out, sizes = tensors
-    launch = prepared.ptr_launch
-    values = [a, b, out, sizes, *prepared.sizes[:4], prepared.scale, *prepared.strides, prepared.max_tiles]
     sources = {id(a): "lhs", id(b): "rhs", id(out): "out", id(sizes): "sizes"}
+    if prepared.tma:
+        launch = prepared.tma_launch
+        a_desc, b_desc = host_descriptor(a, *prepared.a_desc), host_descriptor(b, *prepared.b_desc)
+        values = [a_desc, b_desc, out, sizes, *prepared.sizes]
+    else:
+        launch = prepared.ptr_launch
+        values = [a, b, out, sizes, *prepared.sizes[:4], prepared.scale, *prepared.strides, prepared.max_tiles]
     names = list(compiled.src.fn.arg_names)[:len(values)]
     signature = compiled.src.signature
+    metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or [])
     decls, params = [], []
     for i, (name, value) in enumerate(zip(names, values)):
         kind = signature[name]
         if kind == "constexpr":  # a specialised integer (1): compiled in, not passed
             continue
-        if kind.startswith("*"):
+        if kind.startswith("tensordesc"):
+            more_decls, more_params = _descriptor(i, value, metas.pop(0) if metas else None, sources[id(value.base)])
+            decls += more_decls
+            params += more_params
+        elif kind.startswith("*"):
             params.append(f"&{sources[id(value)]}")
         else:
             decls.append(f"  {C_TYPES[kind]} arg{i} = {int(value)};")
@@ -160,11 +228,10 @@ def handler_source(prepared: Any, tensors: tuple, compiled: Any) -> str:
     meta = compiled.metadata
     if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
         raise NotImplementedError("the kernel needs scratch memory: not handled by this probe")
-    num_ctas = getattr(meta, "num_ctas", 1)
-    if num_ctas != 1:
+    if getattr(meta, "num_ctas", 1) != 1:
         raise NotImplementedError("cluster launches are not handled by this probe")
     fields = {
-        "KERNEL": compiled.name if hasattr(compiled, "name") else launch.kernel.__name__,
+        "KERNEL": launch.kernel.__name__,
         "DECLS": "\n".join(decls), "PARAMS": ", ".join([*params, "&global_scratch", "&profile_scratch"]),
         "PDL": str(int(bool(getattr(meta, "launch_pdl", False)))),
         "COOPERATIVE": str(int(bool(getattr(meta, "launch_cooperative_grid", False)))),
@@ -177,7 +244,7 @@ def handler_source(prepared: Any, tensors: tuple, compiled: Any) -> str:
     return text
 
 
-def build(source: str, out: Path) -> Path:
+def build(name: str, source: str, out: Path) -> Path:
     """The handler's shared library (C compiler: $CC, else cc): jaxlib's FFI header, Triton's cuda.h."""
     import jax
     import triton
@@ -186,13 +253,14 @@ def build(source: str, out: Path) -> Path:
     if compiler is None:
         raise RuntimeError("no C compiler (set CC)")
     cuda_include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
-    (out / "ffi_handler.c").write_text(source)
-    library = out / "libragdot_ffi_probe.so"
+    path = out / f"ffi_handler_{name}.c"
+    path.write_text(source)
+    library = out / f"libragdot_ffi_{name}.so"
     command = [compiler, "-O2", "-shared", "-fPIC", "-std=c11", f"-I{jax.ffi.include_dir()}", f"-I{cuda_include}",
-               str(out / "ffi_handler.c"), "-o", str(library), "-ldl"]
+               str(path), "-o", str(library), "-ldl"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
-        raise RuntimeError(f"the handler did not build: {done.stderr.strip()[-600:]}")
+        raise RuntimeError(f"the {name} handler did not build: {done.stderr.strip()[-600:]}")
     return library
 
 
@@ -203,25 +271,29 @@ def _nerr(got: Any, want: Any) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
-def run_gpu(mkng: tuple[int, int, int, int], library: Path, compiled: Any, calls: int) -> dict[str, Any]:
-    """Register the handler, check it against jax.lax, time it beside ragdot.jax and jax.lax."""
+def run_gpu(mkng: tuple[int, int, int, int], handlers: dict[str, tuple[Path, Any]], calls: int) -> dict[str, Any]:
+    """Register the handlers (name: library, compiled kernel), check them against jax.lax, time them beside
+    ragdot.jax and jax.lax."""
     import ragdot.jax as rj
     from ragdot.bench.xla import import_jax, looped
     from ragdot.measure.host import async_us_per_call
 
     jax = import_jax()  # the environment of every ragdot JAX measurement (XLA capped at 0.30 of the GPU)
     jnp = jax.numpy
-
-    lib = ctypes.CDLL(str(library))
-    lib.ragdot_ffi_set_kernel(ctypes.c_uint64(int(compiled.function)))
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ragdot_ffi_call), platform="CUDA")
     m, k, n, g = mkng
+    ops: dict[str, Any] = {}
+    for name, (library, compiled) in handlers.items():
+        lib = ctypes.CDLL(str(library))
+        lib.ragdot_ffi_set_kernel(ctypes.c_uint64(int(compiled.function)))
+        target = f"{TARGET}_{name}"
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.ragdot_ffi_call), platform="CUDA")
+        ops[f"ffi, {name} kernel"] = lambda a, b, c, t=target: jax.ffi.ffi_call(
+            t, jax.ShapeDtypeStruct((m, n), jnp.bfloat16))(a, b, c)
+    ops.update({"ragdot.jax.ragged_dot": rj.ragged_dot, "jax.lax.ragged_dot": jax.lax.ragged_dot})
     kx, kw = jax.random.split(jax.random.PRNGKey(0))
     x = jax.random.normal(kx, (m, k), jnp.bfloat16)
     w = (jax.random.normal(kw, (g, k, n), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
     s = jnp.full((g,), m // g, jnp.int32).at[0].add(-(m // g) // 2)  # rows past sum(group_sizes): zero
-    ffi = lambda a, b, c: jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((m, n), jnp.bfloat16))(a, b, c)
-    ops = {"ffi (this probe)": ffi, "ragdot.jax.ragged_dot": rj.ragged_dot, "jax.lax.ragged_dot": jax.lax.ragged_dot}
     want = jax.jit(jax.lax.ragged_dot)(x, w, s)
     result: dict[str, Any] = {"check_vs_jax_lax": {name: _nerr(jax.jit(op)(x, w, s), want) for name, op in ops.items()}}
     timing = {}  # the host clock: wall time around batches that end in block_until_ready
@@ -237,33 +309,31 @@ def run_gpu(mkng: tuple[int, int, int, int], library: Path, compiled: Any, calls
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="folder for ffi_probe.json and the handler")
+    parser.add_argument("--out", type=Path, required=True, help="folder for ffi_probe.json and the handlers")
     parser.add_argument("--shape", default="5120,512,512,256", help="M,K,N,G (default deepseek3-test's)")
     parser.add_argument("--calls", type=int, default=1000, help="jitted calls per timed batch")
-    parser.add_argument("--cpu", action="store_true", help="build only: the kernel compiled for sm_90, no GPU")
+    parser.add_argument("--cpu", action="store_true", help="build only: the kernels compiled for sm_90, no GPU")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     mkng = _shape(args.shape)
-    report: dict[str, Any] = {"shape": list(mkng), "cpu": args.cpu}
-    if args.cpu:
-        import torch
+    report: dict[str, Any] = {"shape": list(mkng), "cpu": args.cpu, "kernels": {}}
+    import torch
 
-        from ragdot.kernels import compile_only
+    from ragdot.kernels import compile_only
 
-        with compile_only(90):
-            prepared, tensors, compiled = _prepared(*mkng, torch.device("cpu"))
-            source = handler_source(prepared, tensors, compiled)
-    else:
-        import torch
-
-        prepared, tensors, compiled = _prepared(*mkng, torch.device("cuda"))
-        source = handler_source(prepared, tensors, compiled)
-    library = build(source, args.out)
-    report["built"] = library.name
-    report["kernel"] = {"grid": list(prepared.ptr_launch.grid), "num_warps": compiled.metadata.num_warps,
-                        "shared": compiled.metadata.shared, "config": prepared.cfg.short()}
+    with compile_only(90) if args.cpu else contextlib.nullcontext():
+        kernels = _kernels(*mkng, torch.device("cpu" if args.cpu else "cuda"))
+        sources = {name: handler_source(*kernel) for name, kernel in kernels.items()}
+    handlers = {}
+    for name, (prepared, _, compiled) in kernels.items():
+        library = build(name, sources[name], args.out)
+        handlers[name] = (library, compiled)
+        launch = prepared.tma_launch if prepared.tma else prepared.ptr_launch
+        report["kernels"][name] = {"kernel": launch.kernel.__name__, "config": prepared.cfg.short(),
+                                   "grid": list(launch.grid), "num_warps": compiled.metadata.num_warps,
+                                   "shared": compiled.metadata.shared, "built": library.name}
     if not args.cpu:
-        report.update(run_gpu(mkng, library, compiled, args.calls))
+        report.update(run_gpu(mkng, handlers, args.calls))
     (args.out / "ffi_probe.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     return 0

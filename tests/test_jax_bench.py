@@ -167,15 +167,25 @@ def test_ffi_probe_builds_its_handler_for_a_kernel_compiled_without_a_gpu(tmp_pa
     proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--cpu", "--shape", "256,64,64,8"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "ffi_probe.json").read_text())
-    assert report["built"] and (tmp_path / report["built"]).exists()
-    source = (tmp_path / "ffi_handler.c").read_text()
-    params = source[source.index("void* params[] = {"):].split("}", 1)[0]
+    kernels = json.loads((tmp_path / "ffi_probe.json").read_text())["kernels"]
+    assert kernels["triton"]["kernel"] == "ragged_m_tma_flat_kernel"
+    assert kernels["pointer"]["kernel"] == "ragged_m_kernel"
+    assert all((tmp_path / k["built"]).exists() for k in kernels.values())
+
+    def params(name):
+        source = (tmp_path / f"ffi_handler_{name}.c").read_text()
+        return source, source[source.index("void* params[] = {"):].split("}", 1)[0].split("{", 1)[1].split(", ")
+
+    source, pointer = params("pointer")
     # the four buffers in the kernel's order (a, b, c, ends), the integers that were not specialised, the scratch
-    assert params.split("{", 1)[1].split(", ")[:4] == ["&lhs", "&rhs", "&out", "&sizes"]
-    assert params.rstrip().endswith("&global_scratch, &profile_scratch")
+    assert pointer[:4] == ["&lhs", "&rhs", "&out", "&sizes"] and pointer[-2:] == ["&global_scratch", "&profile_scratch"]
     assert "int32_t arg4 = 256;" in source  # M
-    _handler_answers_xla_on_the_cpu(tmp_path / report["built"])
+    source, tma = params("triton")
+    # per descriptor (lhs [1, M, K], rhs [1, G, K, N]): its tensor map, encoded from the buffer per call, then
+    # its shape and strides; then c and the group sizes
+    assert tma[0] == "&map0" and tma[7] == "&map1" and tma[16:18] == ["&out", "&sizes"]
+    assert "(void*)lhs" in source and "(void*)rhs" in source and "const cuuint64_t dims[] = {64, 256, 1};" in source
+    _handler_answers_xla_on_the_cpu(tmp_path / kernels["pointer"]["built"])
 
 
 def _handler_answers_xla_on_the_cpu(library: Path) -> None:
