@@ -18,7 +18,7 @@ The forward of `jax.lax.ragged_dot` (lhs [M, K], rhs [G, K, N], int32 group size
    libcuda.so.1 once) on the CUfunction Triton loaded.
 3. Registered with `jax.ffi.register_ffi_target` (platform CUDA) and called with `jax.ffi.ffi_call` inside
    jit: its result against `jax.lax.ragged_dot`, then the host time per jitted call and per turn of a
-   jitted 100-turn loop (`ragdot.bench.xla.looped`), beside ragdot.jax (buffer_callback) and jax.lax, on
+   jitted 100-turn loop (`ragdot.bench.xla.us_per_turn`), beside ragdot.jax (buffer_callback) and jax.lax, on
    the host clock (`ragdot.measure.host.async_us_per_call`: batches ending in one `block_until_ready`).
 
 With --cpu, steps 1 and 2 only: the kernel compiled for sm_90 without a GPU (`ragdot.kernels.compile_only`,
@@ -45,7 +45,6 @@ if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
 TARGET = "ragdot_ffi_ragged_m"
-TURNS = 100  # turns of the timed loop
 C_TYPES = {"i1": "int8_t", "i8": "int8_t", "i16": "int16_t", "i32": "int32_t", "i64": "int64_t",
            "u1": "uint8_t", "u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "u64": "uint64_t"}
 
@@ -275,7 +274,7 @@ def run_gpu(mkng: tuple[int, int, int, int], handlers: dict[str, tuple[Path, Any
     """Register the handlers (name: library, compiled kernel), check them against jax.lax, time them beside
     ragdot.jax and jax.lax."""
     import ragdot.jax as rj
-    from ragdot.bench.xla import import_jax, looped
+    from ragdot.bench.xla import import_jax, us_per_turn
     from ragdot.measure.host import async_us_per_call
 
     jax = import_jax()  # the environment of every ragdot JAX measurement (XLA capped at 0.30 of the GPU)
@@ -298,11 +297,8 @@ def run_gpu(mkng: tuple[int, int, int, int], handlers: dict[str, tuple[Path, Any
     result: dict[str, Any] = {"check_vs_jax_lax": {name: _nerr(jax.jit(op)(x, w, s), want) for name, op in ops.items()}}
     timing = {}  # the host clock: wall time around batches that end in block_until_ready
     for name, op in ops.items():
-        program = looped(jax, op)
-        timing[name] = {
-            "us_per_jitted_call": async_us_per_call(jax.jit(op), [(x, w, s)], calls),
-            "us_per_loop_turn": async_us_per_call(lambda *a, p=program: p(*a, n=TURNS), [(x, w, s)], 1) / TURNS,
-        }
+        timing[name] = {"us_per_jitted_call": async_us_per_call(jax.jit(op), [(x, w, s)], calls),
+                        "us_per_loop_turn": us_per_turn(jax, op, (x, w, s))}
     result["host"] = timing
     return result
 

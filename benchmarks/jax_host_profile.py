@@ -23,7 +23,7 @@ the per-call time is the batch's wall time / calls (median of 5 batches; 3 in th
   wait time (equal when each call waits for its own work: no overlap), the time inside the callback, the
   gil rows (ragdot.jax only), and ragdot's PyTorch call of that shape (triton): host, eager (CUDA events)
   and device time.
-- program: the cost of one turn inside one jitted program of PROGRAM_TURNS turns (`ragdot.bench.xla.looped`,
+- program: the cost of one turn inside one jitted program of 100 turns (`ragdot.bench.xla.us_per_turn`,
   the bench's program clock: a static loop, operands behind an optimization barrier) for jax.lax.ragged_dot,
   an empty buffer_callback, the callback with its four DLPack views, and ragdot.jax.ragged_dot: what a call
   costs the host where no dispatch is paid per call (the floor of ragdot.jax's program clock).
@@ -61,7 +61,6 @@ PREPARED_DEFAULT = os.environ.get("RAGDOT_JAX_BRIDGE", "prepared") != "general"
 SWITCH_FAST = 1e-5  # seconds: the short switch interval of the gil section
 GIL_CALLS = 200  # at most this many calls per batch in the gil section
 LAX_SYNC_CALLS = 5  # jax.lax's calls per batch at the sync shape (XLA's default lowering is slow there)
-PROGRAM_TURNS = 100  # turns of the program section's loop
 COLUMNS = ("section", "what", "M", "K", "N", "G", "dtype", "us_per_call", "calls", "note")
 
 
@@ -200,21 +199,18 @@ def _wraps(ctx: Any, out: Any, *args: Any) -> None:
 
 
 def _program(jax: Any, rows: _Rows, ops: tuple) -> None:
-    """One turn of a jitted PROGRAM_TURNS-turn loop (the program clock's program) per op."""
+    """One turn of a jitted 100-turn loop (the program clock's program) per op."""
     from jax.experimental.buffer_callback import buffer_callback
 
     import ragdot.jax as rj
-    from ragdot.bench.xla import looped
+    from ragdot.bench.xla import PROGRAM_TURNS, us_per_turn
 
     x, w, _ = ops
     struct = jax.ShapeDtypeStruct((x.shape[0], w.shape[2]), x.dtype)
     for label, op in (("jax.lax.ragged_dot", jax.lax.ragged_dot), ("empty buffer_callback",
                       buffer_callback(_empty, struct)), ("buffer_callback + 4 DLPack views",
                       buffer_callback(_wraps, struct)), ("ragdot.jax.ragged_dot", rj.ragged_dot)):
-        program = looped(jax, op)
-        turns = lambda *a, program=program: program(*a, n=PROGRAM_TURNS)
-        rows.add("program", f"{label}, one turn of a {PROGRAM_TURNS}-turn jitted loop",
-                 _per_call_us(turns, ops, 1) / PROGRAM_TURNS)
+        rows.add("program", f"{label}, one turn of a {PROGRAM_TURNS}-turn jitted loop", us_per_turn(jax, op, ops))
 
 
 FFI_TARGET = "ragdot_empty_call"
@@ -256,17 +252,14 @@ _REGISTERED: set[str] = set()
 
 def _ffi(jax: Any, rows: _Rows, ops: tuple, calls: int, cpu: bool, build: Path) -> None:
     """An empty FFI custom call: per jitted call and per turn of the program section's loop."""
-    from ragdot.bench.xla import looped
+    from ragdot.bench.xla import PROGRAM_TURNS, us_per_turn
 
     op, why = _ffi_empty(jax, cpu, build)
     if op is None:
         rows.add("ffi", "empty FFI custom call", None, why)
         return
     rows.add("ffi", "empty FFI custom call (jit)", _per_call_us(jax.jit(op), ops, calls))
-    program = looped(jax, op)
-    turns = lambda *a: program(*a, n=PROGRAM_TURNS)
-    rows.add("ffi", f"empty FFI custom call, one turn of a {PROGRAM_TURNS}-turn jitted loop",
-             _per_call_us(turns, ops, 1) / PROGRAM_TURNS)
+    rows.add("ffi", f"empty FFI custom call, one turn of a {PROGRAM_TURNS}-turn jitted loop", us_per_turn(jax, op, ops))
 
 
 def _per_call(jax: Any, rows: _Rows, ops: tuple, calls: int) -> None:

@@ -25,7 +25,7 @@ import torch
 from ragdot.bench.systems import Operands, System
 from ragdot.measure.classes import RaggedClass
 
-__all__ = ["XlaSystem", "xla_unavailable_reason", "import_jax", "looped"]
+__all__ = ["XlaSystem", "xla_unavailable_reason", "import_jax", "looped", "us_per_turn", "PROGRAM_TURNS"]
 
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -82,6 +82,19 @@ def looped(jax: Any, op: Callable[..., Any]) -> Any:
         return jax.lax.fori_loop(0, n, turn, ((lhs, rhs, sizes), jax.numpy.zeros(out.shape, out.dtype)))[1]
 
     return jax.jit(run, static_argnames="n")
+
+
+PROGRAM_TURNS = 100  # turns of the probes' loops (`us_per_turn`)
+
+
+def us_per_turn(jax: Any, op: Callable[..., Any], args: tuple, turns: int = PROGRAM_TURNS) -> float:
+    """Host µs per turn of `looped(jax, op)` run `turns` turns on `args`: one program per sample, ending in one
+    wait, median of 5 (`ragdot.measure.host.async_us_per_call`). Where the device keeps up, the host work of one
+    call made inside a jitted program, with no dispatch per call."""
+    from ragdot.measure.host import async_us_per_call
+
+    program = looped(jax, op)
+    return async_us_per_call(lambda *a: program(*a, n=turns), [args], 1) / turns
 
 
 class XlaSystem(System):
