@@ -114,6 +114,10 @@ def step_env(out: Path, cpu: bool) -> None:
     x = jax.numpy.ones((4,), jax.numpy.float32)
     jax.jit(lambda v: buffer_callback(probe, jax.ShapeDtypeStruct(v.shape, v.dtype))(v))(x).block_until_ready()
     info["callback_context"] = seen
+    _setup_path()
+    from ragdot.jax import _ffi
+
+    info["ragdot_jax_bridge"] = "ffi" if _ffi.available() else f"buffer_callback ({_ffi.reason()})"
     _write_json(out / "env.json", info)
     print(json.dumps(info, indent=2, default=str))
 
@@ -302,13 +306,20 @@ def _host_timings(jax, rj, ragdot, buffer_callback, torch, mkng, dt, tdt, dev, c
     grad_calls = max(calls // 4, 20)
     jg = jax.jit(jax.grad(lambda a, b: jax.lax.ragged_dot(a, b, s).astype(jnp.float32).sum(), (0, 1)))
     rg = jax.jit(jax.grad(lambda a, b: rj.ragged_dot(a, b, s).astype(jnp.float32).sum(), (0, 1)))
+    # ragdot.jax on the buffer-callback bridge beside its default (the FFI custom call): traced with
+    # RAGDOT_JAX_BRIDGE=callback (the bridge is chosen when a call is traced)
+    cf = _traced_with(jax, "callback", jax.jit(lambda a, b, c: rj.ragged_dot(a, b, c)), (x, w, s))
+    cg = _traced_with(jax, "callback", jax.jit(jax.grad(
+        lambda a, b: rj.ragged_dot(a, b, s).astype(jnp.float32).sum(), (0, 1))), (x, w))
     jobs = {  # name: (jitted function, its arguments, calls per batch)
         "jax.lax.ragged_dot (jit)": (jax.jit(jax.lax.ragged_dot), (x, w, s), calls),
         "empty buffer_callback (jit)": (jax.jit(noop), (x, w, s), calls),
         "buffer_callback + 4 DLPack wraps (jit)": (jax.jit(wraps), (x, w, s), calls),
         "ragdot.jax.ragged_dot (jit)": (jax.jit(rj.ragged_dot), (x, w, s), calls),
+        "ragdot.jax.ragged_dot, buffer_callback bridge (jit)": (cf, (x, w, s), calls),
         "grad jax.lax (jit)": (lambda a, b: jg(a, b)[1], (x, w), grad_calls),
         "grad ragdot.jax (jit)": (lambda a, b: rg(a, b)[1], (x, w), grad_calls),
+        "grad ragdot.jax, buffer_callback bridge (jit)": (lambda a, b: cg(a, b)[1], (x, w), grad_calls),
     }
     # the JAX batches interleaved pass by pass, so a slow phase of the host lands on all of them
     batches = {name: async_batch(fn, [args], n) for name, (fn, args, n) in jobs.items()}
@@ -317,6 +328,20 @@ def _host_timings(jax, rj, ragdot, buffer_callback, torch, mkng, dt, tdt, dev, c
     eager = time_host(lambda: ragdot.ragged_dot(tx, tw, ts), torch.device(dev), calls=calls, repeats=5, warmup=20)
     timings["ragdot.ragged_dot (torch eager)"] = eager.host_us
     return timings
+
+
+def _traced_with(jax, bridge: str, fn, args):
+    """`fn` (jitted) traced and run once with RAGDOT_JAX_BRIDGE=`bridge`, the environment restored after."""
+    before = os.environ.get("RAGDOT_JAX_BRIDGE")
+    os.environ["RAGDOT_JAX_BRIDGE"] = bridge
+    try:
+        jax.block_until_ready(fn(*args))
+    finally:
+        if before is None:
+            os.environ.pop("RAGDOT_JAX_BRIDGE", None)
+        else:
+            os.environ["RAGDOT_JAX_BRIDGE"] = before
+    return fn
 
 
 def step_host(out: Path, cpu: bool) -> None:

@@ -1,4 +1,9 @@
-"""Where the host time of a jitted ragdot.jax call goes, and whether the GIL hand-over holds the callback up.
+"""Where the host time of a jitted ragdot.jax call on the buffer-callback bridge goes, and whether the GIL
+hand-over holds the callback up.
+
+The script profiles that bridge (it sets RAGDOT_JAX_BRIDGE=callback unless the variable is set): ragdot.jax's
+default, the FFI custom call, runs Python only on a signature's first call on a device (`ragdot.jax._ffi`);
+its host time per call is `benchmarks/jax_gpu.py`'s host step, beside this bridge's.
 
     PYTHONPATH=src python3 benchmarks/jax_host_profile.py --out DIR [--cpu] [--calls 200] [--shapes M,K,N,G ...]
 
@@ -147,7 +152,7 @@ def _fresh_jit(rj: Any) -> Callable[..., Any]:
 
     from ragdot.jax import _api
 
-    _api._callbacks.cache_clear()
+    _api._directions.cache_clear()
     return jax.jit(lambda a, b, c: rj.ragged_dot(a, b, c))
 
 
@@ -330,7 +335,7 @@ def _inside(jax: Any, rows: _Rows, ops: tuple, calls: int, profile: Path | None)
         undo()
         from ragdot.jax import _api
 
-        _api._callbacks.cache_clear()  # later sections get callbacks without the wrapper
+        _api._directions.cache_clear()  # later sections get callbacks without the wrapper
 
 
 def _dlpack_rows(jax: Any, rows: _Rows, ops: tuple) -> None:
@@ -465,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-shape", default=None, help="M,K,N,G of the sync section ('none': skip it)")
     parser.add_argument("--sync-calls", type=int, default=0, help="calls per batch there (default 50)")
     args = parser.parse_args(argv)
+    os.environ.setdefault("RAGDOT_JAX_BRIDGE", "callback")  # the bridge this script profiles
     jax = _jax(args.cpu)
     import torch
 

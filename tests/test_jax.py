@@ -37,6 +37,17 @@ LAX_GRAD = {"fwd_wi", "dgrad", "group_dim_not_leading", "ragged_dim_not_leading"
             "extra_lhs_free_dim", "extra_free_after_ragged", "more_groups_than_rows"}  # jax's own grads
 
 
+@pytest.fixture(autouse=True, params=["ffi", "callback"])
+def bridge(request, monkeypatch):
+    """Every test on both bridges: the FFI custom call (default) and buffer_callback."""
+    from ragdot.jax import _ffi
+
+    monkeypatch.setenv("RAGDOT_JAX_BRIDGE", request.param)
+    if request.param == "ffi" and not _ffi.available():
+        pytest.skip(f"the FFI handler library is not available here: {_ffi.reason()}")
+    return request.param
+
+
 def _dns(case):
     _, _, ddn, lrag, rgrp, _ = CASES[case]
     return (jax.lax.RaggedDotDimensionNumbers(ddn, list(lrag), list(rgrp)), DN(ddn, lrag, rgrp))
@@ -173,7 +184,7 @@ def test_zero_size_operands(lshape, rshape, sizes):
     assert dl.shape == lhs.shape and dr.shape == rhs.shape and jnp.all(dl == 0)
 
 
-def test_traced_group_sizes_compile_once_and_the_bridge_is_a_buffer_callback():
+def test_traced_group_sizes_compile_once_and_the_bridge_is_one_custom_call_each_way(bridge):
     lhs, rhs, _ = _inputs("fwd_wi")
     traces = []
 
@@ -188,7 +199,9 @@ def test_traced_group_sizes_compile_once_and_the_bridge_is_a_buffer_callback():
     assert len(traces) == 1
     text = str(jax.make_jaxpr(jax.grad(lambda x, w, s: rj.ragged_dot(x, w, s).sum(), (0, 1)))(
         lhs, rhs, jnp.asarray([5, 0, 9], jnp.int32)))
-    assert "buffer_callback" in text and "ragged_dot_general" not in text
+    call = "ffi_call" if bridge == "ffi" else "buffer_callback"
+    assert text.count(call) == 2 and "ragged_dot_general" not in text
+    assert ("target_name=ragdot_launch" in text) == (bridge == "ffi")
 
 
 def test_vmap_runs_one_call_per_slice():
@@ -299,10 +312,13 @@ def test_float64_with_x64_enabled(case):
         assert dl.dtype == jnp.float64 and dr.dtype == jnp.float64
 
 
-def _run_bridge(prepared, monkeypatch, f, lhs, rhs, dout, times):
+def _run_bridge(prepared, monkeypatch, fn, lhs, rhs, dout, times):
+    """`fn` traced afresh with the bridge prepared or not (not prepared: the general path, a buffer callback),
+    called `times` times."""
     from ragdot.jax import _bridge
 
     monkeypatch.setattr(_bridge, "PREPARED", prepared)
+    f = jax.jit(lambda x, w: fn(x, w))
     results = []
     for _ in range(times):  # the first call binds, the later ones take what was bound
         out, vjp = jax.vjp(f, lhs, rhs)
@@ -316,7 +332,7 @@ def test_prepared_bridge_gives_the_general_path_s_bits(case, backend, monkeypatc
     dtype = jnp.float16 if backend == "triton" else jnp.float32
     lhs, rhs, sizes = _inputs(case, dtype)
     jdn, _ = _dns(case)
-    f = jax.jit(lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn, backend=backend))
+    f = lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn, backend=backend)
     dout = jnp.asarray(np.random.default_rng(2).standard_normal(jax.eval_shape(f, lhs, rhs).shape), dtype)
     (want,) = _run_bridge(False, monkeypatch, f, lhs, rhs, dout, 1)
     for got in _run_bridge(True, monkeypatch, f, lhs, rhs, dout, 3):

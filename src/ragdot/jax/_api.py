@@ -2,8 +2,10 @@
 
 A call is checked while it is traced (shapes, dtypes, dimension numbers through ragdot's own planner, the
 backend name), so every mistake raises at once with the PyTorch side's message. The traced program holds
-one `buffer_callback` for the forward and, under `jax.grad`/`jax.vjp`, one for the backward; both run
-ragdot's PyTorch code on XLA's buffers (`ragdot.jax._bridge`).
+one custom call for the forward and, under `jax.grad`/`jax.vjp`, one for the backward: the XLA FFI target
+"ragdot_launch" (`ragdot.jax._ffi`: a C handler that replays ragdot's recorded Triton launches, or runs
+ragdot's PyTorch code on XLA's buffers through `ragdot.jax._bridge`), or, where its library cannot be
+built or RAGDOT_JAX_BRIDGE=callback or general, a `buffer_callback` running the same bridge.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from ragdot.api import _check_backend
 from ragdot.dimension_numbers import RAGGED_DOT_DN, RaggedDotDimensionNumbers, ShapeError, plan_views
+from ragdot.jax import _bridge, _ffi, _plan
 from ragdot.jax._bridge import Bridge, Signature
 from ragdot.stacked import ArrayOps, ragged_dot_stacked
 
@@ -93,20 +96,48 @@ def _jax_dtype(dtype: torch.dtype) -> Any:
     return jnp.dtype(str(dtype).removeprefix("torch."))
 
 
-@functools.lru_cache(maxsize=1024)
 def _callbacks(sig: Signature, out_shape: tuple[int, ...]) -> tuple[Any, Any]:
-    """The forward and backward buffer callbacks of one signature (built once)."""
+    """The forward and backward of one signature: the FFI custom call where its library builds and the
+    bridge is the prepared one (`ragdot.jax._ffi`), else buffer callbacks. Both take (lhs, rhs, sizes[, dout])."""
+    return _directions(sig, out_shape, _bridge.PREPARED and _ffi.available())
+
+
+@functools.lru_cache(maxsize=1024)
+def _directions(sig: Signature, out_shape: tuple[int, ...], ffi: bool) -> tuple[Any, Any]:
     jdt = _jax_dtype(sig.dtype)
     out = jax.ShapeDtypeStruct(out_shape, _jax_dtype(sig.out_dtype))
     grads = (jax.ShapeDtypeStruct(sig.lhs_shape, jdt), jax.ShapeDtypeStruct(sig.rhs_shape, jdt))
     bridge = Bridge(sig)
+    if ffi:
+        return _ffi_call(bridge, (out,)), _ffi_call(bridge, grads)
     fwd = buffer_callback(bridge.forward, out, vmap_method="sequential")
     bwd = buffer_callback(bridge.backward, grads, vmap_method="sequential")
     return fwd, bwd
 
 
+def _ffi_call(bridge: Bridge, results: tuple[Any, ...]) -> Any:
+    """One direction of `bridge` as the "ragdot_launch" custom call: its results plus a workspace (bytes)."""
+    sig = bridge.sig
+    backward = len(results) == 2
+    workspace = jax.ShapeDtypeStruct((_plan.workspace_bytes(sig.groups),), jnp.uint8)
+    call = jax.ffi.ffi_call(_ffi.TARGET, (*results, workspace), vmap_method="sequential")
+
+    def run(lhs: Any, rhs: Any, sizes: Any, *dout: Any) -> Any:
+        arrays = (lhs, rhs, sizes, *dout)
+        specs = tuple((tuple(a.shape), _torch_dtype(a.dtype)) for a in arrays) + tuple(
+            (tuple(r.shape), _torch_dtype(r.dtype)) for r in (*results, workspace))
+        got = call(*arrays, slot=np.int64(_ffi.slot(bridge, backward, specs)))
+        return got[0] if not backward else (got[0], got[1])
+
+    return run
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    return getattr(torch, np.dtype(dtype).name)
+
+
 def _forward(sig: Signature, out_shape: tuple[int, ...], lhs: Any, rhs: Any, sizes: Any) -> Any:
-    if math.prod(out_shape) == 0:  # nothing to write: XLA would not run the callback
+    if math.prod(out_shape) == 0:  # nothing to write: XLA would not run the call
         return jnp.zeros(out_shape, _jax_dtype(sig.out_dtype))
     return _callbacks(sig, out_shape)[0](lhs, rhs, sizes)
 

@@ -190,24 +190,27 @@ class _Prepared:
             if prepared is not None and runner.takes(call.direct):
                 self.fwd = prepared  # (lhs, rhs, sizes, out): the kernel reads only the addresses
             else:
-                self.fwd = _copying(call, runner)
+                self.fwd = _CopyingLaunch(call, runner)
         return self.fwd
 
 
-def _copying(call: _Call, runner: ops.Runner) -> Any:
+class _CopyingLaunch:
     """`call.forward` with its runner bound (the caller checked the state), copied into XLA's buffer. Whether
     the runner takes the user's tensors is asked per call, as `call.forward` does: a runner shared with other
     calls may have handed over to another backend since."""
-    plan = call.plan
 
-    def launch(lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, out: torch.Tensor) -> None:
+    __slots__ = ("call", "runner")
+
+    def __init__(self, call: _Call, runner: ops.Runner) -> None:
+        self.call, self.runner = call, runner
+
+    def __call__(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, out: torch.Tensor) -> None:
+        call, runner = self.call, self.runner
         if runner.takes(call.direct):
-            out.copy_(runner.call_direct(lhs, rhs, sizes, plan.view_shape))
+            out.copy_(runner.call_direct(lhs, rhs, sizes, call.plan.view_shape))
             return
-        a, b = plan.views(lhs, rhs)
-        out.copy_(plan.finish(runner(a, b, sizes)))
-
-    return launch
+        a, b = call.plan.views(lhs, rhs)
+        out.copy_(call.plan.finish(runner(a, b, sizes)))
 
 
 def _in_place(bound: tuple, outs: tuple[torch.Tensor, ...]) -> bool:
@@ -248,8 +251,21 @@ class Bridge:
         key = (where, stream)
         found = self.bound.get(key)
         if found is None:
-            found = self.bound[key] = _Prepared(_device_of(buffer), stream)
+            found = self.bound[key] = self.prepared_at(_device_of(buffer), stream)
         return found
+
+    def prepared_at(self, device: torch.device, stream: int | None) -> _Prepared:
+        """What calls on `device` and XLA's `stream` (None on the CPU) need bound (made at the first)."""
+        key = (device, stream)
+        found = self.bound.get(key)
+        if found is None:
+            found = self.bound[key] = _Prepared(device, stream)
+        return found
+
+    @property
+    def replayable(self) -> bool:
+        """Whether a call's launches may be recorded and replayed without Python (the prepared path)."""
+        return PREPARED
 
     # ---- forward ------------------------------------------------------------------------------------------
     def forward(self, ctx: Any, out: Any, lhs: Any, rhs: Any, sizes: Any) -> None:
@@ -259,17 +275,24 @@ class Bridge:
         p = self._prepared(ctx, out)
         previous = p.stream.enter()
         try:
-            if p.call is None:
-                out_t, lhs_t, rhs_t, sizes_t = p.views(out, lhs, rhs, sizes)
-                p.bind(self, lhs_t, rhs_t, sizes_t)
-            elif p.batch:  # group sizes are not read
+            if p.call is not None and p.batch:  # group sizes are not read
                 out_t, lhs_t, rhs_t = p.views(out, lhs, rhs)
                 sizes_t = None
             else:
                 out_t, lhs_t, rhs_t, sizes_t = p.views(out, lhs, rhs, sizes)
-            p.forward_launch(lhs_t, rhs_t)(lhs_t, rhs_t, None if p.batch else sizes_t, out_t)
+            self.forward_tensors(p, out_t, lhs_t, rhs_t, sizes_t)
         finally:
             p.stream.exit(previous)
+
+    def forward_tensors(self, p: _Prepared, out: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor,
+                        sizes: torch.Tensor | None) -> bool:
+        """The forward on torch views of XLA's buffers (the caller made XLA's stream current); whether it was
+        ragdot's Triton kernel writing `out` directly (nothing else launched)."""
+        if p.call is None:
+            p.bind(self, lhs, rhs, sizes)
+        launch = p.forward_launch(lhs, rhs)
+        launch(lhs, rhs, None if p.batch else sizes, out)
+        return launch is not None and not isinstance(launch, _CopyingLaunch)
 
     def forward_general(self, ctx: Any, out: Any, lhs: Any, rhs: Any, sizes: Any) -> None:
         """The forward through ragdot's general call path (every step looked up again)."""
@@ -286,32 +309,42 @@ class Bridge:
 
     # ---- backward -----------------------------------------------------------------------------------------
     def backward(self, ctx: Any, outs: Any, lhs: Any, rhs: Any, sizes: Any, dout: Any) -> None:
-        """(dlhs, drhs)[...] = the vjp of ragged_dot_general at (lhs, rhs) for the cotangent dout: the
-        `_Call`'s backward outside grad mode, i.e. its bound gradient products (`ragdot.grad_plan`), written
-        straight into XLA's buffers where they are Triton kernels, else computed and copied."""
+        """(dlhs, drhs)[...] = the vjp of ragged_dot_general at (lhs, rhs) for the cotangent dout, on XLA's
+        stream (`backward_tensors`)."""
         if not PREPARED:
             return self.backward_general(ctx, outs, lhs, rhs, sizes, dout)
         p = self._prepared(ctx, lhs)
         previous = p.stream.enter()
+        try:
+            dlhs_t, drhs_t, lhs_t, rhs_t, sizes_t, dout_t = p.views(*outs, lhs, rhs, sizes, dout)
+            self.backward_tensors(p, (dlhs_t, drhs_t), lhs_t, rhs_t, sizes_t, dout_t)
+        finally:
+            p.stream.exit(previous)
+
+    def backward_tensors(self, p: _Prepared, outs: tuple[torch.Tensor, torch.Tensor], lhs: torch.Tensor,
+                         rhs: torch.Tensor, sizes: torch.Tensor, dout: torch.Tensor) -> bool:
+        """The backward on torch views of XLA's buffers: the `_Call`'s backward outside grad mode, i.e. its
+        bound gradient products (`ragdot.grad_plan`), written straight into `outs` where they are Triton
+        kernels (then True: nothing else launched), else computed and copied."""
         grad_mode = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            dlhs_t, drhs_t, lhs_t, rhs_t, sizes_t, dout_t = p.views(*outs, lhs, rhs, sizes, dout)
-            call = p.call if p.call is not None else p.bind(self, lhs_t, rhs_t, sizes_t)
-            used = None if p.batch else sizes_t
-            bound = call.bwd.get(call.bwd_key(lhs_t, dout_t, (True, True), into=True))
-            if bound and _in_place(bound, (dlhs_t, drhs_t)):
-                users = (lhs_t, rhs_t, dout_t)
-                for product, dst in zip(bound, (dlhs_t, drhs_t)):
+            dlhs, drhs = outs
+            call = p.call if p.call is not None else p.bind(self, lhs, rhs, sizes)
+            used = None if p.batch else sizes
+            bound = call.bwd.get(call.bwd_key(lhs, dout, (True, True), into=True))
+            if bound and _in_place(bound, outs):
+                users = (lhs, rhs, dout)
+                for product, dst in zip(bound, outs):
                     (i, v), (j, w) = product.sources
                     product.fn.prepared(_operand(users, (i, v)), _operand(users, (j, w)), used, dst)
-                return
-            da, db = call.backward(lhs_t, rhs_t, used, dout_t, (True, True), None, into=True)
-            dlhs_t.copy_(da)
-            drhs_t.copy_(db)
+                return True
+            da, db = call.backward(lhs, rhs, used, dout, (True, True), None, into=True)
+            dlhs.copy_(da)
+            drhs.copy_(db)
+            return False
         finally:
             torch._C._set_grad_enabled(grad_mode)
-            p.stream.exit(previous)
 
     def backward_general(self, ctx: Any, outs: Any, lhs: Any, rhs: Any, sizes: Any, dout: Any) -> None:
         """The backward through the `_Call`'s general VJP (canonical views, products, inverse maps)."""
@@ -324,4 +357,4 @@ class Bridge:
             drhs_t.copy_(db)
 
 
-PREPARED = os.environ.get("RAGDOT_JAX_BRIDGE", "prepared") != "general"
+PREPARED = os.environ.get("RAGDOT_JAX_BRIDGE", "ffi") != "general"

@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 import torch
 
+from ragdot.kernels import record
+
 Problem = Literal["ragged_m", "ragged_k", "batch"]
 PROBLEMS: tuple[str, ...] = ("ragged_m", "ragged_k", "batch")
 
@@ -343,6 +345,9 @@ def prepared_output(prepared: Any, out: torch.Tensor | None) -> tuple[torch.Tens
     if prepared.empty:
         return c, True
     if prepared.zero:
+        rec = record.active()
+        if rec is not None:
+            rec.steps.append(("zero", c))
         return c.zero_(), True
     return c, False
 

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from ragdot.kernels.configs import next_pow2
 from ragdot.kernels.launch import BoundLaunch
+from ragdot.kernels.record import scratch
 
 __all__ = ["group_ends", "GroupEnds", "MAX_GROUPS"]
 
@@ -49,7 +50,7 @@ class GroupEnds:
 
     def __call__(self, sizes: torch.Tensor) -> torch.Tensor:
         """sizes: [G] integer, contiguous, on `device` -> int32 [G] clamped ends."""
-        ends = torch.empty(self.g, dtype=torch.int32, device=self.device)
+        ends = scratch((self.g,), torch.int32, self.device)
         self.launch(sizes, ends, self.g, self.extent // self.scale, self.scale, self.extent)
         return ends
 

@@ -38,6 +38,7 @@ from ragdot.kernels.configs import (
     tma_capable,
 )
 from ragdot.kernels.launch import BoundLaunch
+from ragdot.kernels.record import scratch
 
 
 @triton.jit
@@ -255,7 +256,7 @@ def schedule(groups: torch.Tensor, extent: int | None = None, scale: int = 1) ->
             _SCHEDULES.clear()
         consts = {"BLOCK_G": min(next_pow2(g), 128), "BLOCK_H": 32, "FROM_SIZES": from_sizes}
         launch = _SCHEDULES[key] = BoundLaunch(_schedule_kernel, (1,), consts, {"num_warps": 4}, groups.device)
-    sched = torch.empty((4 if from_sizes else 3, g), dtype=torch.int32, device=groups.device)
+    sched = scratch((4 if from_sizes else 3, g), torch.int32, groups.device)
     launch(groups, sched, g, extent or 0, scale)
     return sched
 

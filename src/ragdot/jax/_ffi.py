@@ -1,0 +1,274 @@
+"""ragdot.jax's XLA FFI custom call: the handler library, its launch slots and the Python resolver.
+
+`ffi_launch.c` is built once per machine with the C compiler ($CC, else cc or gcc) against jaxlib's FFI
+header and the `cuda.h` that ships with Triton, into ragdot's cache folder (`$RAGDOT_CACHE_DIR`, else
+~/.cache/ragdot; the file name holds a hash of the source and both headers), loaded with ctypes and
+registered as the custom call target "ragdot_launch" for CUDA and for the host. Each traced ragdot.jax
+forward or backward gets a launch slot (its `Bridge`, which direction, its buffers' shapes and dtypes),
+passed to the custom call as its `slot` attribute with this process's random token in the high 32 bits: a
+program compiled in another process (jax's persistent compilation cache) has another token, so its cache
+key differs and a stale slot can never run.
+
+A call the handler has no plan for runs the resolver: torch tensors over XLA's buffers (no copy), the
+bridge's prepared forward or backward on XLA's stream, and, on the first call on a CUDA device, a record of
+what it launched (`ragdot.kernels.record`); where that was only ragdot's Triton kernels, the record becomes
+the slot's plan for that device (`ragdot.jax._plan`) and later calls never enter Python.
+
+Where the library cannot be built (no compiler, no headers) ragdot.jax falls back to `buffer_callback`
+(`reason()` says why; RAGDOT_JAX_BRIDGE=callback asks for that path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ragdot.jax import _plan
+from ragdot.jax._bridge import Bridge
+from ragdot.kernels import record
+
+__all__ = ["TARGET", "MODES", "mode", "available", "reason", "slot", "clear_plans", "stats", "library"]
+
+TARGET = "ragdot_launch"
+SOURCE = Path(__file__).with_name("ffi_launch.c")
+_RESOLVER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64,
+                             ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_int64)
+_TOKEN = secrets.randbits(31) + 1  # this process's; never 0
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("RAGDOT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ragdot")
+    return Path(root) / "ffi"
+
+
+def _headers() -> tuple[Path, Path]:
+    import jax
+    import triton
+
+    return Path(jax.ffi.include_dir()), Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+
+
+def build() -> Path:
+    """The handler library's path, built if it is not in the cache yet (raises RuntimeError if it cannot be)."""
+    xla_include, cuda_include = _headers()
+    api, cuda_h = xla_include / "xla" / "ffi" / "api" / "c_api.h", cuda_include / "cuda.h"
+    for header in (api, cuda_h):
+        if not header.is_file():
+            raise RuntimeError(f"{header} not found")
+    digest = hashlib.sha256()
+    for part in (SOURCE, api, cuda_h):
+        digest.update(part.read_bytes())
+    target = _cache_dir() / f"ragdot_ffi_{digest.hexdigest()[:16]}.so"
+    if target.is_file():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler found (set CC)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        scratch = Path(tmp) / target.name
+        command = [compiler, "-O2", "-shared", "-fPIC", "-std=gnu11", f"-I{xla_include}", f"-I{cuda_include}",
+                   str(SOURCE), "-o", str(scratch), "-ldl", "-lpthread"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RuntimeError(f"{compiler} failed: {e}") from None
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
+        os.replace(scratch, target)  # atomic: another process may build the same file
+    return target
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded handler library with its targets registered (built at the first call), or None."""
+    with _lock:
+        if "lib" not in _state:
+            try:
+                _state["lib"] = _load()
+            except Exception as e:  # noqa: BLE001 - any failure means: use the callback path
+                _state["lib"], _state["reason"] = None, f"{type(e).__name__}: {e}"
+        return _state["lib"]
+
+
+def _load() -> ctypes.CDLL:
+    import jax
+
+    lib = ctypes.CDLL(str(build()))
+    lib.ragdot_ffi_set_plan.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
+                                        ctypes.c_int64]
+    lib.ragdot_ffi_replay.restype = ctypes.c_char_p
+    lib.ragdot_ffi_replay.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64,
+                                      ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64, ctypes.c_uint64,
+                                      ctypes.POINTER(ctypes.c_int64), ctypes.c_int64,
+                                      ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
+    _state["resolver"] = resolver = _RESOLVER(_resolve)  # kept alive: the library calls it
+    lib.ragdot_ffi_init(ctypes.c_uint32(_TOKEN), resolver)
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ragdot_ffi_host), platform="cpu")
+    with contextlib.suppress(Exception):  # a jaxlib without CUDA: the host target alone
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ragdot_ffi_cuda), platform="CUDA")
+    return lib
+
+
+MODES = ("ffi", "callback", "general")
+
+
+def mode() -> str:
+    """$RAGDOT_JAX_BRIDGE: "ffi" (the default), "callback" (buffer_callback, prepared bridge) or "general"
+    (buffer_callback, the general path of every call)."""
+    value = os.environ.get("RAGDOT_JAX_BRIDGE", "").strip() or "ffi"
+    if value not in MODES:
+        raise ValueError(f"RAGDOT_JAX_BRIDGE must be one of {', '.join(MODES)}, got {value!r}")
+    return value
+
+
+def available() -> bool:
+    """Whether ragdot.jax calls go through the FFI custom call (mode "ffi" and the library built)."""
+    return mode() == "ffi" and library() is not None
+
+
+def reason() -> str | None:
+    """Why the FFI path is not used (None when it is)."""
+    if mode() != "ffi":
+        return f"RAGDOT_JAX_BRIDGE={mode()}"
+    library()
+    return _state.get("reason")
+
+
+# ---- slots ----------------------------------------------------------------------------------------------
+@dataclass
+class _Slot:
+    """One traced direction of one signature: what its buffers are and who computes them."""
+
+    bridge: Bridge
+    backward: bool
+    specs: tuple[tuple[tuple[int, ...], torch.dtype], ...]  # per buffer: operands, then results
+    index: int = -1  # in _SLOTS, and in the library's slot table
+    tried: set[int] = field(default_factory=set)  # devices whose first call was recorded
+    planned: set[int] = field(default_factory=set)  # devices with a plan installed
+    resolved: int = 0  # calls that ran in Python
+    why: dict[int, str] = field(default_factory=dict)  # per device, why no plan
+
+    def run(self, tensors: list[torch.Tensor], device: int, stream: int) -> None:
+        """The call in Python on torch views of its buffers (device -1: the host; -2: the current CUDA device,
+        where XLA did not say which); the first on a CUDA device recorded, and its plan installed."""
+        bridge = self.bridge
+        where = torch.device("cuda", device) if device >= 0 else torch.device("cpu")
+        p = bridge.prepared_at(where, stream if device >= 0 else None)
+        take = device >= 0 and device not in self.tried and bridge.replayable
+        previous = p.stream.enter()
+        try:
+            with record.recording() if take else contextlib.nullcontext() as rec:
+                if self.backward:
+                    lhs, rhs, sizes, dout, dlhs, drhs, _ = tensors
+                    direct = bridge.backward_tensors(p, (dlhs, drhs), lhs, rhs, sizes, dout)
+                else:
+                    lhs, rhs, sizes, out, _ = tensors
+                    direct = bridge.forward_tensors(p, out, lhs, rhs, sizes)
+        finally:
+            p.stream.exit(previous)
+        self.resolved += 1
+        if take:
+            self.tried.add(device)
+            self._plan(rec, direct, tensors, device)
+
+    def _plan(self, rec: record.Record, direct: bool, tensors: list[torch.Tensor], device: int) -> None:
+        if not direct:
+            self.why[device] = "the backend's call is not ragdot's Triton kernels alone"
+            return
+        buffers = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
+        try:
+            words = _plan.program(rec, buffers, len(tensors) - 1)
+        except _plan.Unplannable as e:
+            self.why[device] = str(e)
+            return
+        lib = library()
+        array = (ctypes.c_int64 * len(words))(*words)
+        if lib is not None and lib.ragdot_ffi_set_plan(self.index, device, array, len(words)) == 0:
+            self.planned.add(device)
+
+
+_SLOTS: list[_Slot] = []
+_INDEX: dict[tuple, int] = {}
+
+
+def slot(bridge: Bridge, backward: bool, specs: tuple) -> int:
+    """The `slot` attribute for one traced direction of `bridge` (made once per signature and direction)."""
+    key = (bridge.sig, backward, specs)
+    with _lock:
+        index = _INDEX.get(key)
+        if index is None:
+            index = _INDEX[key] = len(_SLOTS)
+            _SLOTS.append(_Slot(bridge, backward, specs, index=index))
+    return (_TOKEN << 32) | index
+
+
+def clear_plans() -> None:
+    """Forget every installed plan: each slot's next call on a device runs in Python and is recorded again
+    (for after a change that would change a backend's choice: the tuning cache, TF32)."""
+    lib = library()
+    if lib is not None:
+        lib.ragdot_ffi_clear()
+    with _lock:
+        for s in _SLOTS:
+            s.tried.clear()
+            s.planned.clear()
+            s.why.clear()
+
+
+def stats() -> list[dict[str, Any]]:
+    """Per slot: its signature, direction, the calls that ran in Python, the devices with a plan, and why
+    the others have none."""
+    return [{"signature": s.bridge.sig, "backward": s.backward, "resolved": s.resolved,
+             "planned": sorted(s.planned), "why": dict(s.why)} for s in _SLOTS]
+
+
+# ---- the resolver (called from the handler, with the GIL) -----------------------------------------------
+class _CudaArray:
+    """`__cuda_array_interface__` over XLA's device buffer (bytes), for a torch view without a copy."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, address: int, size: int):
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (address, False), "version": 2}
+
+
+def _tensor(address: int, shape: tuple[int, ...], dtype: torch.dtype, device: int) -> torch.Tensor:
+    size = torch.Size(shape).numel() * dtype.itemsize
+    if size == 0 or address == 0:
+        return torch.empty(shape, dtype=dtype, device="cpu" if device < 0 else f"cuda:{device}")
+    if device < 0:
+        raw = torch.frombuffer((ctypes.c_uint8 * size).from_address(address), dtype=torch.uint8)
+    else:
+        raw = torch.as_tensor(_CudaArray(address, size), device=f"cuda:{device}")
+    return raw.view(dtype).view(shape)
+
+
+def _resolve(index: int, device: int, stream: int, n: int, ptrs: Any, message: int, size: int) -> int:
+    try:
+        s = _SLOTS[index]
+        if device == -2:
+            device = torch.cuda.current_device()
+            s.tried.add(device)  # XLA did not name the device: no plan
+        if n != len(s.specs):
+            raise RuntimeError(f"ragdot.jax: the call has {n} buffers, its slot {len(s.specs)}")
+        tensors = [_tensor(ptrs[i], shape, dtype, device) for i, (shape, dtype) in enumerate(s.specs)]
+        s.run(tensors, device, stream)
+        return 0
+    except BaseException as e:  # noqa: BLE001 - reported to XLA, which raises it in the caller
+        text = f"{type(e).__name__}: {e}".encode()[: max(size - 1, 0)]
+        ctypes.memmove(message, text + b"\0", len(text) + 1)
+        return 1

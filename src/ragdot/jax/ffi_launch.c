@@ -1,0 +1,331 @@
+// ragdot.jax's XLA FFI handler: replays a recorded launch plan on XLA's stream, or asks Python.
+//
+// One custom call target ("ragdot_launch") serves every ragdot.jax call. The call's `slot` attribute (int64:
+// this process's token in the high 32 bits, the slot's index in the low 32) names what it computes. On a
+// CUDA device the handler looks up the slot's plan for the call's device: a program of kernel launches and
+// zero fills over the call's buffers (operands first, then results), recorded from ragdot's own prepared call
+// on its first run (ragdot/jax/_plan.py writes the program). With a plan, a call is C alone: the kernels'
+// parameters packed from the buffers' addresses (TMA tensor maps encoded per call with
+// cuTensorMapEncodeTiled, as Triton's launcher does) and cuLaunchKernelEx on XLA's stream. Without one (the
+// first call, a backend that is not a recorded Triton kernel, the host platform), the handler calls the
+// resolver Python registered, which runs ragdot's PyTorch code on the buffers and may install a plan.
+//
+// Program layout (int64 words):
+//   n_steps, then per step one of
+//     0 (kernel): function, grid x, y, z, threads, shared bytes, flags (1 PDL, 2 cooperative), n_params,
+//                 then per parameter one of
+//                   0 (pointer): buffer, byte offset
+//                   1 (scalar):  bytes (1, 2, 4, 8), value
+//                   2 (null pointer)
+//                   3 (tensor map): buffer, byte offset, CUtensorMapDataType, rank, swizzle, oob fill,
+//                                   dims[rank] (innermost first), byte strides[rank - 1], box[rank]
+//     1 (zero):   buffer, byte offset, bytes
+// Buffers: operand i is buffer i, result j is buffer n_operands + j.
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda.h"
+#include "xla/ffi/api/c_api.h"
+
+#define MAX_BUFFERS 32
+#define MAX_PARAMS 64
+#define MAX_MAPS 8
+#define MAX_DEVICES 16
+
+typedef int (*resolver_fn)(int64_t slot, int64_t device, uint64_t stream, int64_t n, const uint64_t* ptrs,
+                           char* message, int64_t size);
+typedef CUresult (*launch_fn)(const CUlaunchConfig*, CUfunction, void**, void**);
+typedef CUresult (*memset_fn)(CUdeviceptr, unsigned char, size_t, CUstream);
+typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+typedef struct {
+  int64_t* program[MAX_DEVICES];  // per device ordinal; NULL: none (ask the resolver)
+  int64_t length[MAX_DEVICES];
+} Slot;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static Slot* slots = NULL;
+static int64_t n_slots = 0;
+static uint32_t token = 0;
+static resolver_fn resolver = NULL;
+static launch_fn launch = NULL;
+static memset_fn memset_async = NULL;
+static encode_fn encode = NULL;
+
+// ---- set from Python (ctypes) ----------------------------------------------------------------------------
+void ragdot_ffi_init(uint32_t process_token, resolver_fn fn) {
+  pthread_mutex_lock(&lock);
+  token = process_token;
+  resolver = fn;
+  pthread_mutex_unlock(&lock);
+}
+
+// Install (or with length 0 remove) the plan of one slot on one device; 0 on success.
+int ragdot_ffi_set_plan(int64_t slot, int64_t device, const int64_t* program, int64_t length) {
+  if (slot < 0 || device < 0 || device >= MAX_DEVICES || length < 0) return -1;
+  int64_t* copy = NULL;
+  if (length > 0) {
+    copy = (int64_t*)malloc(sizeof(int64_t) * (size_t)length);
+    if (copy == NULL) return -2;
+    memcpy(copy, program, sizeof(int64_t) * (size_t)length);
+  }
+  pthread_mutex_lock(&lock);
+  if (slot >= n_slots) {
+    int64_t grown = slot + 64;
+    Slot* more = (Slot*)realloc(slots, sizeof(Slot) * (size_t)grown);
+    if (more == NULL) {
+      pthread_mutex_unlock(&lock);
+      free(copy);
+      return -2;
+    }
+    memset(more + n_slots, 0, sizeof(Slot) * (size_t)(grown - n_slots));
+    slots = more;
+    n_slots = grown;
+  }
+  // A replaced program is leaked on purpose: another thread may be replaying it right now.
+  slots[slot].program[device] = copy;
+  slots[slot].length[device] = length;
+  pthread_mutex_unlock(&lock);
+  return 0;
+}
+
+// Drop every plan (ragdot.jax.clear_plans): later calls ask the resolver again. Programs are leaked, as above.
+void ragdot_ffi_clear(void) {
+  pthread_mutex_lock(&lock);
+  if (slots != NULL) memset(slots, 0, sizeof(Slot) * (size_t)n_slots);
+  pthread_mutex_unlock(&lock);
+}
+
+// ---- replay ----------------------------------------------------------------------------------------------
+static int load_driver(void) {
+  if (launch != NULL) return 0;
+  void* cuda = dlopen("libcuda.so.1", RTLD_LAZY);
+  if (cuda == NULL) return -1;
+  encode = (encode_fn)dlsym(cuda, "cuTensorMapEncodeTiled");
+  memset_async = (memset_fn)dlsym(cuda, "cuMemsetD8Async");
+  launch_fn found = (launch_fn)dlsym(cuda, "cuLaunchKernelEx");
+  if (encode == NULL || memset_async == NULL || found == NULL) return -1;
+  launch = found;
+  return 0;
+}
+
+static const char* bad(char* message, int64_t size, const char* text) {
+  snprintf(message, (size_t)size, "%s", text);
+  return message;
+}
+
+// Replay `program` on `stream` over the buffers `ptrs`. With `trace` set nothing reaches the driver: each
+// kernel's launch shape and packed parameters are written there instead (int64 words, for tests). Returns
+// NULL, or the message of what went wrong (written into `message`).
+const char* ragdot_ffi_replay(const int64_t* program, int64_t length, const uint64_t* ptrs, int64_t n,
+                              uint64_t stream, int64_t* trace, int64_t trace_size, int64_t* traced,
+                              char* message, int64_t size) {
+  int64_t at = 0, written = 0;
+#define NEXT() (at < length ? program[at++] : (at = length + 1, 0))
+#define EMIT(v) do { if (written < trace_size) trace[written] = (int64_t)(v); written++; } while (0)
+  if (trace == NULL && load_driver() != 0) return bad(message, size, "libcuda.so.1 or its launch entry points not found");
+  int64_t steps = NEXT();
+  for (int64_t s = 0; s < steps; s++) {
+    int64_t kind = NEXT();
+    if (kind == 1) {  // zero fill
+      int64_t buffer = NEXT(), offset = NEXT(), bytes = NEXT();
+      if (buffer < 0 || buffer >= n) return bad(message, size, "plan: buffer index out of range");
+      uint64_t address = ptrs[buffer] + (uint64_t)offset;
+      if (trace != NULL) {
+        EMIT(-1); EMIT(address); EMIT(bytes);
+      } else if (memset_async((CUdeviceptr)address, 0, (size_t)bytes, (CUstream)stream) != CUDA_SUCCESS) {
+        return bad(message, size, "cuMemsetD8Async failed");
+      }
+      continue;
+    }
+    if (kind != 0) return bad(message, size, "plan: unknown step");
+    CUfunction function = (CUfunction)(uintptr_t)NEXT();
+    unsigned gx = (unsigned)NEXT(), gy = (unsigned)NEXT(), gz = (unsigned)NEXT();
+    unsigned threads = (unsigned)NEXT(), shared = (unsigned)NEXT();
+    int64_t flags = NEXT(), n_params = NEXT();
+    if (n_params < 0 || n_params > MAX_PARAMS) return bad(message, size, "plan: too many parameters");
+    void* params[MAX_PARAMS];
+    uint64_t words[MAX_PARAMS];
+    CUtensorMap maps[MAX_MAPS] __attribute__((aligned(64)));
+    int n_maps = 0;
+    if (trace != NULL) {
+      EMIT(gx); EMIT(gy); EMIT(gz); EMIT(threads); EMIT(shared); EMIT(flags); EMIT(n_params);
+    }
+    for (int64_t p = 0; p < n_params; p++) {
+      int64_t pkind = NEXT();
+      if (pkind == 0 || pkind == 3) {
+        int64_t buffer = NEXT(), offset = NEXT();
+        if (buffer < 0 || buffer >= n) return bad(message, size, "plan: buffer index out of range");
+        uint64_t address = ptrs[buffer] + (uint64_t)offset;
+        if (pkind == 0) {
+          words[p] = address;
+          params[p] = &words[p];
+          if (trace != NULL) EMIT(address);
+          continue;
+        }
+        int64_t dtype = NEXT(), rank = NEXT(), swizzle = NEXT(), fill = NEXT();
+        if (rank < 1 || rank > 5 || n_maps >= MAX_MAPS) return bad(message, size, "plan: bad tensor map");
+        cuuint64_t dims[5], strides[5] = {0};
+        cuuint32_t box[5], unit[5] = {1, 1, 1, 1, 1};
+        for (int64_t j = 0; j < rank; j++) dims[j] = (cuuint64_t)NEXT();
+        for (int64_t j = 0; j < rank - 1; j++) strides[j] = (cuuint64_t)NEXT();
+        for (int64_t j = 0; j < rank; j++) box[j] = (cuuint32_t)NEXT();
+        if (at > length) break;
+        if (trace != NULL) {
+          EMIT(-3); EMIT(address); EMIT(dtype); EMIT(rank); EMIT(swizzle); EMIT(fill);
+          for (int64_t j = 0; j < rank; j++) EMIT(dims[j]);
+          for (int64_t j = 0; j < rank - 1; j++) EMIT(strides[j]);
+          for (int64_t j = 0; j < rank; j++) EMIT(box[j]);
+          memset(&maps[n_maps], 0, sizeof(CUtensorMap));
+        } else if (encode(&maps[n_maps], (CUtensorMapDataType)dtype, (cuuint32_t)rank, (void*)(uintptr_t)address,
+                          dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, (CUtensorMapSwizzle)swizzle,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_128B, (CUtensorMapFloatOOBfill)fill) != CUDA_SUCCESS) {
+          return bad(message, size, "cuTensorMapEncodeTiled failed");
+        }
+        params[p] = &maps[n_maps++];
+      } else if (pkind == 1) {
+        int64_t bytes = NEXT(), value = NEXT();
+        if (bytes != 1 && bytes != 2 && bytes != 4 && bytes != 8) return bad(message, size, "plan: bad scalar");
+        words[p] = 0;
+        memcpy(&words[p], &value, (size_t)bytes);  // little endian: the low bytes
+        params[p] = &words[p];
+        if (trace != NULL) EMIT(value);
+      } else if (pkind == 2) {
+        words[p] = 0;
+        params[p] = &words[p];
+        if (trace != NULL) EMIT(0);
+      } else {
+        return bad(message, size, "plan: unknown parameter kind");
+      }
+    }
+    if (at > length) return bad(message, size, "plan: truncated program");
+    if (trace != NULL) continue;
+    CUlaunchAttribute attrs[2];
+    unsigned n_attrs = 0;
+    if (flags & 1) {
+      attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[n_attrs++].value.programmaticStreamSerializationAllowed = 1;
+    }
+    if (flags & 2) {
+      attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+      attrs[n_attrs++].value.cooperative = 1;
+    }
+    CUlaunchConfig config;
+    memset(&config, 0, sizeof(config));
+    config.gridDimX = gx; config.gridDimY = gy; config.gridDimZ = gz;
+    config.blockDimX = threads; config.blockDimY = 1; config.blockDimZ = 1;
+    config.sharedMemBytes = shared;
+    config.hStream = (CUstream)stream;
+    config.attrs = attrs;
+    config.numAttrs = n_attrs;
+    if (launch(&config, function, params, NULL) != CUDA_SUCCESS) return bad(message, size, "cuLaunchKernelEx failed");
+  }
+  if (at > length) return bad(message, size, "plan: truncated program");
+  if (traced != NULL) *traced = written;
+  return NULL;
+#undef NEXT
+#undef EMIT
+}
+
+// ---- the handlers ----------------------------------------------------------------------------------------
+static XLA_FFI_Error* fail(const XLA_FFI_Api* api, XLA_FFI_Error_Code code, const char* message) {
+  XLA_FFI_Error_Create_Args args;
+  memset(&args, 0, sizeof(args));
+  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+  args.message = message;
+  args.errc = code;
+  return api->XLA_FFI_Error_Create(&args);
+}
+
+static int metadata(XLA_FFI_CallFrame* frame) {
+  if (frame->extension_start == NULL || frame->extension_start->type != XLA_FFI_Extension_Metadata) return 0;
+  XLA_FFI_Metadata* meta = ((XLA_FFI_Metadata_Extension*)frame->extension_start)->metadata;
+  XLA_FFI_Api_Version version = {XLA_FFI_Api_Version_STRUCT_SIZE, NULL, XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR};
+  meta->api_version = version;
+  meta->traits = 0;  // not command-buffer compatible: the resolver is Python
+  return 1;
+}
+
+// The slot attribute (int64), checked against this process's token; the slot's index, or -1.
+static int64_t slot_of(XLA_FFI_CallFrame* frame, const char** why) {
+  for (int64_t i = 0; i < frame->attrs.size; i++) {
+    XLA_FFI_ByteSpan* name = frame->attrs.names[i];
+    if (name->len != 4 || memcmp(name->ptr, "slot", 4) != 0) continue;
+    if (frame->attrs.types[i] != XLA_FFI_AttrType_SCALAR) break;
+    XLA_FFI_Scalar* scalar = (XLA_FFI_Scalar*)frame->attrs.attrs[i];
+    if (scalar->dtype != XLA_FFI_DataType_S64) break;
+    uint64_t value = (uint64_t)*(int64_t*)scalar->value;
+    if ((uint32_t)(value >> 32) != token) {
+      *why = "ragdot.jax: this program was compiled in another process (its launch slot is not this process's); "
+             "trace it again here";
+      return -1;
+    }
+    return (int64_t)(value & 0xffffffffu);
+  }
+  *why = "ragdot.jax: the custom call has no int64 'slot' attribute";
+  return -1;
+}
+
+static XLA_FFI_Error* handle(XLA_FFI_CallFrame* frame, int cuda) {
+  if (metadata(frame)) return NULL;
+  if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
+  const XLA_FFI_Api* api = frame->api;
+  const char* why = NULL;
+  int64_t slot = slot_of(frame, &why);
+  if (slot < 0) return fail(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, why);
+  int64_t n = frame->args.size + frame->rets.size;
+  if (n > MAX_BUFFERS) return fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, "ragdot.jax: too many buffers");
+  uint64_t ptrs[MAX_BUFFERS];
+  for (int64_t i = 0; i < frame->args.size; i++) ptrs[i] = (uint64_t)(uintptr_t)((XLA_FFI_Buffer*)frame->args.args[i])->data;
+  for (int64_t i = 0; i < frame->rets.size; i++)
+    ptrs[frame->args.size + i] = (uint64_t)(uintptr_t)((XLA_FFI_Buffer*)frame->rets.rets[i])->data;
+  uint64_t stream = 0;
+  int64_t device = -1;
+  const int64_t* program = NULL;
+  int64_t length = 0;
+  if (cuda) {
+    XLA_FFI_Stream_Get_Args sargs = {XLA_FFI_Stream_Get_Args_STRUCT_SIZE, NULL, frame->ctx, NULL};
+    XLA_FFI_Error* error = api->XLA_FFI_Stream_Get(&sargs);
+    if (error != NULL) return error;
+    stream = (uint64_t)(uintptr_t)sargs.stream;
+    // An XLA without the device-ordinal query (older than this header): -2, the resolver's "current device",
+    // and no plans (a plan is per device).
+    device = -2;
+    if (api->struct_size >= offsetof(XLA_FFI_Api, XLA_FFI_DeviceOrdinal_Get) + sizeof(void*) &&
+        api->XLA_FFI_DeviceOrdinal_Get != NULL) {
+      XLA_FFI_DeviceOrdinal_Get_Args dargs = {XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE, NULL, frame->ctx, 0};
+      error = api->XLA_FFI_DeviceOrdinal_Get(&dargs);
+      if (error != NULL) return error;
+      device = dargs.device_ordinal;
+    }
+    if (device >= 0 && device < MAX_DEVICES) {
+      pthread_mutex_lock(&lock);
+      if (slot < n_slots) {
+        program = slots[slot].program[device];
+        length = slots[slot].length[device];
+      }
+      pthread_mutex_unlock(&lock);
+    }
+  }
+  char message[512];
+  message[0] = 0;
+  if (program != NULL) {
+    const char* error = ragdot_ffi_replay(program, length, ptrs, n, stream, NULL, 0, NULL, message, sizeof(message));
+    return error == NULL ? NULL : fail(api, XLA_FFI_Error_Code_INTERNAL, error);
+  }
+  if (resolver == NULL) return fail(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, "ragdot.jax: no resolver set");
+  if (resolver(slot, device, stream, n, ptrs, message, sizeof(message)) != 0)
+    return fail(api, XLA_FFI_Error_Code_INTERNAL, message[0] ? message : "ragdot.jax: the call failed");
+  return NULL;
+}
+
+XLA_FFI_Error* ragdot_ffi_cuda(XLA_FFI_CallFrame* frame) { return handle(frame, 1); }
+XLA_FFI_Error* ragdot_ffi_host(XLA_FFI_CallFrame* frame) { return handle(frame, 0); }

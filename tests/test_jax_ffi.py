@@ -1,0 +1,283 @@
+"""ragdot.jax's FFI custom call: the handler library, the launch plans it replays, and its errors.
+
+The plans are checked without a GPU: ragdot's kernels compiled for sm_90 (`compile_only`), their launches
+recorded, the program written over the recording's buffers and replayed by the library in trace mode over
+buffers at other addresses: every pointer must move with its buffer, every integer and tensor map be the
+kernel's."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+from helpers import bundled_ptxas  # noqa: E402
+from ragdot.jax import _ffi, _plan  # noqa: E402
+from ragdot.kernels import record  # noqa: E402
+from ragdot.kernels.configs import TileConfig  # noqa: E402
+
+needs_library = pytest.mark.skipif(not _ffi.available(), reason=f"no FFI handler library: {_ffi.reason()}")
+needs_ptxas = pytest.mark.skipif(not bundled_ptxas() or os.environ.get("TRITON_INTERPRET") == "1",
+                                 reason="needs the ptxas bundled with Triton and TRITON_INTERPRET unset")
+BF = torch.bfloat16
+TMA = TileConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4, persistent=True,
+                 tma=True, flat=True)
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None,
+                    reason="no C compiler")
+def test_the_handler_library_builds_and_registers_where_a_c_compiler_is(monkeypatch):
+    monkeypatch.delenv("RAGDOT_JAX_BRIDGE", raising=False)
+    assert _ffi.available(), _ffi.reason()
+    assert _ffi.reason() is None
+
+
+def test_the_bridge_mode_is_checked(monkeypatch):
+    monkeypatch.setenv("RAGDOT_JAX_BRIDGE", "fast")
+    with pytest.raises(ValueError, match="RAGDOT_JAX_BRIDGE must be one of ffi, callback, general"):
+        _ffi.mode()
+    monkeypatch.setenv("RAGDOT_JAX_BRIDGE", "callback")
+    assert not _ffi.available() and _ffi.reason() == "RAGDOT_JAX_BRIDGE=callback"
+
+
+def _trace(words: list[int], ptrs: list[int]) -> list[int]:
+    lib = _ffi.library()
+    program = (ctypes.c_int64 * len(words))(*words)
+    buffers = (ctypes.c_uint64 * len(ptrs))(*ptrs)
+    out = (ctypes.c_int64 * 4096)()
+    written = ctypes.c_int64(0)
+    message = ctypes.create_string_buffer(256)
+    error = lib.ragdot_ffi_replay(program, len(words), buffers, len(ptrs), 0, out, 4096, ctypes.byref(written),
+                                  message, 256)
+    assert error is None, error
+    return list(out[: written.value])
+
+
+def _moved(t: torch.Tensor, tensors: list[torch.Tensor], new: list[int]) -> int:
+    """Where `t`'s first element lies once the buffer holding it is at its new address."""
+    for base, address in zip(tensors, new):
+        start = base.data_ptr()
+        if start <= t.data_ptr() < start + base.numel() * base.element_size():
+            return address + t.data_ptr() - start
+    raise AssertionError("not in any buffer")
+
+
+def _expected(launch: record.Launch, tensors: list[torch.Tensor], new: list[int]) -> list[int]:
+    """The trace the library must write for one recorded launch (see ragdot_ffi_replay): grid, threads,
+    shared bytes, flags, the parameter count, then per parameter its value (a tensor map: -3, its address,
+    type, rank, swizzle, fill, dims, byte strides, box; then the descriptor's shape and strides)."""
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    compiled = launch.compiled
+    meta = compiled.metadata
+    words: list[int] = []
+    count = 2  # the two scratch pointers
+    metas = list(meta.tensordesc_meta or [])
+    for name, value in zip(compiled.src.fn.arg_names, launch.args):
+        kind = compiled.src.signature[name]
+        if kind == "constexpr":
+            continue
+        if kind.startswith("tensordesc"):
+            m, rank = metas.pop(0), len(value.shape)
+            words += [-3, _moved(value.base, tensors, new), TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], rank,
+                      m["swizzle"], 0, *reversed(value.shape),
+                      *(m["elem_size"] * value.strides[j] for j in reversed(range(rank - 1))),
+                      *reversed(m["block_size"]), *value.shape, *value.strides]
+            count += 1 + 2 * rank
+        else:
+            words.append(_moved(value, tensors, new) if kind.startswith("*") else int(value))
+            count += 1
+    return [*launch.grid, 32 * meta.num_warps, meta.shared, 0, count, *words, 0, 0]
+
+
+def _recorded(run):
+    """What `run` launches, compiled for sm_90 (a Prepared must be made inside: it asks the target for TMA)."""
+    from ragdot.kernels import compile_only
+
+    with compile_only(90), record.recording() as rec:
+        run()
+    return rec
+
+
+def _buffers(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
+    return [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
+
+
+NEW = [0x7000_0000_0000 + (i << 32) for i in range(8)]  # the buffers' addresses on the replayed call
+
+
+@needs_library
+@needs_ptxas
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointer"])
+def test_compiled_ragged_m_plan_moves_every_argument_with_its_buffer(tma):
+    from ragdot.kernels import ragged_m as rm
+
+    m, k, n, g = 256, 64, 128, 8
+    a, b = torch.randn(1, m, k, dtype=BF), torch.randn(1, g, k, n, dtype=BF)
+    sizes, out = torch.full((g,), m // g, dtype=torch.int32), torch.empty(1, m, n, dtype=BF)
+    cfg = TMA if tma else TileConfig(64, 128, 64, 8, 4, 4, persistent=True)
+    rec = _recorded(lambda: rm.Prepared(a, b, BF, cfg, from_sizes=True)(a, b, sizes, out))
+    assert len(rec.steps) == 1 and rec.scratch == []
+    tensors = [a, b, sizes, out, torch.empty(512, dtype=torch.uint8)]
+    trace = _trace(_plan.program(rec, _buffers(tensors), 4, loaded=False), NEW[:5])
+    assert trace == _expected(rec.steps[0], tensors, NEW)
+    kernel = rec.steps[0].compiled.src.fn.__name__
+    assert kernel == ("ragged_m_tma_flat_kernel" if tma else "ragged_m_kernel")
+
+
+@needs_library
+@needs_ptxas
+def test_compiled_ragged_k_plan_puts_its_ranking_in_the_workspace():
+    from ragdot.kernels import ragged_k as rk
+
+    r, m, n, g = 256, 64, 128, 8
+    a, b = torch.randn(1, r, m, dtype=BF), torch.randn(1, r, n, dtype=BF)
+    sizes, out = torch.full((g,), r // g, dtype=torch.int32), torch.empty(g, 1, m, n, dtype=BF)
+    cfg = TileConfig(64, 128, 64, 8, 4, 3, tma=True)
+    rec = _recorded(lambda: rk.Prepared(a, b, g, BF, cfg, from_sizes=True)(a, b, sizes, out))
+    assert len(rec.steps) == 2 and len(rec.scratch) == 1  # the ranking kernel, then the product
+    (sched,) = rec.scratch
+    tensors = [a, b, sizes, out, torch.empty(_plan.workspace_bytes(g), dtype=torch.uint8)]
+    trace = _trace(_plan.program(rec, _buffers(tensors), 4, loaded=False), NEW[:5])
+    # the schedule (a torch temporary on the recorded call) is the workspace's start on the replayed one
+    placed = [*tensors[:4], sched]
+    assert trace == _expected(rec.steps[0], placed, NEW) + _expected(rec.steps[1], placed, NEW)
+    with pytest.raises(_plan.Unplannable, match="workspace"):
+        _plan.program(rec, _buffers(tensors[:4]) + [(NEW[4], 16)], 4, loaded=False)
+
+
+@needs_library
+@needs_ptxas
+def test_compiled_nothing_to_contract_is_a_zero_fill_and_a_foreign_tensor_is_refused():
+    from ragdot.kernels import ragged_m as rm
+
+    m, n, g = 64, 32, 4
+    a, b = torch.randn(1, m, 0, dtype=BF), torch.randn(1, g, 0, n, dtype=BF)
+    sizes, out = torch.full((g,), 16, dtype=torch.int32), torch.empty(1, m, n, dtype=BF)
+    rec = _recorded(lambda: rm.Prepared(a, b, BF, None, from_sizes=True)(a, b, sizes, out))
+    tensors = [a, b, sizes, out, torch.empty(512, dtype=torch.uint8)]
+    trace = _trace(_plan.program(rec, _buffers(tensors), 4, loaded=False), NEW[:5])
+    assert trace == [-1, NEW[3], m * n * 2]
+    lhs, rhs = torch.randn(1, 128, 64, dtype=BF), torch.randn(1, g, 64, n, dtype=BF)
+    out = torch.empty(1, 128, n, dtype=BF)
+    rec = _recorded(lambda: rm.Prepared(lhs, rhs, BF, TMA, from_sizes=True)(lhs, rhs, sizes, out))
+    buffers = _buffers([lhs, sizes, out])  # rhs is not one of them
+    with pytest.raises(_plan.Unplannable, match="lies in 0 of the call's buffers"):
+        _plan.program(rec, buffers, None, loaded=False)
+    with pytest.raises(_plan.Unplannable, match="launched nothing"):
+        _plan.program(record.Record(), buffers, None)
+
+
+@needs_library
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not bundled_ptxas(),
+                    reason="the compiled checks run in this process (no interpreter) or cannot run (no ptxas)")
+def test_the_plan_checks_of_compiled_kernels_in_a_process_without_the_interpreter():
+    """The `test_compiled_*` checks need Triton's compiler, which Triton's interpreter (set for the CPU runs of
+    this suite) replaces: they run in a child process with it off."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "compiled"], capture_output=True, text=True, env=env, timeout=900,
+                          cwd=os.path.dirname(__file__))
+    assert proc.returncode == 0 and "4 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+@needs_library
+def test_a_program_of_another_process_and_a_failing_call_raise_in_the_caller(monkeypatch):
+    monkeypatch.delenv("RAGDOT_JAX_BRIDGE", raising=False)
+    x = jnp.ones((4, 2), jnp.float32)
+
+    def call(slot):
+        out = (jax.ShapeDtypeStruct((4, 2), jnp.float32),)
+        return jax.ffi.ffi_call(_ffi.TARGET, out)(x, slot=np.int64(slot))[0].block_until_ready()
+
+    with pytest.raises(Exception, match="compiled in another process"):
+        call(((_ffi._TOKEN ^ 1) << 32) | 0)
+    with pytest.raises(Exception, match="IndexError"):  # a slot this process never made: the resolver's error
+        call((_ffi._TOKEN << 32) | 999_999)
+
+
+@needs_library
+def test_plans_are_not_taken_on_the_cpu_and_every_call_runs_ragdot_s_code(monkeypatch):
+    import ragdot.jax as rj
+
+    monkeypatch.delenv("RAGDOT_JAX_BRIDGE", raising=False)
+    rng = np.random.default_rng(3)
+    lhs = jnp.asarray(rng.standard_normal((23, 5)), jnp.float32)  # a signature no other test uses
+    rhs = jnp.asarray(rng.standard_normal((2, 5, 7)), jnp.float32)
+    sizes = jnp.asarray([11, 9], jnp.int32)
+    f = jax.jit(lambda a, b: rj.ragged_dot(a, b, sizes))
+    for _ in range(3):
+        got = f(lhs, rhs)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.lax.ragged_dot(lhs, rhs, sizes)), rtol=1e-5,
+                               atol=1e-5)
+    (mine,) = [s for s in _ffi.stats() if s["signature"].lhs_shape == (23, 5) and not s["backward"]]
+    assert mine["resolved"] == 3 and mine["planned"] == []
+
+
+_GPU_CASES = {  # name: (lhs shape, rhs shape, ((contracting), (batch)), lhs ragged, rhs group)
+    "fwd": ((1024, 256), (8, 256, 192), (((1,), (1,)), ((), ())), (0,), (0,)),
+    "dgrad": ((1024, 192), (8, 256, 192), (((1,), (2,)), ((), ())), (0,), (0,)),
+    "wgrad": ((1024, 256), (1024, 192), (((0,), (0,)), ((), ())), (0,), ()),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(_GPU_CASES))
+def test_on_the_gpu_triton_calls_replay_from_c_with_the_callback_s_bits(case, monkeypatch):
+    """After its first call, a triton forward and backward run from the handler's plan alone (no Python), on
+    other operands each call, with the bits of the buffer-callback bridge; NaN past sum(group_sizes) in the
+    ragged operand never leaks."""
+    import ragdot.jax as rj
+
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("jax has no GPU backend here")
+    lshape, rshape, ddn, lrag, rgrp = _GPU_CASES[case]
+    dn = jax.lax.RaggedDotDimensionNumbers(ddn, list(lrag), list(rgrp))
+    sizes = jax.device_put(jnp.asarray([200, 0, 130, 77, 0, 256, 100, 61], jnp.int32), gpu)  # 824 of 1024 rows
+    rng = np.random.default_rng(11)
+
+    def operands(seed):
+        r = np.random.default_rng(seed)
+        x = r.standard_normal(lshape).astype(np.float32)
+        x[824:] = np.nan
+        w = r.standard_normal(rshape).astype(np.float32)
+        if case == "wgrad":
+            w[824:] = np.nan
+        return (jax.device_put(jnp.asarray(v, jnp.bfloat16), gpu) for v in (x, w))
+
+    def run(bridge):
+        monkeypatch.setenv("RAGDOT_JAX_BRIDGE", bridge)
+        f = jax.jit(lambda x, w: rj.ragged_dot_general(x, w, sizes, dn, backend="triton"))
+        results = []
+        for seed in range(4):
+            x, w = operands(seed)
+            out, vjp = jax.vjp(f, x, w)
+            dout = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
+            results.append([np.asarray(a.astype(jnp.float32)) for a in (out, *vjp(dout))])
+        return results
+
+    before = {id(s["signature"]) for s in _ffi.stats()}
+    fast = run("ffi")
+    mine = [s for s in _ffi.stats() if id(s["signature"]) not in before and s["signature"].lhs_shape == lshape]
+    assert {s["backward"] for s in mine} == {False, True}
+    for s in mine:  # one call in Python, then the plan
+        assert s["planned"] == [gpu.id] and s["resolved"] == 1, s
+    rng = np.random.default_rng(11)
+    slow = run("callback")
+    for got, want in zip(fast, slow):
+        for a, b in zip(got, want):
+            assert np.array_equal(a, b, equal_nan=False)
+    if case != "wgrad":
+        assert np.all(fast[0][0][824:] == 0)  # the tail rows
