@@ -2,7 +2,7 @@
 
     python benchmarks/jax_cell_probe.py --out DIR      # GPU; writes DIR/jax_cell_probe.json
 
-Two sections, each printed as JSON lines as it finishes:
+Sections, each printed as JSON lines as it finishes (`loop` only when asked for):
 - `per_call` (3840x2048x1408 with 64 and with 8 groups, 16384x4096x4096 with 8 groups, bf16): a jitted
   `ragdot.jax.ragged_dot` on one operand set, rotating over six, and over six shared from torch through
   DLPack (as `ragdot bench` makes them); jitted `jax.lax.ragged_dot`; ragdot's PyTorch call (triton and
@@ -15,6 +15,9 @@ Two sections, each printed as JSON lines as it finishes:
   PyTorch call with the same three. Clocks as above, batches of 10 calls (one batch for the JAX calls).
   (The first system timed in a process ran about 2.5x slower than its own kernels in both runs of this
   section on the H200; read the kernel times beside the wall times.)
+- `loop` (deepseek3-test's 5120x512x512x256 and 3840x2048x1408x64): the program clock's cost per turn with
+  1, 5 and 25 turns per trip of XLA's loop (what the loop itself adds to each call), ragdot.jax on triton
+  beside jax.lax and ragdot's PyTorch call's device time, with the kernels of a 10-turn program.
 
 Written to explain two findings of the 48-cell JAX bench: cells timed at 0.4-1.5 ms a call whose kernels
 run 0.1 ms (a clock that waited after every call; fixed in ragdot.measure.timing), and mixtral-8x7b's
@@ -143,10 +146,34 @@ def backends(emit) -> None:
         emit({"section": "backends", "system": "ragdot (torch)", "backend": backend or "auto", **times})
 
 
+def loop(emit) -> None:
+    """Per turn of the program clock's loop (`ragdot.bench.xla.us_per_turn`, 100 turns) with 1, 5 and 25 turns
+    per trip of XLA's loop, for ragdot.jax (triton) and jax.lax, beside ragdot's PyTorch call's device time
+    (graph-free: launches queued behind a spin kernel), and the kernels one 10-turn program runs."""
+    from ragdot.bench.xla import looped, us_per_turn
+
+    for m, k, n, g in [(5120, 512, 512, 256), (3840, 2048, 1408, 64)]:
+        (args,) = _jax_sets(m, k, n, g, 1, False)
+        fn = lambda a, b, s: rj.ragged_dot(a, b, s, backend="triton")
+        row: dict = {"section": "loop", "shape": f"{m}x{k}x{n}x{g}"}
+        for unroll in (1, 5, 25):
+            row[f"ragdot_jax_us_per_turn_unroll{unroll}"] = us_per_turn(jax, fn, args, unroll=unroll)
+        row["jax_lax_us_per_turn"] = us_per_turn(jax, jax.lax.ragged_dot, args, turns=10)
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(g, k, n, device="cuda", dtype=torch.bfloat16)
+        sz = torch.full((g,), m // g, device="cuda", dtype=torch.int32)
+        row["torch_triton"] = _torch_us(lambda a=a, b=b, sz=sz: ragdot.ragged_dot(a, b, sz, backend="triton"), 50)
+        program = looped(jax, fn)
+        program(*args, n=10).block_until_ready()
+        row["kernels_of_10_turns"] = _kernels(lambda p=program, a=args: p(*a, n=10).block_until_ready())
+        emit(row)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--sections", nargs="+", choices=("per_call", "backends"), default=["per_call", "backends"])
+    parser.add_argument("--sections", nargs="+", choices=("per_call", "backends", "loop"),
+                        default=["per_call", "backends"])
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("jax_cell_probe: needs a CUDA GPU", file=sys.stderr)
@@ -160,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "jax_cell_probe.json").write_text(json.dumps(rows, indent=1))
 
     for name in args.sections:
-        {"per_call": per_call, "backends": backends}[name](emit)
+        {"per_call": per_call, "backends": backends, "loop": loop}[name](emit)
     return 0
 
 

@@ -157,10 +157,11 @@ class _Slot:
     backward: bool
     specs: tuple[tuple[tuple[int, ...], torch.dtype], ...]  # per buffer: operands, then results
     index: int = -1  # in _SLOTS, and in the library's slot table
-    tried: set[int] = field(default_factory=set)  # devices whose first call was recorded
+    tried: dict[int, int] = field(default_factory=dict)  # per device, calls recorded without a plan coming of it
     planned: set[int] = field(default_factory=set)  # devices with a plan installed
     resolved: int = 0  # calls that ran in Python
     why: dict[int, str] = field(default_factory=dict)  # per device, why no plan
+    views: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # (device, *addresses) -> views
 
     def run(self, tensors: list[torch.Tensor], device: int, stream: int) -> None:
         """The call in Python on torch views of its buffers (device -1: the host; -2: the current CUDA device,
@@ -168,7 +169,7 @@ class _Slot:
         bridge = self.bridge
         where = torch.device("cuda", device) if device >= 0 else torch.device("cpu")
         p = bridge.prepared_at(where, stream if device >= 0 else None)
-        take = device >= 0 and device not in self.tried and bridge.replayable
+        take = device >= 0 and self.tried.get(device, 0) < _RECORDS and bridge.replayable
         previous = p.stream.enter()
         try:
             with record.recording() if take else contextlib.nullcontext() as rec:
@@ -181,26 +182,33 @@ class _Slot:
         finally:
             p.stream.exit(previous)
         self.resolved += 1
-        if take:
-            self.tried.add(device)
-            self._plan(rec, direct, tensors, device)
+        if take and not self._plan(rec, direct, tensors, device):
+            self.tried[device] = self.tried.get(device, 0) + 1
 
-    def _plan(self, rec: record.Record, direct: bool, tensors: list[torch.Tensor], device: int) -> None:
+    def _plan(self, rec: record.Record, direct: bool, tensors: list[torch.Tensor], device: int) -> bool:
+        """Install the plan of a recorded call; whether it was."""
         if not direct:
             self.why[device] = "the backend's call is not ragdot's Triton kernels alone"
-            return
+            return False
         buffers = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
         try:
             words = _plan.program(rec, buffers, len(tensors) - 1)
         except _plan.Unplannable as e:
             self.why[device] = str(e)
-            return
+            return False
         lib = library()
         array = (ctypes.c_int64 * len(words))(*words)
-        if lib is not None and lib.ragdot_ffi_set_plan(self.index, device, array, len(words)) == 0:
-            self.planned.add(device)
+        if lib is None or lib.ragdot_ffi_set_plan(self.index, device, array, len(words)) != 0:
+            self.why[device] = "the library refused the plan"
+            return False
+        self.planned.add(device)
+        self.why.pop(device, None)
+        return True
 
 
+# Calls per slot and device recorded before giving up on a plan: a call can take another path on its first
+# run than on later ones (the backward binds its gradient products on its first call and copies that once).
+_RECORDS = 3
 _SLOTS: list[_Slot] = []
 _INDEX: dict[tuple, int] = {}
 
@@ -262,10 +270,16 @@ def _resolve(index: int, device: int, stream: int, n: int, ptrs: Any, message: i
         s = _SLOTS[index]
         if device == -2:
             device = torch.cuda.current_device()
-            s.tried.add(device)  # XLA did not name the device: no plan
+            s.tried[device] = _RECORDS  # XLA did not name the device: no plan
         if n != len(s.specs):
             raise RuntimeError(f"ragdot.jax: the call has {n} buffers, its slot {len(s.specs)}")
-        tensors = [_tensor(ptrs[i], shape, dtype, device) for i, (shape, dtype) in enumerate(s.specs)]
+        key = (device, *ptrs[:n])
+        tensors = s.views.get(key)
+        if tensors is None:  # XLA often hands a program's calls the same buffers: their views are kept
+            tensors = [_tensor(ptrs[i], shape, dtype, device) for i, (shape, dtype) in enumerate(s.specs)]
+            if len(s.views) >= 8:
+                s.views.clear()
+            s.views[key] = tensors
         s.run(tensors, device, stream)
         return 0
     except BaseException as e:  # noqa: BLE001 - reported to XLA, which raises it in the caller
