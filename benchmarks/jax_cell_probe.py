@@ -15,9 +15,9 @@ Sections, each printed as JSON lines as it finishes (`loop` only when asked for)
   PyTorch call with the same three. Clocks as above, batches of 10 calls (one batch for the JAX calls).
   (The first system timed in a process ran about 2.5x slower than its own kernels in both runs of this
   section on the H200; read the kernel times beside the wall times.)
-- `loop` (deepseek3-test's 5120x512x512x256 and 3840x2048x1408x64): the program clock's cost per turn with
-  1, 5 and 25 turns per trip of XLA's loop (what the loop itself adds to each call), ragdot.jax on triton
-  beside jax.lax and ragdot's PyTorch call's device time, with the kernels of a 10-turn program.
+- `loop` (128x128x128x8, deepseek3-test's 5120x512x512x256, 3840x2048x1408x64): the program clock's cost
+  per turn for ragdot.jax on triton beside ragdot's PyTorch call's device time, with the kernels of a
+  10-turn program, and XLA's own floor per turn (a tiny fusion as the call).
 
 Written to explain two findings of the 48-cell JAX bench: cells timed at 0.4-1.5 ms a call whose kernels
 run 0.1 ms (a clock that waited after every call; fixed in ragdot.measure.timing), and mixtral-8x7b's
@@ -147,18 +147,21 @@ def backends(emit) -> None:
 
 
 def loop(emit) -> None:
-    """Per turn of the program clock's loop (`ragdot.bench.xla.us_per_turn`, 100 turns) with 1, 5 and 25 turns
-    per trip of XLA's loop, for ragdot.jax (triton) and jax.lax, beside ragdot's PyTorch call's device time
-    (graph-free: launches queued behind a spin kernel), and the kernels one 10-turn program runs."""
+    """Per turn of the program clock's loop (`ragdot.bench.xla.us_per_turn`, 100 turns) for ragdot.jax on
+    triton, beside ragdot's PyTorch call's device time (launches queued behind a spin kernel) and the kernels
+    of a 10-turn program; and the loop's own floor: a turn whose call is one tiny XLA fusion (a [8] array
+    scaled), and ragdot.jax at a tiny shape (where the turn is the host's)."""
     from ragdot.bench.xla import looped, us_per_turn
 
-    for m, k, n, g in [(5120, 512, 512, 256), (3840, 2048, 1408, 64)]:
+    scale = lambda a, b, s: a * 1.0001
+    tiny = jnp.ones((8,), jnp.bfloat16), jnp.ones((8,), jnp.bfloat16), jnp.ones((1,), jnp.int32)
+    emit({"section": "loop", "what": "XLA's floor: a [8] scale per turn",
+          "us_per_turn": us_per_turn(jax, scale, tiny)})
+    fn = lambda a, b, s: rj.ragged_dot(a, b, s, backend="triton")
+    for m, k, n, g in [(128, 128, 128, 8), (5120, 512, 512, 256), (3840, 2048, 1408, 64)]:
         (args,) = _jax_sets(m, k, n, g, 1, False)
-        fn = lambda a, b, s: rj.ragged_dot(a, b, s, backend="triton")
-        row: dict = {"section": "loop", "shape": f"{m}x{k}x{n}x{g}"}
-        for unroll in (1, 5, 25):
-            row[f"ragdot_jax_us_per_turn_unroll{unroll}"] = us_per_turn(jax, fn, args, unroll=unroll)
-        row["jax_lax_us_per_turn"] = us_per_turn(jax, jax.lax.ragged_dot, args, turns=10)
+        row: dict = {"section": "loop", "shape": f"{m}x{k}x{n}x{g}",
+                     "ragdot_jax_us_per_turn": us_per_turn(jax, fn, args)}
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(g, k, n, device="cuda", dtype=torch.bfloat16)
         sz = torch.full((g,), m // g, device="cuda", dtype=torch.int32)

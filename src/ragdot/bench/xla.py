@@ -61,7 +61,7 @@ def xla_unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-def looped(jax: Any, op: Callable[..., Any], unroll: int = 1) -> Any:
+def looped(jax: Any, op: Callable[..., Any]) -> Any:
     """`op(lhs, rhs, sizes)` n times in one jitted program, called as `program(lhs, rhs, sizes, n=n)`: the
     program clock's program (`ragdot.measure.timing`). Each turn passes the operands through an optimization
     barrier, so XLA can hoist no part of a call out of the loop as loop-invariant (the weights' layout
@@ -71,10 +71,7 @@ def looped(jax: Any, op: Callable[..., Any], unroll: int = 1) -> Any:
     n is static (one program per n; the timing uses one n per cell): XLA then knows the loop's trip count
     and runs the turns back to back. A traced n made it read the loop predicate back to the host every turn,
     a wait per call that serialised the host's work with the device's (H200, 4a19b62: ragdot.jax's program
-    clock at 0.70x of triton's graph time where its batch clock gave 0.84x).
-
-    `unroll` turns per trip of XLA's loop (`fori_loop`'s unroll): what the loop itself costs per trip (its
-    counter, its condition) spread over that many calls."""
+    clock at 0.70x of triton's graph time where its batch clock gave 0.84x)."""
 
     def run(lhs: Any, rhs: Any, sizes: Any, n: int) -> Any:
         def turn(_: Any, carry: tuple) -> tuple:
@@ -82,31 +79,21 @@ def looped(jax: Any, op: Callable[..., Any], unroll: int = 1) -> Any:
             return operands, op(*operands)
 
         out = jax.eval_shape(op, lhs, rhs, sizes)
-        return jax.lax.fori_loop(0, n, turn, ((lhs, rhs, sizes), jax.numpy.zeros(out.shape, out.dtype)),
-                                 unroll=max(1, min(unroll, n)))[1]
+        return jax.lax.fori_loop(0, n, turn, ((lhs, rhs, sizes), jax.numpy.zeros(out.shape, out.dtype)))[1]
 
     return jax.jit(run, static_argnames="n")
 
 
 PROGRAM_TURNS = 100  # turns of the probes' loops (`us_per_turn`)
-UNROLL_ENV = "RAGDOT_PROGRAM_UNROLL"  # turns per trip of the program clock's loop (default 1)
 
 
-def program_unroll() -> int:
-    """$RAGDOT_PROGRAM_UNROLL: turns per trip of XLA's loop in the program clock's programs (default 1)."""
-    text = os.environ.get(UNROLL_ENV, "").strip() or "1"
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{UNROLL_ENV} must be a positive integer, got {text!r}")
-    return int(text)
-
-
-def us_per_turn(jax: Any, op: Callable[..., Any], args: tuple, turns: int = PROGRAM_TURNS, unroll: int = 1) -> float:
+def us_per_turn(jax: Any, op: Callable[..., Any], args: tuple, turns: int = PROGRAM_TURNS) -> float:
     """Host µs per turn of `looped(jax, op)` run `turns` turns on `args`: one program per sample, ending in one
     wait, median of 5 (`ragdot.measure.host.async_us_per_call`). Where the device keeps up, the host work of one
     call made inside a jitted program, with no dispatch per call."""
     from ragdot.measure.host import async_us_per_call
 
-    program = looped(jax, op, unroll)
+    program = looped(jax, op)
     return async_us_per_call(lambda *a: program(*a, n=turns), [args], 1) / turns
 
 
@@ -181,8 +168,7 @@ class XlaSystem(System):
         key = (cls.name, sets[0].lhs.dtype, out_dtype)
         program = self._looped.get(key)
         if program is None:
-            program = self._looped[key] = looped(self.jax, self._fn(cls, sets[0].lhs.dtype, out_dtype),
-                                                 program_unroll())
+            program = self._looped[key] = looped(self.jax, self._fn(cls, sets[0].lhs.dtype, out_dtype))
         return [lambda n, a=args: program(*a, n=n) for args in self._args]
 
     def to_torch(self, out: Any) -> torch.Tensor:
