@@ -2,7 +2,7 @@
 
     python benchmarks/jax_cell_probe.py --out DIR      # GPU; writes DIR/jax_cell_probe.json
 
-Sections, each printed as JSON lines as it finishes (`loop` only when asked for):
+Sections, each printed as JSON lines as it finishes (`loop` and `kernels` only when asked for):
 - `per_call` (3840x2048x1408 with 64 and with 8 groups, 16384x4096x4096 with 8 groups, bf16): a jitted
   `ragdot.jax.ragged_dot` on one operand set, rotating over six, and over six shared from torch through
   DLPack (as `ragdot bench` makes them); jitted `jax.lax.ragged_dot`; ragdot's PyTorch call (triton and
@@ -18,6 +18,8 @@ Sections, each printed as JSON lines as it finishes (`loop` only when asked for)
 - `loop` (128x128x128x8, deepseek3-test's 5120x512x512x256, 3840x2048x1408x64): the program clock's cost
   per turn for ragdot.jax on triton beside ragdot's PyTorch call's device time, with the kernels of a
   10-turn program, and XLA's own floor per turn (a tiny fusion as the call).
+- `kernels` (the 48 anchor cells, balanced, bf16): a call's device time as the sum of its kernels' durations
+  (CUPTI) for the bench's ragdot-jax system and its triton system.
 
 Written to explain two findings of the 48-cell JAX bench: cells timed at 0.4-1.5 ms a call whose kernels
 run 0.1 ms (a clock that waited after every call; fixed in ragdot.measure.timing), and mixtral-8x7b's
@@ -172,10 +174,60 @@ def loop(emit) -> None:
         emit(row)
 
 
+def _wait(out) -> None:
+    if hasattr(out, "block_until_ready"):
+        out.block_until_ready()
+    elif torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _kernel_us(run, calls: int) -> tuple[float, dict[str, list]]:
+    """Device µs per call summed over every kernel and copy `run()` (`calls` calls) launches (CUPTI)."""
+    found = _kernels(run)
+    return sum(n * us for n, us in found.values()) / calls, found
+
+
+def kernels(emit, device: str = "cuda", tag: str = "anchor") -> None:
+    """Per anchor cell (48, balanced routing, bf16): the device time of a call as the sum of its kernels'
+    durations (CUPTI, 10 calls, after warm-up), for ragdot.jax's jitted call (`ragdot bench`'s ragdot-jax
+    system) and ragdot's PyTorch call on triton (its triton system): the bridge's device cost, apart from
+    the host's and XLA's loop's."""
+    from ragdot.bench.ceilings import Ceilings
+    from ragdot.bench.jax_system import RagdotJaxSystem
+    from ragdot.bench.runner import BenchConfig, make_operands
+    from ragdot.bench.systems import RagdotSystem
+    from ragdot.measure.classes import CLASSES
+    from ragdot.shapes import shapes_with_tag
+
+    where = torch.device(device)
+    dtype = torch.bfloat16 if where.type == "cuda" else torch.float32
+    cfg = BenchConfig(where, dtype, Ceilings(1.0, 1.0))  # operands only: no ceilings needed
+    systems = {"ragdot-jax": RagdotJaxSystem(where), "triton": RagdotSystem("triton")}
+    for shape in shapes_with_tag(tag):
+        for cls in CLASSES:
+            sets = [make_operands(cls, shape, "balanced", cfg)]
+            row: dict = {"section": "kernels", "shape": shape.name, "cls": cls.name}
+            for name, system in systems.items():
+                (call,) = system.prepare(cls, sets, dtype)
+                for _ in range(3):
+                    call()
+                _wait(call())
+
+                def ten(call=call):
+                    for _ in range(9):
+                        call()
+                    _wait(call())
+
+                row[f"{name}_kernel_us"], row[f"{name}_kernels"] = _kernel_us(ten, 10)
+                system.release()
+            row["ratio"] = row["triton_kernel_us"] / max(row["ragdot-jax_kernel_us"], 1e-9)
+            emit(row)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--sections", nargs="+", choices=("per_call", "backends", "loop"),
+    parser.add_argument("--sections", nargs="+", choices=("per_call", "backends", "loop", "kernels"),
                         default=["per_call", "backends"])
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -190,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "jax_cell_probe.json").write_text(json.dumps(rows, indent=1))
 
     for name in args.sections:
-        {"per_call": per_call, "backends": backends, "loop": loop}[name](emit)
+        {"per_call": per_call, "backends": backends, "loop": loop, "kernels": kernels}[name](emit)
     return 0
 
 
