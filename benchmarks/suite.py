@@ -164,8 +164,9 @@ def _suites() -> dict[str, Suite]:
             Step("peers", ("{py}", "benchmarks/jax_gpu.py", "--out", "{out}/peers", "--steps", "bench", "--budget",
                            "470"), 480, tail=12),
             Step("cells", ("{py}", "benchmarks/jax_cell_probe.py", "--out", "{out}"), 120, tail=8),
-            # an XLA FFI handler launching ragdot's kernel from C: its check and host time per call
-            Step("ffi", ("{py}", "benchmarks/jax_ffi_probe.py", "--out", "{out}/ffi"), 120, tail=30),
+            # the FFI bridge: XLA's loop floor per turn, and every anchor cell's kernels (CUPTI) beside triton's
+            Step("ffi", ("{py}", "benchmarks/jax_cell_probe.py", "--out", "{out}/ffi", "--sections", "loop",
+                         "kernels"), 150, tail=8),
             # tokamax, where benchmarks/tokamax_site.sh put it on PYTHONPATH (exit 2 and one line otherwise)
             Step("tokamax", ("{py}", "benchmarks/tokamax_check.py", "--out", "{out}/tokamax_check.jsonl"), 90,
                  tail=12),

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +12,6 @@ import torch
 pytest.importorskip("jax")
 pytest.importorskip("jax.experimental.buffer_callback")
 
-from helpers import bundled_ptxas  # noqa: E402
 from ragdot.bench.jax_system import RagdotJaxSystem, jax_system  # noqa: E402
 from ragdot.bench.systems import RAGDOT_JAX, TOKAMAX, Operands  # noqa: E402
 from ragdot.cli import main  # noqa: E402
@@ -115,7 +111,6 @@ def test_bench_times_the_jax_systems_on_the_program_clock_where_offered(tmp_path
 
 
 def test_switch_interval_is_set_for_ragdot_jax_cells_only(monkeypatch):
-    import sys
 
     from ragdot.bench.jax_system import SWITCH_ENV
     from ragdot.measure.classes import CLASSES as classes
@@ -136,7 +131,6 @@ def test_switch_interval_is_set_for_ragdot_jax_cells_only(monkeypatch):
 
 def test_host_profile_script_runs_every_section_on_the_cpu(tmp_path):
     import importlib.util
-    from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "jax_host_profile.py"
     spec = importlib.util.spec_from_file_location("jax_host_profile", path)
@@ -159,57 +153,3 @@ def test_host_profile_script_runs_every_section_on_the_cpu(tmp_path):
     assert _bridge.PREPARED  # restored after the before/after rows
 
 
-@pytest.mark.skipif(not bundled_ptxas() or shutil.which(os.environ.get("CC", "cc")) is None,
-                    reason="needs the ptxas bundled with Triton and a C compiler")
-def test_ffi_probe_builds_its_handler_for_a_kernel_compiled_without_a_gpu(tmp_path):
-    """benchmarks/jax_ffi_probe.py --cpu: the kernel compiled for sm_90, the handler generated and built."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the interpreter compiles nothing
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "jax_ffi_probe.py"
-    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--cpu", "--shape", "256,64,64,8"],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    kernels = json.loads((tmp_path / "ffi_probe.json").read_text())["kernels"]
-    assert kernels["triton"]["kernel"] == "ragged_m_tma_flat_kernel"
-    assert kernels["pointer"]["kernel"] == "ragged_m_kernel"
-    assert all((tmp_path / k["built"]).exists() for k in kernels.values())
-
-    def params(name):
-        source = (tmp_path / f"ffi_handler_{name}.c").read_text()
-        return source, source[source.index("void* params[] = {"):].split("}", 1)[0].split("{", 1)[1].split(", ")
-
-    source, pointer = params("pointer")
-    # the four buffers in the kernel's order (a, b, c, ends), the integers that were not specialised, the scratch
-    assert pointer[:4] == ["&lhs", "&rhs", "&out", "&sizes"] and pointer[-2:] == ["&global_scratch", "&profile_scratch"]
-    assert "int32_t arg4 = 256;" in source  # M
-    source, tma = params("triton")
-    # per descriptor (lhs [1, M, K], rhs [1, G, K, N]): its tensor map, encoded from the buffer per call, then
-    # its shape and strides; then c and the group sizes
-    assert tma[0] == "&map0" and tma[7] == "&map1" and tma[16:18] == ["&out", "&sizes"]
-    assert "(void*)lhs" in source and "(void*)rhs" in source and "const cuuint64_t dims[] = {64, 256, 1};" in source
-    _handler_answers_xla_on_the_cpu(tmp_path / kernels["pointer"]["built"])
-
-
-def _handler_answers_xla_on_the_cpu(library: Path) -> None:
-    """Registered for XLA's CPU platform, the handler answers the metadata query, decodes the call and returns
-    its errors as XLA errors (where no CUDA driver is: with one, it would launch a made-up kernel)."""
-    import ctypes
-
-    import jax
-    import jax.numpy as jnp
-
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        pass
-    else:
-        return
-    lib = ctypes.CDLL(str(library))
-    jax.ffi.register_ffi_target("ragdot_ffi_probe_test", jax.ffi.pycapsule(lib.ragdot_ffi_call), platform="cpu")
-    call = jax.jit(lambda a, b, c: jax.ffi.ffi_call("ragdot_ffi_probe_test", jax.ShapeDtypeStruct((8, 4), a.dtype))(
-        a, b, c))
-    operands = (jnp.ones((8, 2)), jnp.ones((2, 2, 4)), jnp.ones((2,), jnp.int32))
-    with pytest.raises(Exception, match="no kernel set"):
-        call(*operands).block_until_ready()
-    lib.ragdot_ffi_set_kernel(ctypes.c_uint64(1))
-    with pytest.raises(Exception, match="cuLaunchKernelEx not found"):
-        call(*operands).block_until_ready()
