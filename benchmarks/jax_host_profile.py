@@ -462,6 +462,18 @@ def _shape(spec: str, flag: str) -> tuple[int, int, int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The sections, with RAGDOT_JAX_BRIDGE=callback (the bridge profiled) unless it is set; the environment
+    as it was afterwards."""
+    before = os.environ.get("RAGDOT_JAX_BRIDGE")
+    os.environ.setdefault("RAGDOT_JAX_BRIDGE", "callback")
+    try:
+        return _main(argv)
+    finally:
+        if before is None:
+            os.environ.pop("RAGDOT_JAX_BRIDGE", None)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for host_profile.csv/json and profiles")
     parser.add_argument("--cpu", action="store_true", help="jax's CPU build, float32 (else the GPU, bfloat16)")
@@ -470,7 +482,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-shape", default=None, help="M,K,N,G of the sync section ('none': skip it)")
     parser.add_argument("--sync-calls", type=int, default=0, help="calls per batch there (default 50)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("RAGDOT_JAX_BRIDGE", "callback")  # the bridge this script profiles
     jax = _jax(args.cpu)
     import torch
 
