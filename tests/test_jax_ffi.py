@@ -220,8 +220,12 @@ def test_plans_are_not_taken_on_the_cpu_and_every_call_runs_ragdot_s_code(monkey
         got = f(lhs, rhs)
     np.testing.assert_allclose(np.asarray(got), np.asarray(jax.lax.ragged_dot(lhs, rhs, sizes)), rtol=1e-5,
                                atol=1e-5)
-    (mine,) = [s for s in _ffi.stats() if s["signature"].lhs_shape == (23, 5) and not s["backward"]]
+    (mine,) = [s for s in rj.bridge_stats() if s["signature"].lhs_shape == (23, 5) and not s["backward"]]
     assert mine["resolved"] == 3 and mine["planned"] == []
+    rj.clear_plans()  # forgets plans (none here) and records again; the calls go on
+    np.testing.assert_array_equal(np.asarray(f(lhs, rhs)), np.asarray(got))
+    (mine,) = [s for s in rj.bridge_stats() if s["signature"].lhs_shape == (23, 5) and not s["backward"]]
+    assert mine["resolved"] == 4
 
 
 _GPU_CASES = {  # name: (lhs shape, rhs shape, ((contracting), (batch)), lhs ragged, rhs group)

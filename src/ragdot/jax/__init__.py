@@ -4,8 +4,12 @@
     out = jax.jit(ragdot.jax.ragged_dot)(tokens, expert_weights, group_sizes)   # [M, K] x [G, K, N] -> [M, N]
 
 Calls work inside `jax.jit` with traced group sizes (no host synchronisation), are differentiable with
-`jax.grad`/`jax.vjp` in all three modes, and reach ragdot's PyTorch code through
-`jax.experimental.buffer_callback` on XLA's own buffers and stream (docs/jax.md). Needs the `jax` extra.
+`jax.grad`/`jax.vjp` in all three modes. Each is an XLA FFI custom call on XLA's own buffers and stream
+whose C handler replays the Triton launches ragdot recorded on the signature's first call, or runs
+ragdot's PyTorch code where that is not possible (`jax.experimental.buffer_callback` where the handler
+cannot be built); docs/jax.md. `clear_plans()` forgets the recorded launches (after changing the tuning
+cache or torch's TF32 setting); `bridge_stats()` says per traced call whether it runs from C. Needs the
+`jax` extra.
 """
 
 from __future__ import annotations
@@ -20,5 +24,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ragdot.dimension_numbers import RaggedDotDimensionNumbers
 from ragdot.jax._api import ragged_dot, ragged_dot_general
+from ragdot.jax._ffi import clear_plans
+from ragdot.jax._ffi import stats as bridge_stats
 
-__all__ = ["RaggedDotDimensionNumbers", "ragged_dot", "ragged_dot_general"]
+__all__ = ["RaggedDotDimensionNumbers", "ragged_dot", "ragged_dot_general", "clear_plans", "bridge_stats"]
