@@ -289,3 +289,43 @@ def test_on_the_gpu_triton_calls_replay_from_c_with_the_callback_s_bits(case, mo
             assert np.array_equal(a, b, equal_nan=False)
     if case != "wgrad":
         assert np.all(fast[0][0][824:] == 0)  # the tail rows
+
+
+def test_a_record_is_its_thread_s_and_a_launch_outside_the_hooks_marks_it_foreign():
+    """What `ragdot.kernels.record` notes: this thread's BoundLaunches and scratch, not another thread's
+    launches meanwhile; a launch through `configs.run_kernel` makes the record foreign (never replayed); a
+    second thread's record waits for the first; an inner record in one thread is refused."""
+    import threading
+
+    from ragdot.kernels import configs, ends
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernels need a GPU or the interpreter")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sizes = torch.tensor([3, 0, 5], dtype=torch.int32, device=device)
+    order = []
+
+    def other():
+        ends.group_ends(sizes, 16)  # not in this thread's record
+        with record.recording() as theirs:
+            order.append("theirs")
+        order.append(len(theirs.steps))
+
+    with record.recording() as rec:
+        got = ends.group_ends(sizes, 16)
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(timeout=0.5)  # it launches, then waits for this record to end
+        order.append("mine")
+        with pytest.raises(RuntimeError, match="already active in this thread"), record.recording():
+            pass
+    thread.join(timeout=30)
+    assert order == ["mine", "theirs", 0]
+    assert got.tolist() == [3, 3, 8]
+    assert [type(s).__name__ for s in rec.steps] == ["Launch"] and len(rec.scratch) == 1 and not rec.foreign
+    with record.recording() as rec:
+        out = torch.empty(3, dtype=torch.int32, device=device)
+        configs.run_kernel(ends._group_ends_kernel, (1,), sizes, out, 3, 16, 1, 16, BLOCK_G=16, num_warps=1)
+    assert rec.foreign and rec.steps == []
+    with pytest.raises(_plan.Unplannable, match="outside ragdot's recorded launches"):
+        _plan.program(rec, [], None)

@@ -287,12 +287,12 @@ class Bridge:
     def forward_tensors(self, p: _Prepared, out: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor,
                         sizes: torch.Tensor | None) -> bool:
         """The forward on torch views of XLA's buffers (the caller made XLA's stream current); whether it was
-        ragdot's Triton kernel writing `out` directly (nothing else launched)."""
+        a prepared kernel that declares its calls replayable (`ragdot.kernels.record`) writing `out`."""
         if p.call is None:
             p.bind(self, lhs, rhs, sizes)
         launch = p.forward_launch(lhs, rhs)
         launch(lhs, rhs, None if p.batch else sizes, out)
-        return launch is not None and not isinstance(launch, _CopyingLaunch)
+        return getattr(launch, "replayable", False)
 
     def forward_general(self, ctx: Any, out: Any, lhs: Any, rhs: Any, sizes: Any) -> None:
         """The forward through ragdot's general call path (every step looked up again)."""
@@ -325,7 +325,7 @@ class Bridge:
                          rhs: torch.Tensor, sizes: torch.Tensor, dout: torch.Tensor) -> bool:
         """The backward on torch views of XLA's buffers: the `_Call`'s backward outside grad mode, i.e. its
         bound gradient products (`ragdot.grad_plan`), written straight into `outs` where they are Triton
-        kernels (then True: nothing else launched), else computed and copied."""
+        kernels (then True where both declare their calls replayable), else computed and copied (False)."""
         grad_mode = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
@@ -338,7 +338,7 @@ class Bridge:
                 for product, dst in zip(bound, outs):
                     (i, v), (j, w) = product.sources
                     product.fn.prepared(_operand(users, (i, v)), _operand(users, (j, w)), used, dst)
-                return True
+                return all(getattr(p.fn.prepared, "replayable", False) for p in bound)
             da, db = call.backward(lhs, rhs, used, dout, (True, True), None, into=True)
             dlhs.copy_(da)
             drhs.copy_(db)

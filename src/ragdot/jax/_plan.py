@@ -141,6 +141,8 @@ def program(record: Record, buffers: list[tuple[int, int]], workspace: int | Non
     """The launch program of `record` over `buffers` ((address, bytes) in the handler's order: operands,
     then results); `workspace` is the index of the workspace result. `loaded=False` accepts kernels compiled
     without a GPU (function 0: for checking the program's layout only)."""
+    if record.foreign:
+        raise Unplannable("the call launched a kernel outside ragdot's recorded launches")
     if not record.steps:
         raise Unplannable("the call launched nothing")
     try:

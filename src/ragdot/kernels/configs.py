@@ -439,7 +439,11 @@ def launch_options(cfg: TileConfig, device: torch.device) -> dict[str, Any]:
 
 
 def run_kernel(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Any:
-    """Launch a @triton.jit kernel on `grid` (or only compile it inside `compile_only`); returns its handle."""
+    """Launch a @triton.jit kernel on `grid` (or only compile it inside `compile_only`); returns its handle.
+    Inside a `record.recording()` block the record is marked foreign (this launch is not in it)."""
+    rec = record.active()
+    if rec is not None:
+        rec.foreign = True
     if _AOT_TARGET is not None:
         return kernel.warmup(*args, grid=grid, **kwargs)
     return kernel[grid](*args, **kwargs)

@@ -155,15 +155,16 @@ class BoundLaunch:
 
     def __call__(self, *args: Any) -> Any:
         """Launch with the runtime arguments (tensors, descriptors, scalars) in parameter order."""
-        rec = _record._ACTIVE
-        if rec is not None:  # ragdot.kernels.record: launch as usual, then note the launch
-            _record._ACTIVE = None
-            try:
-                compiled = self(*args)
-            finally:
-                _record._ACTIVE = rec
-            rec.steps.append(_record.Launch(compiled, self.grid, args, self.device))
-            return compiled
+        if _record._ACTIVE is not None:  # ragdot.kernels.record: launch as usual, then note the launch
+            rec = _record.active()
+            if rec is not None:  # this thread's record (the only one: records are taken one at a time)
+                _record._ACTIVE = None
+                try:
+                    compiled = self(*args)
+                finally:
+                    _record._ACTIVE = rec
+                rec.steps.append(_record.Launch(compiled, self.grid, args, self.device))
+                return compiled
         if not self._direct or configs._AOT_TARGET is not None:
             return configs.run_kernel(self.kernel, self.grid, *args, **self.constexprs, **self.options)
         if torch.cuda.current_device() != self.device:  # Triton launches on the current device: make it ours

@@ -272,6 +272,8 @@ class Prepared:
     `from_sizes` the third argument of a call is the raw group sizes ([G], any integer dtype; `scale` rows
     per unit), which the ranking kernel turns into clamped ends."""
 
+    replayable = True  # a call is BoundLaunches and ragdot.kernels.record's hooks alone (ragdot.jax replays it)
+
     def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype, config: TileConfig | None,
                  from_sizes: bool = False, scale: int = 1):
         bt, r, m = a.shape

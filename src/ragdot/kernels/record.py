@@ -4,14 +4,18 @@ Inside `recording()`, every `BoundLaunch` notes its compiled kernel and its runt
 output that is all zeros notes the zero fill, and every per-call temporary a kernel owner makes with
 `scratch` is noted as such (the launches still happen: the recorded call computes its result as usual).
 `ragdot.jax` turns such a record into a launch plan that its XLA FFI handler replays in C on later calls
-(`ragdot.jax._plan`). A call that does GPU work no hook sees (a torch operator, a copy) cannot be replayed:
-the owners that record are the Triton kernels' prepared calls, and the plan builder refuses a record holding
-a tensor it cannot place (so nothing is replayed that was not recorded).
+(`ragdot.jax._plan`). A call that does GPU work no hook sees (a torch operator, a copy) cannot be replayed,
+so only prepared calls that declare `replayable = True` (their calls are `BoundLaunch`es and these hooks
+alone: `ragged_m.Prepared`, `ragged_k.Prepared`) are turned into plans; a launch through
+`configs.run_kernel` inside a record marks it foreign, and the plan builder refuses a foreign record and one
+holding a tensor it cannot place. A record belongs to the thread that took it: launches of other threads
+meanwhile are not in it, and a second thread's `recording()` waits for the first to end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,32 +42,38 @@ class Record:
 
     steps: list[Any] = field(default_factory=list)
     scratch: list[torch.Tensor] = field(default_factory=list)
+    thread: int = field(default_factory=threading.get_ident)
+    foreign: bool = False  # something launched outside the hooks (configs.run_kernel)
 
 
-_ACTIVE: Record | None = None
+_ACTIVE: Record | None = None  # the launch path reads this global; the thread is compared only when it is set
+_LOCK = threading.Lock()
 
 
 def active() -> Record | None:
-    """The record being taken, if any (the hooks' one global read on the launch path)."""
-    return _ACTIVE
+    """The record this thread is taking, if any."""
+    rec = _ACTIVE
+    return rec if rec is not None and rec.thread == threading.get_ident() else None
 
 
 @contextlib.contextmanager
 def recording() -> Iterator[Record]:
-    """Record what the calls made inside the block launch (not re-entrant: an inner block is refused)."""
+    """Record what this thread's calls inside the block launch (not re-entrant: an inner block is refused)."""
     global _ACTIVE
-    if _ACTIVE is not None:
-        raise RuntimeError("recording() is already active")
-    _ACTIVE = record = Record()
-    try:
-        yield record
-    finally:
-        _ACTIVE = None
+    if active() is not None:
+        raise RuntimeError("recording() is already active in this thread")
+    with _LOCK:
+        _ACTIVE = record = Record()
+        try:
+            yield record
+        finally:
+            _ACTIVE = None
 
 
 def scratch(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A per-call temporary written by the call's own launches before they read it (`torch.empty`)."""
     t = torch.empty(shape, dtype=dtype, device=device)
-    if _ACTIVE is not None:
-        _ACTIVE.scratch.append(t)
+    rec = active()
+    if rec is not None:
+        rec.scratch.append(t)
     return t
