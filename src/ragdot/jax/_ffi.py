@@ -162,6 +162,7 @@ class _Slot:
     resolved: int = 0  # calls that ran in Python
     why: dict[int, str] = field(default_factory=dict)  # per device, why no plan
     views: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # (device, *addresses) -> views
+    kept: dict[int, list[Any]] = field(default_factory=dict)  # per device, the compiled kernels of its plan
 
     def run(self, tensors: list[torch.Tensor], device: int, stream: int) -> None:
         """The call in Python on torch views of its buffers (device -1: the host; -2: the current CUDA device,
@@ -203,6 +204,8 @@ class _Slot:
             return False
         self.planned.add(device)
         self.why.pop(device, None)
+        # the plan holds raw CUfunction handles: keep their compiled kernels alive with it
+        self.kept[device] = [step.compiled for step in rec.steps if isinstance(step, record.Launch)]
         return True
 
 
