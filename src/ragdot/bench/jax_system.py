@@ -5,9 +5,10 @@ jitted program per class and shape compiled ahead of time, asynchronous calls ti
 around a batch ending in `block_until_ready`, and, where the graph clock is asked for, on the program clock
 (`XlaSystem.programs`: n calls in one jitted program).
 
-`ragdot-jax` runs ragdot's own kernels inside XLA's program (a buffer callback on XLA's stream), with
-ragdot's choice of backend; its extra memory is XLA's account (the output buffer; with the Triton kernels
-the output is written in place and nothing else is allocated). With $RAGDOT_JAX_SWITCH_INTERVAL set (seconds),
+`ragdot-jax` runs ragdot's own kernels inside XLA's program (ragdot.jax's custom call on XLA's stream), with
+ragdot's choice of backend; its extra memory is XLA's account (the output buffer and the call's workspace,
+16 bytes a group twice over; with the Triton kernels the output is written in place and nothing else is
+allocated). With $RAGDOT_JAX_SWITCH_INTERVAL set (seconds),
 its cells run under that CPython switch interval (the interpreter's own is restored after each cell).
 Its calls go through the jitted function (jax's C++ fast path), not the ahead-of-time compiled object
 (which jax dispatches in Python when the program holds a host callback; $RAGDOT_JAX_BENCH_CALL=aot times
