@@ -42,6 +42,18 @@ def test_the_handler_library_builds_and_registers_where_a_c_compiler_is(monkeypa
     assert _ffi.reason() is None
 
 
+@needs_library
+def test_the_library_is_built_in_the_temporary_folder_where_the_cache_folder_cannot_be_written(monkeypatch,
+                                                                                                tmp_path):
+    import tempfile
+
+    monkeypatch.setenv("RAGDOT_CACHE_DIR", "/proc/ragdot-cannot-write-here")
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    built = _ffi.build()
+    assert built.parent == tmp_path / "ragdot-ffi" and built.is_file()
+    assert _ffi.build() == built  # found there the next time
+
+
 def test_the_bridge_mode_is_checked(monkeypatch):
     monkeypatch.setenv("RAGDOT_JAX_BRIDGE", "fast")
     with pytest.raises(ValueError, match="RAGDOT_JAX_BRIDGE must be one of ffi, callback, general"):

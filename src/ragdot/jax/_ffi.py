@@ -2,7 +2,8 @@
 
 `ffi_launch.c` is built once per machine with the C compiler ($CC, else cc or gcc) against jaxlib's FFI
 header and the `cuda.h` that ships with Triton, into ragdot's cache folder (`$RAGDOT_CACHE_DIR`, else
-~/.cache/ragdot; the file name holds a hash of the source and both headers), loaded with ctypes and
+~/.cache/ragdot; the temporary folder where that is not writable; the file name holds a hash of the source
+and both headers), loaded with ctypes and
 registered as the custom call target "ragdot_launch" for CUDA and for the host. Each traced ragdot.jax
 forward or backward gets a launch slot (its `Bridge`, which direction, its buffers' shapes and dtypes),
 passed to the custom call as its `slot` attribute with this process's random token in the high 32 bits: a
@@ -72,13 +73,21 @@ def build() -> Path:
     digest = hashlib.sha256()
     for part in (SOURCE, api, cuda_h):
         digest.update(part.read_bytes())
-    target = _cache_dir() / f"ragdot_ffi_{digest.hexdigest()[:16]}.so"
-    if target.is_file():
-        return target
+    name = f"ragdot_ffi_{digest.hexdigest()[:16]}.so"
+    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / "ragdot-ffi"):
+        if (folder / name).is_file():
+            return folder / name
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC)")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target = _cache_dir() / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(target.parent, os.W_OK):
+            raise PermissionError(target.parent)
+    except OSError:  # a read-only cache folder: the temporary folder instead
+        target = Path(tempfile.gettempdir()) / "ragdot-ffi" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         scratch = Path(tmp) / target.name
         command = [compiler, "-O2", "-shared", "-fPIC", "-std=gnu11", f"-I{xla_include}", f"-I{cuda_include}",
