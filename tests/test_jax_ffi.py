@@ -149,6 +149,29 @@ def test_compiled_ragged_m_plan_moves_every_argument_with_its_buffer(tma):
 
 @needs_library
 @needs_ptxas
+def test_compiled_a_slot_installs_the_plan_of_a_recorded_call():
+    """`_Slot._plan` over the call's buffers (address, bytes): the program goes into the library's slot table
+    for that device (a kernel compiled without a GPU: function 0, never launched); a record it cannot place
+    leaves the device without a plan, saying why."""
+    from ragdot.jax._bridge import Bridge
+    from ragdot.kernels import ragged_m as rm
+
+    m, k, n, g = 128, 64, 128, 4
+    a, b = torch.randn(1, m, k, dtype=BF), torch.randn(1, g, k, n, dtype=BF)
+    sizes, out = torch.full((g,), m // g, dtype=torch.int32), torch.empty(1, m, n, dtype=BF)
+    rec = _recorded(lambda: rm.Prepared(a, b, BF, TMA, from_sizes=True)(a, b, sizes, out))
+    rec.steps[0].compiled.function = 0  # not loaded: the library stores the program, nothing launches it
+    slot = _ffi._Slot(Bridge(None), False, (), index=10_000)
+    workspace = torch.empty(512, dtype=torch.uint8)
+    buffers = _buffers([a, b, sizes, out, workspace])
+    assert slot._plan(rec, True, buffers, 3) and slot.planned == {3} and slot.kept[3]
+    assert not slot._plan(rec, True, buffers[1:], 5) and "lies in 0" in slot.why[5]
+    assert not slot._plan(rec, False, buffers, 6) and "Triton kernels alone" in slot.why[6]
+    _ffi.library().ragdot_ffi_set_plan(10_000, 3, None, 0)  # the test's plan removed again
+
+
+@needs_library
+@needs_ptxas
 def test_compiled_ragged_k_plan_puts_its_ranking_in_the_workspace():
     from ragdot.kernels import ragged_k as rk
 
@@ -200,7 +223,7 @@ def test_the_plan_checks_of_compiled_kernels_in_a_process_without_the_interprete
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
                            "compiled"], capture_output=True, text=True, env=env, timeout=900,
                           cwd=os.path.dirname(__file__))
-    assert proc.returncode == 0 and "4 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and "5 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 @needs_library

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import math
 import os
 import secrets
 import shutil
@@ -170,12 +171,14 @@ class _Slot:
     planned: set[int] = field(default_factory=set)  # devices with a plan installed
     resolved: int = 0  # calls that ran in Python
     why: dict[int, str] = field(default_factory=dict)  # per device, why no plan
-    views: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # (device, *addresses) -> views
+    views: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # (device, *addresses) -> views,
+    # of every buffer but the workspace (only a plan uses it)
     kept: dict[int, list[Any]] = field(default_factory=dict)  # per device, the compiled kernels of its plan
 
-    def run(self, tensors: list[torch.Tensor], device: int, stream: int) -> None:
-        """The call in Python on torch views of its buffers (device -1: the host; -2: the current CUDA device,
-        where XLA did not say which); the first on a CUDA device recorded, and its plan installed."""
+    def run(self, tensors: list[torch.Tensor], buffers: list[tuple[int, int]], device: int, stream: int) -> None:
+        """The call in Python on torch views of its buffers but the workspace (`buffers`: every buffer's address
+        and bytes; device -1: the host; -2: the current CUDA device, where XLA did not say which); the first
+        calls on a CUDA device recorded, and a plan installed where one comes of them."""
         bridge = self.bridge
         where = torch.device("cuda", device) if device >= 0 else torch.device("cpu")
         p = bridge.prepared_at(where, stream if device >= 0 else None)
@@ -184,25 +187,24 @@ class _Slot:
         try:
             with record.recording() if take else contextlib.nullcontext() as rec:
                 if self.backward:
-                    lhs, rhs, sizes, dout, dlhs, drhs, _ = tensors
+                    lhs, rhs, sizes, dout, dlhs, drhs = tensors
                     direct = bridge.backward_tensors(p, (dlhs, drhs), lhs, rhs, sizes, dout)
                 else:
-                    lhs, rhs, sizes, out, _ = tensors
+                    lhs, rhs, sizes, out = tensors
                     direct = bridge.forward_tensors(p, out, lhs, rhs, sizes)
         finally:
             p.stream.exit(previous)
         self.resolved += 1
-        if take and not self._plan(rec, direct, tensors, device):
+        if take and not self._plan(rec, direct, buffers, device):
             self.tried[device] = self.tried.get(device, 0) + 1
 
-    def _plan(self, rec: record.Record, direct: bool, tensors: list[torch.Tensor], device: int) -> bool:
+    def _plan(self, rec: record.Record, direct: bool, buffers: list[tuple[int, int]], device: int) -> bool:
         """Install the plan of a recorded call; whether it was."""
         if not direct:
             self.why[device] = "the backend's call is not ragdot's Triton kernels alone"
             return False
-        buffers = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
         try:
-            words = _plan.program(rec, buffers, len(tensors) - 1)
+            words = _plan.program(rec, buffers, len(buffers) - 1)
         except _plan.Unplannable as e:
             self.why[device] = str(e)
             return False
@@ -266,14 +268,13 @@ class _CudaArray:
         self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (address, False), "version": 2}
 
 
-def _tensor(address: int, shape: tuple[int, ...], dtype: torch.dtype, device: int) -> torch.Tensor:
-    size = torch.Size(shape).numel() * dtype.itemsize
+def _tensor(address: int, size: int, shape: tuple[int, ...], dtype: torch.dtype, device: int) -> torch.Tensor:
+    """A torch view of `size` bytes at `address` (host memory for device -1, else that CUDA device's)."""
     if size == 0 or address == 0:
         return torch.empty(shape, dtype=dtype, device="cpu" if device < 0 else f"cuda:{device}")
     if device < 0:
-        raw = torch.frombuffer((ctypes.c_uint8 * size).from_address(address), dtype=torch.uint8)
-    else:
-        raw = torch.as_tensor(_CudaArray(address, size), device=f"cuda:{device}")
+        return torch.frombuffer((ctypes.c_char * size).from_address(address), dtype=dtype).view(shape)
+    raw = torch.as_tensor(_CudaArray(address, size), device=f"cuda:{device}")
     return raw.view(dtype).view(shape)
 
 
@@ -285,14 +286,16 @@ def _resolve(index: int, device: int, stream: int, n: int, ptrs: Any, message: i
             s.tried[device] = _RECORDS  # XLA did not name the device: no plan
         if n != len(s.specs):
             raise RuntimeError(f"ragdot.jax: the call has {n} buffers, its slot {len(s.specs)}")
-        key = (device, *ptrs[:n])
+        addresses = ptrs[:n]
+        buffers = [(a, math.prod(shape) * dtype.itemsize) for a, (shape, dtype) in zip(addresses, s.specs)]
+        key = (device, *addresses)
         tensors = s.views.get(key)
         if tensors is None:  # XLA often hands a program's calls the same buffers: their views are kept
-            tensors = [_tensor(ptrs[i], shape, dtype, device) for i, (shape, dtype) in enumerate(s.specs)]
+            tensors = [_tensor(a, b, shape, dtype, device) for (a, b), (shape, dtype) in zip(buffers, s.specs[:-1])]
             if len(s.views) >= 8:
                 s.views.clear()
             s.views[key] = tensors
-        s.run(tensors, device, stream)
+        s.run(tensors, buffers, device, stream)
         return 0
     except BaseException as e:  # noqa: BLE001 - reported to XLA, which raises it in the caller
         text = f"{type(e).__name__}: {e}".encode()[: max(size - 1, 0)]
