@@ -71,7 +71,8 @@ def _kernels(run) -> dict[str, list]:
     found = {}
     for e in prof.key_averages():
         total = getattr(e, "self_device_time_total", 0)
-        if total > 0:
+        # device events only: a host op range (ragdot::ragged_k, aten::...) carries its kernels' time too
+        if total > 0 and str(getattr(e, "device_type", "CUDA")).endswith(("CUDA", "PrivateUse1")):
             found[e.key[:80]] = [e.count, round(total / max(e.count, 1), 1)]
     return found
 
