@@ -331,16 +331,11 @@ def _host_timings(jax, rj, ragdot, buffer_callback, torch, mkng, dt, tdt, dev, c
 
 
 def _traced_with(jax, bridge: str, fn, args):
-    """`fn` (jitted) traced and run once with RAGDOT_JAX_BRIDGE=`bridge`, the environment restored after."""
-    before = os.environ.get("RAGDOT_JAX_BRIDGE")
-    os.environ["RAGDOT_JAX_BRIDGE"] = bridge
-    try:
+    """`fn` (jitted) traced and run once with RAGDOT_JAX_BRIDGE=`bridge` (`ragdot.jax._ffi.bridge_mode`)."""
+    from ragdot.jax._ffi import bridge_mode
+
+    with bridge_mode(bridge):
         jax.block_until_ready(fn(*args))
-    finally:
-        if before is None:
-            os.environ.pop("RAGDOT_JAX_BRIDGE", None)
-        else:
-            os.environ["RAGDOT_JAX_BRIDGE"] = before
     return fn
 
 

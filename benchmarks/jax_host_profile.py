@@ -464,13 +464,10 @@ def _shape(spec: str, flag: str) -> tuple[int, int, int, int]:
 def main(argv: list[str] | None = None) -> int:
     """The sections, with RAGDOT_JAX_BRIDGE=callback (the bridge profiled) unless it is set; the environment
     as it was afterwards."""
-    before = os.environ.get("RAGDOT_JAX_BRIDGE")
-    os.environ.setdefault("RAGDOT_JAX_BRIDGE", "callback")
-    try:
+    from ragdot.jax._ffi import bridge_mode
+
+    with bridge_mode(os.environ.get("RAGDOT_JAX_BRIDGE") or "callback"):
         return _main(argv)
-    finally:
-        if before is None:
-            os.environ.pop("RAGDOT_JAX_BRIDGE", None)
 
 
 def _main(argv: list[str] | None) -> int:

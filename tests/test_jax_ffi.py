@@ -60,6 +60,16 @@ def test_the_bridge_mode_is_checked(monkeypatch):
         _ffi.mode()
     monkeypatch.setenv("RAGDOT_JAX_BRIDGE", "callback")
     assert not _ffi.available() and _ffi.reason() == "RAGDOT_JAX_BRIDGE=callback"
+    with _ffi.bridge_mode("general"):
+        assert _ffi.mode() == "general"
+    assert _ffi.mode() == "callback"  # as it was
+    monkeypatch.delenv("RAGDOT_JAX_BRIDGE")
+    with _ffi.bridge_mode("callback"):
+        assert _ffi.mode() == "callback"
+    assert "RAGDOT_JAX_BRIDGE" not in os.environ
+    with pytest.raises(ValueError, match="bridge_mode: expected one of ffi, callback, general"), \
+            _ffi.bridge_mode("fast"):
+        pass
 
 
 def _trace(words: list[int], ptrs: list[int]) -> list[int]:

@@ -338,7 +338,7 @@ class Bridge:
                 for product, dst in zip(bound, outs):
                     (i, v), (j, w) = product.sources
                     product.fn.prepared(_operand(users, (i, v)), _operand(users, (j, w)), used, dst)
-                return all(getattr(p.fn.prepared, "replayable", False) for p in bound)
+                return all(getattr(product.fn.prepared, "replayable", False) for product in bound)
             da, db = call.backward(lhs, rhs, used, dout, (True, True), None, into=True)
             dlhs.copy_(da)
             drhs.copy_(db)

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from ragdot.jax import _plan
 from ragdot.jax._bridge import Bridge
 from ragdot.kernels import record
 
-__all__ = ["TARGET", "MODES", "mode", "available", "reason", "slot", "clear_plans", "stats", "library"]
+__all__ = ["TARGET", "MODES", "mode", "bridge_mode", "available", "reason", "slot", "clear_plans", "stats", "library"]
 
 TARGET = "ragdot_launch"
 SOURCE = Path(__file__).with_name("ffi_launch.c")
@@ -75,20 +76,21 @@ def build() -> Path:
     for part in (SOURCE, api, cuda_h):
         digest.update(part.read_bytes())
     name = f"ragdot_ffi_{digest.hexdigest()[:16]}.so"
-    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / "ragdot-ffi"):
+    cache, temporary = _cache_dir(), Path(tempfile.gettempdir()) / "ragdot-ffi"
+    for folder in (cache, temporary):
         if (folder / name).is_file():
             return folder / name
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC)")
     try:
-        target = _cache_dir() / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(target.parent, os.W_OK):
-            raise PermissionError(target.parent)
+        cache.mkdir(parents=True, exist_ok=True)
+        if not os.access(cache, os.W_OK):
+            raise PermissionError(cache)
+        target = cache / name
     except OSError:  # a read-only cache folder: the temporary folder instead
-        target = Path(tempfile.gettempdir()) / "ragdot-ffi" / name
-        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary.mkdir(parents=True, exist_ok=True)
+        target = temporary / name
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         scratch = Path(tmp) / target.name
         command = [compiler, "-O2", "-shared", "-fPIC", "-std=gnu11", f"-I{xla_include}", f"-I{cuda_include}",
@@ -145,6 +147,22 @@ def mode() -> str:
     return value
 
 
+@contextlib.contextmanager
+def bridge_mode(value: str) -> Iterator[None]:
+    """RAGDOT_JAX_BRIDGE set to `value` inside the block (calls traced there take that bridge), then as it was."""
+    if value not in MODES:
+        raise ValueError(f"bridge_mode: expected one of {', '.join(MODES)}, got {value!r}")
+    before = os.environ.get("RAGDOT_JAX_BRIDGE")
+    os.environ["RAGDOT_JAX_BRIDGE"] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAGDOT_JAX_BRIDGE", None)
+        else:
+            os.environ["RAGDOT_JAX_BRIDGE"] = before
+
+
 def available() -> bool:
     """Whether ragdot.jax calls go through the FFI custom call (mode "ffi" and the library built)."""
     return mode() == "ffi" and library() is not None
@@ -174,6 +192,10 @@ class _Slot:
     views: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # (device, *addresses) -> views,
     # of every buffer but the workspace (only a plan uses it)
     kept: dict[int, list[Any]] = field(default_factory=dict)  # per device, the compiled kernels of its plan
+    nbytes: tuple[int, ...] = field(init=False)  # per buffer, from specs
+
+    def __post_init__(self) -> None:
+        self.nbytes = tuple(math.prod(shape) * dtype.itemsize for shape, dtype in self.specs)
 
     def run(self, tensors: list[torch.Tensor], buffers: list[tuple[int, int]], device: int, stream: int) -> None:
         """The call in Python on torch views of its buffers but the workspace (`buffers`: every buffer's address
@@ -287,7 +309,7 @@ def _resolve(index: int, device: int, stream: int, n: int, ptrs: Any, message: i
         if n != len(s.specs):
             raise RuntimeError(f"ragdot.jax: the call has {n} buffers, its slot {len(s.specs)}")
         addresses = ptrs[:n]
-        buffers = [(a, math.prod(shape) * dtype.itemsize) for a, (shape, dtype) in zip(addresses, s.specs)]
+        buffers = list(zip(addresses, s.nbytes))
         key = (device, *addresses)
         tensors = s.views.get(key)
         if tensors is None:  # XLA often hands a program's calls the same buffers: their views are kept
