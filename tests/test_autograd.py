@@ -9,6 +9,7 @@ import ragdot
 from helpers import TOL, backend_dtype_params, nerr, rand
 from oracle import ragged_dot_general_oracle
 from ragdot import RaggedDotDimensionNumbers as DN
+from ragdot.dimension_numbers import RAGGED_DOT_DN as _RAGGED_DOT_DN
 from test_backends import maxtext_classes
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -84,3 +85,34 @@ def test_gradcheck_float64(backend, case):
     lhs = torch.randn(lshape, generator=gen, dtype=torch.float64, requires_grad=True)
     rhs = torch.randn(rshape, generator=gen, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: ragdot.ragged_dot_general(a, b, gs, dn, backend=backend), (lhs, rhs))
+
+
+@pytest.mark.parametrize("backend,dtype", PARAMS, ids=IDS)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_weight_gradient_of_a_transposed_view_comes_in_the_weights_layout(backend, dtype, compiled):
+    """rhs = w.transpose(1, 2) of a contiguous w [G, N, K] (nn.Linear's [out, in] per expert): the gradient of
+    the view comes with the view's strides, so w.grad is that memory itself, contiguous (AccumulateGrad copies
+    a gradient in any other layout: a weight-sized transient), and equals the oracle's."""
+    gen = torch.Generator().manual_seed(12)
+    rows = rand((40, 16), dtype, DEV, gen)
+    w = rand((4, 24, 16), dtype, DEV, gen)  # [G, N, K]
+    gs = torch.tensor([12, 0, 15, 9], dtype=torch.int32, device=DEV)
+    cot = torch.randn(40, 24, generator=gen, dtype=torch.float64)
+
+    def fn(a, b):
+        return ragdot.ragged_dot(a, b.transpose(1, 2), gs, backend=backend)
+
+    run = torch.compile(fn, fullgraph=True, backend="aot_eager") if compiled else fn
+    for _ in range(2):  # the second eager call takes the bound backward of the first
+        x, v = rows.detach().requires_grad_(True), w.detach().requires_grad_(True)
+        out = run(x, v)
+        out.backward(cot.to(out.device, out.dtype))
+        assert v.grad.is_contiguous() and v.grad.shape == w.shape
+        _, rdx, rdw = _grads(lambda a, b: ragged_dot_general_oracle(a, b.transpose(1, 2), gs, _RAGGED_DOT_DN),
+                             rows.cpu().double(), w.cpu().double(), cot)
+        assert nerr(x.grad, rdx) <= TOL[dtype] and nerr(v.grad, rdw) <= TOL[dtype]
+        assert (v.grad[1] == 0).all()  # the empty group's weight gradient is exactly zero
+    view = w.detach().transpose(1, 2).requires_grad_(True)
+    out = ragdot.ragged_dot(rows, view, gs, backend=backend)
+    (dview,) = torch.autograd.grad(out, (view,), cot.to(DEV, dtype))
+    assert dview.stride() == view.stride()

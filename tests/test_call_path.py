@@ -347,6 +347,24 @@ def test_the_moe_calls_backward_is_bound_and_survives_offsets_and_expanded_cotan
     assert nerr(x.grad, rda) <= TOL[torch.float32]
 
 
+@pytest.mark.parametrize("backend", [b for b in ("torch", "triton") if b in ragdot.backends()])
+def test_the_backward_of_a_transposed_weight_view_is_bound(backend, monkeypatch):
+    """rhs = w.transpose(1, 2) ([E, out, in] weights): the weight gradient is ragged_k(dy, x) permuted into the
+    view's strides; the key binds it (one as_strided) and the bound backward gives the first one's bits."""
+    from ragdot import api
+
+    monkeypatch.setattr(api, "_CALLS", {})
+    gen = torch.Generator().manual_seed(33)
+    lhs, w = rand((40, 16), torch.float32, DEV, gen), rand((4, 8, 16), torch.float32, DEV, gen)
+    gs = _sizes()
+    runs = [_backward_grads(lambda a, b: ragdot.ragged_dot(a, b.transpose(1, 2), gs, backend=backend), lhs, w,
+                            torch.ones(40, 8, device=DEV)) for _ in range(3)]
+    call = _only_call()
+    assert len(call.bwd) == 1 and all(bound is not None for bound in call.bwd.values())
+    for da, db in runs[1:]:
+        assert torch.equal(da, runs[0][0]) and torch.equal(db, runs[0][1]) and db.is_contiguous()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bound_backward_with_one_gradient_shared_storage_and_double_backward(backend, monkeypatch):
     from ragdot import api

@@ -11,7 +11,9 @@ binds each product when
 - its operands are views of the user's tensors (lhs, rhs, cotangent): the backend then takes the user's
   tensor as it is (a backend that reads only addresses, when the view starts where the tensor does) or
   re-created by one `as_strided` (a backend that takes matrices);
-- its gradient is the product's output itself in the user's layout (contiguous, same memory order); and
+- its gradient is the product's output itself (same memory), in the user's shape: contiguous, or a
+  permutation of the product's contiguous output (ragged_m's weight gradient of a transposed weight view,
+  `ops._RAGGED_M_DB_T`), re-created by one `as_strided`; and
 - the cotangent and the operands share one dtype (no cast before contracting).
 
 A later backward of the key is then two prepared calls. The `torch` backend's offsets are formed once per
@@ -34,13 +36,15 @@ class Bound:
     """One gradient product of a signature, bound: the prepared call, where its operands come from, and the
     shapes of its output and of the gradient."""
 
-    __slots__ = ("fn", "sources", "out_shape", "view_shape", "ends_key")
+    __slots__ = ("fn", "sources", "out_shape", "view_shape", "layout", "ends_key")
 
-    def __init__(self, fn: Any, sources: tuple, out_shape: tuple[int, ...], view_shape: tuple[int, ...] | None):
+    def __init__(self, fn: Any, sources: tuple, out_shape: tuple[int, ...], view_shape: tuple[int, ...] | None,
+                 layout: tuple | None = None):
         self.fn = fn
         self.sources = sources  # per operand: (index into (lhs, rhs, cotangent), None or (size, stride, offset))
         self.out_shape = out_shape
         self.view_shape = view_shape
+        self.layout = layout  # (size, stride) of a gradient that permutes the product's output, else None
         self.ends_key = getattr(fn, "ends_key", None)  # the offsets a `torch` product takes (None: raw sizes)
 
     def __call__(self, users: tuple[torch.Tensor, ...], sizes: torch.Tensor | None,
@@ -49,6 +53,8 @@ class Bound:
         x = users[i] if v is None else users[i].as_strided(v[0], v[1], users[i].storage_offset() + v[2])
         y = users[j] if w is None else users[j].as_strided(w[0], w[1], users[j].storage_offset() + w[2])
         out = self.fn.direct(x, y, sizes, self.out_shape, ends)
+        if self.layout is not None:
+            return out.as_strided(*self.layout)
         return out if self.view_shape is None else out.view(self.view_shape)
 
 
@@ -67,7 +73,7 @@ def _bind(runner: ops.Runner, x: torch.Tensor, y: torch.Tensor, out: torch.Tenso
     """The bound form of one product (operands x, y; canonical output `out`; the user's gradient `grad`)."""
     fn = runner.fn
     kind = getattr(fn, "direct_kind", None)
-    if kind is None or not (grad.is_contiguous() and grad.data_ptr() == out.data_ptr()):
+    if kind is None or grad.data_ptr() != out.data_ptr() or not out.is_contiguous() or grad.numel() != out.numel():
         return None
     address = kind == "address"
     if not address and (x.shape[0] != 1 or y.shape[0] != 1):
@@ -76,10 +82,13 @@ def _bind(runner: ops.Runner, x: torch.Tensor, y: torch.Tensor, out: torch.Tenso
     sources = tuple(_source(t, users, address) for t in operands)
     if None in sources:
         return None
+    # a matrix backend returns the product without the unit batch axis ([M, N] or [G, M, N])
+    direct_shape = out.shape if address else out.shape[1:] if runner.problem != "ragged_k" else (
+        out.shape[0], *out.shape[2:])
+    if not grad.is_contiguous():  # views of the contiguous output (same memory, same count): a permutation
+        return Bound(fn, sources, tuple(direct_shape), None, (tuple(grad.shape), tuple(grad.stride())))
     if address:
         return Bound(fn, sources, tuple(grad.shape), None)
-    # a matrix backend returns the product without the unit batch axis ([M, N] or [G, M, N])
-    direct_shape = out.shape[1:] if runner.problem != "ragged_k" else (out.shape[0], *out.shape[2:])
     return Bound(fn, sources, tuple(grad.shape), None if direct_shape == grad.shape else tuple(grad.shape))
 
 

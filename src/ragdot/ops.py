@@ -230,6 +230,25 @@ _VJP_PRODUCTS: dict[str, tuple[tuple[str, Callable, Callable | None], tuple[str,
     "batch": (("batch", lambda a, b, dc: (dc, b.transpose(-1, -2)), None),
               ("batch", lambda a, b, dc: (a.transpose(-1, -2), dc), None)),
 }
+# ragged_m's db for a b stored [.., N, K] (a transposed view, as nn.Linear-style [E, out, in] weights give):
+# db^T = ragged_k(dc, a) [G, Bt, N, K], so db comes in b's own memory order and AccumulateGrad keeps it as is
+# (in b's view order it would be copied into the parameter's layout: a weight-sized transient and a slow
+# transposing copy).
+_RAGGED_M_DB_T = ("ragged_k", lambda a, b, dc: (dc, a), lambda g: g.transpose(0, 1).transpose(-1, -2))
+
+
+def _n_major(b: torch.Tensor) -> bool:
+    """Whether the matrices of b [.., K, N] are stored transposed (K contiguous), with K, N > 1."""
+    k, n = b.shape[-2], b.shape[-1]
+    return k > 1 and n > 1 and b.stride(-2) == 1 and b.stride(-1) >= k
+
+
+def _products(problem: str, b: torch.Tensor) -> tuple:
+    """The (da, db) products of `problem` (`_VJP_PRODUCTS`), each gradient in its operand's memory order."""
+    products = _VJP_PRODUCTS[problem]
+    if problem == "ragged_m" and _n_major(b):
+        return products[0], _RAGGED_M_DB_T
+    return products
 
 
 def vjp(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, dc: torch.Tensor,
@@ -239,7 +258,7 @@ def vjp(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | No
     acc_dtype = torch.promote_types(dc.dtype, a.dtype)  # the wider of the cotangent's and the operands'
     acc = tuple(t if t.dtype == acc_dtype else t.to(acc_dtype) for t in (a, b, dc))
     grads = []
-    for need, dtype, (product, operands, view) in zip(needs, (a.dtype, b.dtype), _VJP_PRODUCTS[problem]):
+    for need, dtype, (product, operands, view) in zip(needs, (a.dtype, b.dtype), _products(problem, b)):
         if not need:
             grads.append(None)
             continue

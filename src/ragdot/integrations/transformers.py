@@ -12,15 +12,14 @@ projections with ``ragdot.ragged_dot`` on the model's own weight tensors (no cop
 strided view) and combines the top-k rows with ``ragdot.moe.unpermute``. Nothing is copied to the host, so the
 forward works under CUDA graphs and ``torch.compile``.
 
-Memory (docs/integrations.md, "Memory of the experts path"): in eager autograd, [E, out, in] weights run through
-``_OutInLinear``, whose weight gradient is computed in that layout (through a transposed view it would come as
-[E, in, out] and AccumulateGrad would copy it, a weight-sized transient), and the decorator's default SiLU gate
-runs through ragdot's SwiGLU function, which keeps only the up projection's output for the backward.
+Memory (docs/integrations.md, "Memory of the experts path"): [E, out, in] weights run through a transposed view,
+whose gradient ragged_dot computes in the weight's own layout (eager and compiled: no weight-sized transient, no
+transposing copy into the parameter), and in eager autograd the decorator's default SiLU gate runs through
+ragdot's SwiGLU function, which keeps only the up projection's output for the backward.
 
 Layout flags the decorator sets, and how they are honoured:
 
-- ``is_transposed``: weights [E, in, out] are used as they are; [E, out, in] through a transposed view (in eager
-  autograd: ``_OutInLinear``, the same product).
+- ``is_transposed``: weights [E, in, out] are used as they are; [E, out, in] through a transposed view.
 - ``has_bias``: the per-expert biases ``*_proj_bias`` [E, out] are added to each row of their expert.
 - ``has_gate``: ``gate_up_proj`` followed by the class's ``_apply_gate`` (the model's activation and its
   gate/up split); without it, ``up_proj`` followed by ``act_fn``.
@@ -48,8 +47,7 @@ from collections.abc import Callable
 
 import torch
 
-from ragdot.api import _check_backend, ragged_dot, ragged_dot_general
-from ragdot.dimension_numbers import RaggedDotDimensionNumbers
+from ragdot.api import _check_backend, ragged_dot
 from ragdot.moe.fused import fused_experts, fused_supported, sort_experts
 from ragdot.moe.layer import _SwiGLU, _transformed
 from ragdot.moe.permute import permute, unpermute
@@ -119,33 +117,6 @@ def _as_rhs(weight: torch.Tensor, is_transposed: bool, name: str, num_experts: i
     return weight if is_transposed else weight.transpose(1, 2)
 
 
-# dW [E, out, in] = sum over each group's rows of dy [S, out] (x) x [S, in]: the ragged dimension contracts.
-_WEIGHT_GRAD_DN = RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), (0,), ())
-
-
-class _OutInLinear(torch.autograd.Function):
-    """rows [S, in] x weight [E, out, in] (transformers' untransposed layout) -> [S, out], whose weight gradient
-    is computed in the weight's own [E, out, in] layout. Through a transposed view, ragged_dot's gradient comes
-    in the view's [E, in, out] layout, which AccumulateGrad then copies into the parameter's layout: one
-    transient weight-sized buffer per projection. Saves what ragged_dot saves (rows, weight, sizes)."""
-
-    @staticmethod
-    def forward(ctx, rows, weight, sizes, backend):
-        ctx.save_for_backward(rows, weight, sizes)
-        ctx.backend = backend
-        return ragged_dot(rows, weight.transpose(1, 2), sizes, backend=backend)
-
-    @staticmethod
-    def backward(ctx, dy):
-        rows, weight, sizes = ctx.saved_tensors
-        need_rows, need_weight = ctx.needs_input_grad[:2]
-        d_rows = ragged_dot(dy, weight, sizes, backend=ctx.backend) if need_rows else None
-        d_weight = None
-        if need_weight:
-            d_weight = ragged_dot_general(dy, rows, sizes, _WEIGHT_GRAD_DN, backend=ctx.backend)
-        return d_rows, d_weight, None, None
-
-
 def _eager_grad(*tensors: torch.Tensor) -> bool:
     """Eager autograd (no torch.compile trace, no torch.func transform) with a tensor that needs a gradient."""
     if torch.compiler.is_compiling() or _transformed() or not torch.is_grad_enabled():
@@ -154,12 +125,9 @@ def _eager_grad(*tensors: torch.Tensor) -> bool:
 
 
 def _matmul(rows, weight, is_transposed, sizes, backend):
-    """ragged_dot of rows with a weight [E, in, out] (is_transposed) or [E, out, in] (transformers' default)."""
-    if is_transposed:
-        return ragged_dot(rows, weight, sizes, backend=backend)
-    if _eager_grad(rows, weight):
-        return _OutInLinear.apply(rows, weight, sizes, backend)
-    return ragged_dot(rows, weight.transpose(1, 2), sizes, backend=backend)
+    """ragged_dot of rows with a weight [E, in, out] (is_transposed) or [E, out, in] (transformers' default,
+    through a transposed view: ragged_dot computes that weight's gradient in its own [E, out, in] layout)."""
+    return ragged_dot(rows, weight if is_transposed else weight.transpose(1, 2), sizes, backend=backend)
 
 
 def _linear(

@@ -215,9 +215,10 @@ class _CopyingLaunch:
 
 def _in_place(bound: tuple, outs: tuple[torch.Tensor, ...]) -> bool:
     """Whether every bound gradient product is a Triton kernel whose output is the gradient itself, in the
-    dtype of XLA's contiguous gradient buffer (so it can write that buffer)."""
+    memory order and dtype of XLA's contiguous gradient buffer (so it can write that buffer)."""
     return bool(bound) and all(
-        p is not None and p.view_shape is None and hasattr(p.fn, "prepared") and dst.is_contiguous()
+        p is not None and p.view_shape is None and p.layout is None and hasattr(p.fn, "prepared")
+        and dst.is_contiguous()
         and dst.dtype == p.fn.prepared.out_dtype for p, dst in zip(bound, outs))
 
 

@@ -126,12 +126,35 @@ def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_
     fm, fb = _kernels()
     w_flat = weights.reshape(-1)
     dpre, act, dw = fb.down_bwd_swiglu(dy, w_down, order, sizes, w_flat, pre, top_k)
-    dwd = fb.weight_grad(act, dy, order, sizes, w_flat, top_k, gather_left=False, gather_right=True)
-    dwgu = fb.weight_grad(x, dpre, order, sizes, None, top_k, gather_left=True, gather_right=False)
+    # per expert, the sum over its rows of (w * act)^T dy and x^T dpre; the router weight scales either factor
+    dwd = _weight_grad(fb, w_down, (act, False), (dy, True), order, sizes, w_flat, top_k)
+    dwgu = _weight_grad(fb, w_gate_up, (x, True), (dpre, False), order, sizes, None, top_k)
     if not need_dx:
         return x.new_empty((0, x.shape[1])), dw.view(weights.shape), dwgu, dwd
     dx = fm.sum_choices(fm.down_scatter(dpre, w_gate_up.transpose(1, 2), order, sizes, None, top_k), top_k)
     return dx, dw.view(weights.shape), dwgu, dwd
+
+
+def _transposed(w: torch.Tensor) -> bool:
+    """Whether the [E, P, Q] weight is stored [E, Q, P] (a transposed view, as transformers' [E, out, in]
+    parameters give): its gradient is then computed in that memory order, so that AccumulateGrad keeps it."""
+    return w.shape[1] > 1 and w.shape[2] > 1 and w.stride(1) == 1 and w.stride(2) >= w.shape[1]
+
+
+def _weight_grad(fb, w, left, right, order, sizes, w_flat, top_k) -> torch.Tensor:
+    """The gradient of w [E, P, Q] = sum left^T right over each expert's rows, in w's memory order;
+    left, right: (rows, gathered through the token index)."""
+    (lt, lg), (rt, rg) = left, right
+    if _transposed(w):
+        return fb.weight_grad(rt, lt, order, sizes, w_flat, top_k, gather_left=rg, gather_right=lg).transpose(1, 2)
+    return fb.weight_grad(lt, rt, order, sizes, w_flat, top_k, gather_left=lg, gather_right=rg)
+
+
+def _like(w: torch.Tensor) -> torch.Tensor:
+    """A new tensor of w's shape in the memory order `_weight_grad` gives."""
+    if _transposed(w):
+        return w.new_empty((w.shape[0], w.shape[2], w.shape[1])).transpose(1, 2)
+    return w.new_empty(w.shape)
 
 
 @torch.library.custom_op("ragdot::fused_moe_backward", mutates_args=())
@@ -155,7 +178,7 @@ def _fused_backward_op(
 @_fused_backward_op.register_fake
 def _(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
     return (x.new_empty(x.shape if need_dx else (0, x.shape[1])), weights.new_empty(weights.shape, dtype=torch.float32),
-            w_gate_up.new_empty(w_gate_up.shape), w_down.new_empty(w_down.shape))
+            _like(w_gate_up), _like(w_down))
 
 
 # ------------------------------------------------------------------------------------------------ public API
