@@ -42,7 +42,10 @@ from pathlib import Path
 
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if __name__ == "__main__" and "cuda" not in " ".join(sys.argv[1:]):
+    # a CPU run: the fused kernels through Triton's interpreter, chosen before triton is imported (imported as
+    # a module, as the tests do, the process's own setting stays: a GPU test session must not be switched)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Shapes: tokens, hidden, expert width, experts, top-k (small: the fused kernels run in Triton's interpreter).
 TOKENS, DIM, HIDDEN, EXPERTS, TOP_K = 64, 32, 16, 8, 2
