@@ -475,7 +475,9 @@ def test_cuda_cell_both_clocks_vendor_memory_and_xla():
     assert all(r.status == "ok" and r.ms > 0 and r.host_ms > 0 for r in rows), {k: r.note for k, r in res.items()}
     for name in ("vendor", "padded", "torch", "auto"):
         assert {(name, "eager"), (name, "graph")} <= set(res)
-        assert res[(name, "eager")].batch == timing.EAGER_BATCH and res[(name, "graph")].batch == 1
+        eager = res[(name, "eager")]  # EAGER_BATCH calls a sample, fewer where the time budget allows few calls
+        assert 1 <= eager.batch <= timing.EAGER_BATCH and eager.iters % eager.batch == 0
+        assert res[(name, "graph")].batch == 1
     assert ("reference", "eager") in res and ("reference", "graph") not in res  # it cannot be captured
     assert res[("vendor", "graph")].speedup_vs_vendor == 1.0
     assert res[("torch", "graph")].speedup_vs_vendor == pytest.approx(

@@ -434,6 +434,10 @@ def test_ragged_m_every_candidate_config_batch_and_dtypes(cfg):
     ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
     ref = _reference_m(a.nan_to_num(0), b, sizes)
     for out_dtype in (torch.float16, torch.float32):
+        if cfg not in gluon_m_tuning_configs(512, 264, out_dtype.itemsize):  # its epilogue tile does not fit
+            with pytest.raises(NotImplementedError, match="shared memory"):
+                ragged_m(a, b, ends, out_dtype, config=cfg)
+            continue
         out = ragged_m(a, b, ends, out_dtype, config=cfg)
         assert out.dtype == out_dtype and torch.isfinite(out).all() and (out[:, sum(sizes):] == 0).all()
         assert normalised_error(out, ref) <= 3e-3
