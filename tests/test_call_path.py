@@ -168,6 +168,23 @@ def test_group_ends_clamp_negative_and_oversized_sizes():
     assert group_ends_from_sizes(torch.tensor([2**40, 1]), 7).tolist() == [7, 7]
 
 
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_the_cpu_host_loop_forms_the_same_ends(dtype):
+    """The `torch` backend forms a few groups' ends on the CPU by a loop over the sizes (`_HostEnds`): the
+    same clamped int32 ends as the torch ops, whatever the sizes hold."""
+    from ragdot.backends.torch_gmm import _HOST_ENDS_MAX_GROUPS, _HostEnds
+    from ragdot.groups import group_ends_from_sizes
+
+    gen = torch.Generator().manual_seed(5)
+    info = torch.iinfo(dtype)
+    for g in range(1, _HOST_ENDS_MAX_GROUPS + 1):
+        for extent, scale in ((0, 1), (1, 1), (37, 1), (36, 3), (2**20, 1)):
+            sizes = torch.randint(info.min, info.max, (g,), generator=gen, dtype=torch.int64).to(dtype)
+            for s in (sizes, sizes.clamp(0, 5), torch.zeros_like(sizes)):
+                got = _HostEnds(extent, scale)(s)
+                assert got.dtype == torch.int32 and torch.equal(got, group_ends_from_sizes(s, extent, scale))
+
 def _module_imports() -> dict[str, set[str]]:
     """ragdot module -> the ragdot modules it imports at module level (imports inside functions are lazy)."""
     import ast

@@ -144,8 +144,10 @@ _RUNNERS: dict[tuple, Runner] = {}
 def _state(a: torch.Tensor) -> tuple:
     """What a choice depends on beyond the signature: the tuning cache's content, TF32 for float32
     (torch's matmul setting, as torch.matmul reads it) and, on CUDA, whether a graph is being captured."""
+    if not a.is_cuda:  # TF32 is a CUDA setting; nothing is captured elsewhere
+        return CACHE.generation, False, False
     tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    return CACHE.generation, tf32, a.is_cuda and torch.cuda.is_current_stream_capturing()
+    return CACHE.generation, tf32, torch.cuda.is_current_stream_capturing()
 
 
 def runner(problem: str, backend: str, a: torch.Tensor, b: torch.Tensor, num_groups: int,

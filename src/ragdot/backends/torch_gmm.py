@@ -104,7 +104,31 @@ def _bound_launches(problem: str, a: torch.Tensor, b: torch.Tensor, groups: int,
                 tail = ZeroTail(tail_shape, groups, a.device) if problem == "ragged_m" else None
                 return GroupEnds(groups, extent, scale, a.device), tail
     tail = _zero_tail_rows_ if problem == "ragged_m" else None
+    if a.device.type == "cpu" and 0 < groups <= _HOST_ENDS_MAX_GROUPS:
+        return _HostEnds(extent, scale), tail
     return (lambda sizes: group_ends_from_sizes(sizes, extent, scale)), tail
+
+
+# up to here a loop over the sizes beats three torch ops on a CPU (G=4: 5 vs 7 µs; G=32: 25 vs 11 µs)
+_HOST_ENDS_MAX_GROUPS = 8
+
+
+class _HostEnds:
+    """`group_ends_from_sizes` for a few groups on the CPU, where the sizes are host memory (reading them is no
+    synchronisation): one pass in Python and one tensor, cheaper than clamp, cumsum and clamp there."""
+
+    __slots__ = ("extent", "scale", "rows")
+
+    def __init__(self, extent: int, scale: int):
+        self.extent, self.scale, self.rows = extent, scale, extent // scale
+
+    def __call__(self, sizes: torch.Tensor) -> torch.Tensor:
+        rows, scale, extent = self.rows, self.scale, self.extent
+        total, ends = 0, []
+        for size in sizes.tolist():
+            total += min(max(size, 0), rows)
+            ends.append(min(total * scale, extent))
+        return torch.tensor(ends, dtype=torch.int32)
 
 
 class _PreparedGMM:
