@@ -11,6 +11,7 @@ from ragdot.measure.timing import timed_call
 from torch.profiler import ProfilerActivity, profile
 
 rt.register()
+rt.register(rt.FUSED_NAME, fused=True)
 dev = torch.device("cuda")
 models = sys.argv[1].split(",")
 combos = [c.split(":") for c in sys.argv[2].split(",")]  # impl:mode
