@@ -116,3 +116,18 @@ def test_weight_gradient_of_a_transposed_view_comes_in_the_weights_layout(backen
     out = ragdot.ragged_dot(rows, view, gs, backend=backend)
     (dview,) = torch.autograd.grad(out, (view,), cot.to(DEV, dtype))
     assert dview.stride() == view.stride()
+
+
+def test_transposed_weight_view_gradcheck_and_gradgradcheck():
+    """The layout-keeping weight gradient of a transposed view is a differentiable product too (double
+    backward through ragged_k(dy, x)); float64 on the reference backend."""
+    gen = torch.Generator().manual_seed(13)
+    rows = torch.randn(11, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(3, 4, 5, dtype=torch.float64, generator=gen, requires_grad=True)  # [E, out, in]
+    sizes = torch.tensor([4, 0, 5], dtype=torch.int32)  # two rows past the groups: zero output
+
+    def fn(r, w):
+        return ragdot.ragged_dot(r, w.transpose(1, 2), sizes, backend="reference")
+
+    assert torch.autograd.gradcheck(fn, (rows, weight))
+    assert torch.autograd.gradgradcheck(fn, (rows, weight))
