@@ -283,3 +283,55 @@ def test_gpu_benchmark_rows_on_a_tiny_layer():
     rows = list(bench._rows_for(layer, "tiny", 8, DEV, 1e12, reps=1))
     assert {r["variant"] for r in rows} == {"fused", "unfused", "peer"}
     assert all(r["status"] in ("ok", "n/a: host sync") for r in rows), rows
+
+
+def test_explicit_tile_configs_give_the_heuristics_results():
+    """Every fused kernel takes a `config` (what benchmarks/fused_sweep.py tries): other tiles, the same values."""
+    from ragdot.kernels import fused_moe as fm
+    from ragdot.kernels import fused_moe_bwd as fb
+    from ragdot.kernels.fused_moe import FusedConfig
+
+    gen = torch.Generator().manual_seed(3)
+    t, d, h, e, k = 20, 32, 16, 3, 2
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen).to(DEV)
+
+    x, dy, w_gu, w_down = rand(t, d), rand(t, d), rand(e, d, 2 * h), rand(e, h, d)
+    sizes, order = sort_experts(torch.randint(0, e, (t, k), generator=gen).to(DEV), e)
+    w = torch.rand(t * k, generator=gen).to(DEV)
+    act, pre = fm.up_swiglu(x, w_gu, order, sizes, k, True)
+    calls = {
+        "up": lambda c: fm.up_swiglu(x, w_gu, order, sizes, k, True, config=c)[1],
+        "down": lambda c: fm.down_scatter(act, w_down, order, sizes, w, k, config=c),
+        "dbwd": lambda c: fb.down_bwd_swiglu(dy, w_down, order, sizes, w, pre, k, config=c)[0],
+        "wgrad": lambda c: fb.weight_grad(x, pre, order, sizes, None, k, gather_left=True, gather_right=False,
+                                          config=c),
+    }
+    other = FusedConfig(block_m=32, block_n=32, block_k=16, group_m=2, num_warps=4, num_stages=2)
+    for name, call in calls.items():
+        assert nerr(call(other), call(None)) <= TOL[torch.float32], name
+
+
+@pytest.mark.skipif(DEV.type == "cuda", reason="the probe's CPU smoke run (on a GPU it sweeps every candidate)")
+def test_fused_sweep_runs_on_the_cpu(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fused_sweep.py"
+    spec = importlib.util.spec_from_file_location("fused_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    for wide in (False, True):  # the candidates respect the ring budget and the accumulator limit
+        for c in sweep.candidates(torch.bfloat16, wide, None):
+            assert c.num_stages * (c.block_m * c.block_k + c.block_k * c.block_n) * 2 <= sweep.SHARED_BYTES
+            assert c.block_m * c.block_n * (2 if wide else 1) <= (128 * 256 if c.num_warps == 8 else 128 * 128)
+    assert sweep.main(["--device", "cpu", "--tiny", "--kernels", "up", "wgrad_down", "--reps", "1", "-q",
+                       "--out", str(tmp_path)]) == 0
+    rows = list((tmp_path).glob("fused-sweep-*.csv"))
+    assert rows and "best up:" in capsys.readouterr().out
+    import csv
+
+    with open(rows[0]) as f:
+        got = list(csv.DictReader(f))
+    assert {r["kernel"] for r in got} == {"up", "wgrad_down"} and all(r["status"] == "ok" for r in got)

@@ -226,6 +226,7 @@ def up_swiglu(
     sizes: torch.Tensor,  # int32 [E]: rows per expert, summing to A
     top_k: int,
     save_pre: bool,
+    config: FusedConfig | None = None,  # tiles (None: `fused_config`'s heuristic)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (act [A, H], pre [A, 2H] or an empty [0, 2H] when not saved), both in x.dtype."""
     a, (e, d, h2) = order.numel(), w_gate_up.shape
@@ -234,7 +235,7 @@ def up_swiglu(
     pre = x.new_empty((a if save_pre else 0, h2))
     if a == 0 or h == 0:
         return act, pre
-    cfg = fused_config(x.dtype, x.device, h, wide_epilogue=True)
+    cfg = config or fused_config(x.dtype, x.device, h, wide_epilogue=True)
     grid = _grid(a, h, e, cfg)
     consts = {**_consts(cfg, e, top_k, x.dtype), "SAVE_PRE": save_pre}
     launch_bound(_up_swiglu_kernel, (grid,), consts, cfg, x.device,
@@ -251,6 +252,7 @@ def down_scatter(
     weights: torch.Tensor | None,  # float [A] router weights in assignment order, or None
     top_k: int,
     atomic: bool = False,
+    config: FusedConfig | None = None,  # tiles (None: `fused_config`'s heuristic)
 ) -> torch.Tensor:
     """-> [A, N] in rows.dtype, row a = t*k + j holding its (weighted) product; atomic: float32 [T, N] sums."""
     a, k = rows.shape
@@ -260,7 +262,7 @@ def down_scatter(
         return out
     if k == 0:
         return out.zero_()
-    cfg = fused_config(rows.dtype, rows.device, n)
+    cfg = config or fused_config(rows.dtype, rows.device, n)
     grid = _grid(a, n, e, cfg)
     consts = {**_consts(cfg, e, top_k, rows.dtype), "WEIGHTED": weights is not None, "ATOMIC": atomic}
     launch_bound(_down_scatter_kernel, (grid,), consts, cfg, rows.device,

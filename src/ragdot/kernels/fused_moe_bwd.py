@@ -140,6 +140,7 @@ def down_bwd_swiglu(
     weights: torch.Tensor,  # float [A] router weights in assignment order
     pre: torch.Tensor,  # [A, 2H] the forward's gate | up
     top_k: int,
+    config: FusedConfig | None = None,  # tiles (None: `fused_config`'s heuristic)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dpre [A, 2H], act [A, H] in pre.dtype, dw float32 [A] in assignment order)."""
     a, h2 = pre.shape
@@ -148,7 +149,7 @@ def down_bwd_swiglu(
     if a == 0 or h == 0:
         return dpre, act, pre.new_zeros((a,), dtype=torch.float32)
     wt = w_down.transpose(1, 2)  # [E, D, H]
-    cfg = fused_config(pre.dtype, pre.device, h, wide_epilogue=True)
+    cfg = config or fused_config(pre.dtype, pre.device, h, wide_epilogue=True)
     grid = _grid(a, h, e, cfg)
     dw = pre.new_empty((triton.cdiv(h, cfg.block_n), a), dtype=torch.float32)
     launch_bound(_down_bwd_swiglu_kernel, (grid,), _consts(cfg, e, top_k, pre.dtype), cfg, pre.device,
@@ -167,6 +168,7 @@ def weight_grad(
     *,
     gather_left: bool,
     gather_right: bool,
+    config: FusedConfig | None = None,  # tiles (None: `fused_config`'s heuristic; 16-wide in the interpreter)
 ) -> torch.Tensor:
     """-> [E, P, Q] in left.dtype: per expert, the sum over its rows of left^T @ (w * right)."""
     e, p, q = sizes.numel(), left.shape[1], right.shape[1]
@@ -175,8 +177,8 @@ def weight_grad(
         return out
     if order.numel() == 0:
         return out.zero_()
-    base = fused_config(left.dtype, left.device, q)
-    cfg = base if left.device.type == "cuda" else FusedConfig(16, 16, 16, 1, 1, 1)
+    cfg = config or (fused_config(left.dtype, left.device, q) if left.device.type == "cuda"
+                     else FusedConfig(16, 16, 16, 1, 1, 1))
     grid = (triton.cdiv(p, cfg.block_m) * triton.cdiv(q, cfg.block_n), e)
     consts = dict(TOP_K=top_k, BLOCK_P=cfg.block_m, BLOCK_Q=cfg.block_n, BLOCK_K=cfg.block_k,
                   BLOCK_E=next_pow2(e), GATHER_L=gather_left, GATHER_R=gather_right, SCALE_R=weights is not None,
