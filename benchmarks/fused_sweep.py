@@ -44,7 +44,7 @@ SHARED_BYTES = 200 * 1024  # usable shared memory per block budgeted for the ope
 def candidates(dtype: torch.dtype, wide_epilogue: bool, limit: int | None) -> list[Any]:
     """Tiles to try: 64/128 rows, 64/128/256 columns, 32/64/128 contraction steps, 4/8 warps, 2-4 stages,
     within the shared-memory ring budget and one 128x256 float32 accumulator per 8 warps (wide-epilogue
-    kernels hold two accumulators: half that)."""
+    kernels hold two accumulators: half that); the largest tiles first."""
     from ragdot.kernels.fused_moe import FusedConfig
 
     elem = torch.empty((), dtype=dtype).element_size()
@@ -54,6 +54,8 @@ def candidates(dtype: torch.dtype, wide_epilogue: bool, limit: int | None) -> li
         if acc > (128 * 256 if warps == 8 else 128 * 128) or stages * (bm * bk + bk * bn) * elem > SHARED_BYTES:
             continue
         out.append(FusedConfig(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=warps, num_stages=stages))
+    # likely winners first, so that a --limit keeps them: large tiles, 64-wide steps, 8 warps, 3-4 stages
+    out.sort(key=lambda c: (-c.block_m * c.block_n, abs(c.block_k - 64), -c.num_warps, abs(c.num_stages - 3.5)))
     return out[:limit] if limit else out
 
 

@@ -177,6 +177,12 @@ def _suites() -> dict[str, Suite]:
             Step("moe-host", ("{py}", "benchmarks/moe_host_profile.py", "--device", "cuda", "--out", "{out}"), 240,
                  tail=20),
         )),
+        "fused": Suite("benchmarks/fused_sweep.py: fused MoE kernels' tile configs at two layer shapes (graph clock)", (
+            Step("deepseek-v3", ("{py}", "benchmarks/fused_sweep.py", "--limit", "10", "--out", "{out}/deepseek-v3"),
+                 300, tail=12),
+            Step("qwen3", ("{py}", "benchmarks/fused_sweep.py", "--dim", "2048", "--hidden", "768", "--experts", "128",
+                           "--limit", "10", "--out", "{out}/qwen3"), 240, tail=12),
+        )),
         "sweep": Suite("benchmarks/triton_dev.py: Triton tile-config sweeps against torch._grouped_mm (graph clock)", (
             Step("wgrad", (*dev, "--out", "{out}/wgrad", "--sweep", "--graph", "--routing", "balanced",
                            "--classes", "wgrad_wi,wgrad_wo"), 260, tail=40),
