@@ -193,6 +193,35 @@ def test_cpu_plan_is_the_heuristic_order():
     assert select.plan("ragged_m", "padded", a, b, 2, torch.float32) == [("padded", None)]
 
 
+def test_untuned_weight_gradients_with_long_groups_try_the_vendor_first():
+    names = ["triton", "torch", "reference"]
+    meta = {"device": "meta", "dtype": torch.bfloat16}
+    long = torch.empty(1, 65536, 7168, **meta)  # [Bt, R, M]: 1024 rows a group over 64 groups
+    short = torch.empty(1, 10240, 2880, **meta)  # 80 rows a group over 128 groups
+    assert select.heuristic_order("ragged_k", names, long, 64) == ["torch", "triton", "reference"]
+    assert select.heuristic_order("ragged_k", names, short, 128) == names
+    assert select.heuristic_order("ragged_k", names, long, 64, copy_ms=1.9) == names  # must land in a buffer
+    assert select.heuristic_order("ragged_m", names, long, 64) == names
+    assert select.heuristic_order("ragged_k", ["triton", "reference"], long, 64) == ["triton", "reference"]
+    edge = torch.empty(1, select.VENDOR_WGRAD_ROWS * 8, 16, **meta)
+    assert select.heuristic_order("ragged_k", names, edge, 8)[0] == "torch"
+    assert select.heuristic_order("ragged_k", names, edge, 9)[0] == "triton"
+
+
+def test_plan_applies_the_heuristic_order_only_without_an_entry(monkeypatch):
+    from types import SimpleNamespace
+
+    gpu = SimpleNamespace(device=torch.device("cuda", 0), shape=(1, 65536, 7168))  # what plan reads of a
+    monkeypatch.setattr(select, "key_for", lambda *args: SimpleNamespace(device="H200", text=lambda: "k"))
+    monkeypatch.setattr(select, "candidates", lambda device: ["triton", "torch", "reference"])
+    monkeypatch.setattr(select, "tuned_entry", lambda key: None)
+    assert [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 64, torch.bfloat16)][0] == "torch"
+    assert [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 64, torch.bfloat16, copy_ms=2.0)][0] == "triton"
+    entry = {"backend": "triton", "configs": {}}  # a measured choice wins over the heuristic
+    monkeypatch.setattr(select, "tuned_entry", lambda key: entry)
+    assert [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 64, torch.bfloat16, eager=False)][0] == "triton"
+
+
 def test_shipped_h200_results_cover_every_anchor_cell(monkeypatch):
     """A fresh process on an H200 finds a measured choice for every anchor shape and class, without tuning."""
     import dataclasses

@@ -1,7 +1,8 @@
 """Measured backend and config selection for `backend=None` / `"auto"`.
 
-For each call: the cached measurements for its key; the heuristic order when there is no entry (with one
-warning per GPU that has no shipped results); tuning at call time only with `RAGDOT_AUTOTUNE=1`. The choice
+For each call: the cached measurements for its key; the heuristic order when there is no entry (the device's
+candidate order, the vendor first for weight gradients with long groups; one warning per GPU that has no
+shipped results); tuning at call time only with `RAGDOT_AUTOTUNE=1`. The choice
 is a pure function of the key, the cache and the clock the call runs on, hence deterministic, and it never
 synchronises with the device.
 
@@ -28,7 +29,7 @@ from ragdot.backends import candidates, get_backend
 from ragdot.tune.cache import CACHE
 from ragdot.tune.key import TuneKey, key_for
 
-__all__ = ["plan", "tuned_entry", "entry_config", "config_from_dict", "eager_cost"]
+__all__ = ["plan", "tuned_entry", "entry_config", "config_from_dict", "eager_cost", "heuristic_order"]
 
 _warned: set[str] = set()
 
@@ -89,6 +90,25 @@ def _winner(entry: dict[str, Any], problem: str, device: str, names: list[str], 
     return entry["backend"]
 
 
+# Without a measurement, a weight gradient (ragged_k) whose groups hold this many rows or more on average runs
+# the vendor first. On the H200 (bf16, kernel clock) CUTLASS's weight gradient beat ragdot's Triton one at
+# 480 rows a group (mixtral-8x7b's anchor, tuned: 1.12-1.17x), 512 (Qwen3-MoE widths at 8192 tokens, untuned:
+# >= 1.04x) and 1024 (DeepSeek-V3-like widths: >= 1.19x); every tuned anchor with at most 160 rows a group
+# went to triton (benchmarks/results/h200-compile-20261201/).
+VENDOR_WGRAD_ROWS = 384
+
+
+def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups: int,
+                    copy_ms: float = 0.0) -> list[str]:
+    """`names` (the device's candidate order) for a call with no measured entry: the vendor first for
+    weight gradients with long groups (`VENDOR_WGRAD_ROWS`), unless the result must be copied into the
+    caller's buffer (the vendor cannot write there); a [Bt, R, M]."""
+    long_groups = problem == "ragged_k" and num_groups > 0 and a.shape[1] >= VENDOR_WGRAD_ROWS * num_groups
+    if long_groups and not copy_ms and "torch" in names:
+        return ["torch", *[n for n in names if n != "torch"]]
+    return names
+
+
 def plan(
     problem: str, requested: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype,
     *, eager: bool = True, copy_ms: float = 0.0,
@@ -108,4 +128,6 @@ def plan(
     if entry is not None and entry["backend"] in names:
         first = _winner(entry, problem, key.device, names, eager, copy_ms)
         names = [first, *[n for n in names if n != first]]
+    elif entry is None:
+        names = heuristic_order(problem, names, a, num_groups, copy_ms)
     return [(name, entry_config(entry, name)) for name in names]
