@@ -95,7 +95,7 @@ def _winner(entry: dict[str, Any], problem: str, device: str, names: list[str], 
 # 480 rows a group (mixtral-8x7b's anchor, tuned: 1.12-1.17x), 512 (Qwen3-MoE widths at 8192 tokens, untuned:
 # >= 1.04x) and 1024 (DeepSeek-V3-like widths: >= 1.19x); every tuned anchor with at most 160 rows a group
 # went to triton (benchmarks/results/h200-compile-20261201/).
-VENDOR_WGRAD_ROWS = 384
+VENDOR_WGRAD_ROWS = 448  # between the measured points: <= 160 rows a group triton, >= 480 the vendor
 
 
 def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups: int,
