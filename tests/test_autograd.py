@@ -65,6 +65,11 @@ def test_nan_cotangent_and_inputs_outside_groups_do_not_leak(backend, dtype):
     _, da, db = _grads(lambda a, b: ragdot.ragged_dot(a, b, gs, backend=backend), lhs, rhs, cot)
     assert torch.isfinite(da).all() and torch.isfinite(db).all()
     assert (da[20:] == 0).all() and (db[1] == 0).all()
+    # the same weights stored [G, N, K] (a transposed view): its gradient takes the other product, ragged_k(dy, x)
+    wt = rhs.transpose(1, 2).contiguous()
+    _, da_t, db_t = _grads(lambda a, b: ragdot.ragged_dot(a, b.transpose(1, 2), gs, backend=backend), lhs, wt, cot)
+    assert torch.isfinite(da_t).all() and torch.isfinite(db_t).all()
+    assert (da_t[20:] == 0).all() and (db_t[1] == 0).all()
 
 
 GRADCHECK_CASES = {

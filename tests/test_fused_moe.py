@@ -335,3 +335,17 @@ def test_fused_sweep_runs_on_the_cpu(tmp_path, capsys):
     with open(rows[0]) as f:
         got = list(csv.DictReader(f))
     assert {r["kernel"] for r in got} == {"up", "wgrad_down"} and all(r["status"] == "ok" for r in got)
+
+
+def test_transposed_weight_views_get_gradients_in_their_own_layout():
+    """Weights stored [E, out, in] and passed as transposed views (transformers' layout): the fused backward
+    computes their gradients in that memory order, with the values of contiguous weights."""
+    x, chosen, weights, wgu, wd = _operands(37, 40, 24, 6, 2, torch.float32)
+    stored = [w.detach().transpose(1, 2).contiguous().requires_grad_(True) for w in (wgu, wd)]  # [E, out, in]
+    cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).to(DEV)
+    views = [w.transpose(1, 2) for w in stored]
+    grads = torch.autograd.grad(_fused(x, chosen, weights, *views), views, cot)
+    _, ref = _value_and_grads(_fused, (x, chosen, weights, wgu, wd), cot)
+    for got, view, want in zip(grads, views, ref[2:]):
+        assert got.stride() == view.stride()  # no copy into the parameter's layout is needed
+        assert nerr(got, want) <= TOL[torch.float32]
