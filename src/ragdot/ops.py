@@ -239,16 +239,17 @@ _VJP_PRODUCTS: dict[str, tuple[tuple[str, Callable, Callable | None], tuple[str,
 _RAGGED_M_DB_T = ("ragged_k", lambda a, b, dc: (dc, a), lambda g: g.transpose(0, 1).transpose(-1, -2))
 
 
-def _n_major(b: torch.Tensor) -> bool:
-    """Whether the matrices of b [.., K, N] are stored transposed (K contiguous), with K, N > 1."""
-    k, n = b.shape[-2], b.shape[-1]
-    return k > 1 and n > 1 and b.stride(-2) == 1 and b.stride(-1) >= k
+def stored_transposed(t: torch.Tensor) -> bool:
+    """Whether the matrices of t [.., K, N] are stored transposed ([.., N, K] memory, K contiguous), K, N > 1:
+    the layout whose gradients ragdot computes in that memory order (here and in ragdot.moe.fused)."""
+    k, n = t.shape[-2], t.shape[-1]
+    return k > 1 and n > 1 and t.stride(-2) == 1 and t.stride(-1) >= k
 
 
 def _products(problem: str, b: torch.Tensor) -> tuple:
     """The (da, db) products of `problem` (`_VJP_PRODUCTS`), each gradient in its operand's memory order."""
     products = _VJP_PRODUCTS[problem]
-    if problem == "ragged_m" and _n_major(b):
+    if problem == "ragged_m" and stored_transposed(b):
         return products[0], _RAGGED_M_DB_T
     return products
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ragdot.moe import routing_kernels as _rk
+from ragdot.ops import stored_transposed
 
 __all__ = ["sort_experts", "fused_experts", "fused_supported"]
 
@@ -135,24 +136,19 @@ def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_
     return dx, dw.view(weights.shape), dwgu, dwd
 
 
-def _transposed(w: torch.Tensor) -> bool:
-    """Whether the [E, P, Q] weight is stored [E, Q, P] (a transposed view, as transformers' [E, out, in]
-    parameters give): its gradient is then computed in that memory order, so that AccumulateGrad keeps it."""
-    return w.shape[1] > 1 and w.shape[2] > 1 and w.stride(1) == 1 and w.stride(2) >= w.shape[1]
-
-
 def _weight_grad(fb, w, left, right, order, sizes, w_flat, top_k) -> torch.Tensor:
-    """The gradient of w [E, P, Q] = sum left^T right over each expert's rows, in w's memory order;
+    """The gradient of w [E, P, Q] = sum left^T right over each expert's rows, in w's memory order (a weight
+    stored [E, Q, P], as transformers' [E, out, in] parameters give, gets it so: AccumulateGrad keeps it);
     left, right: (rows, gathered through the token index)."""
     (lt, lg), (rt, rg) = left, right
-    if _transposed(w):
+    if stored_transposed(w):
         return fb.weight_grad(rt, lt, order, sizes, w_flat, top_k, gather_left=rg, gather_right=lg).transpose(1, 2)
     return fb.weight_grad(lt, rt, order, sizes, w_flat, top_k, gather_left=lg, gather_right=rg)
 
 
 def _like(w: torch.Tensor) -> torch.Tensor:
     """A new tensor of w's shape in the memory order `_weight_grad` gives."""
-    if _transposed(w):
+    if stored_transposed(w):
         return w.new_empty((w.shape[0], w.shape[2], w.shape[1])).transpose(1, 2)
     return w.new_empty(w.shape)
 
