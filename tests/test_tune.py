@@ -193,7 +193,8 @@ def test_cpu_plan_is_the_heuristic_order():
     assert select.plan("ragged_m", "padded", a, b, 2, torch.float32) == [("padded", None)]
 
 
-def test_untuned_weight_gradients_with_long_groups_try_the_vendor_first():
+def test_untuned_weight_gradients_with_long_groups_try_the_vendor_first(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
     names = ["triton", "torch", "reference"]
     meta = {"device": "meta", "dtype": torch.bfloat16}
     long = torch.empty(1, 65536, 7168, **meta)  # [Bt, R, M]: 1024 rows a group over 64 groups
@@ -203,6 +204,9 @@ def test_untuned_weight_gradients_with_long_groups_try_the_vendor_first():
     assert select.heuristic_order("ragged_k", names, long, 64, copy_ms=1.9) == names  # must land in a buffer
     assert select.heuristic_order("ragged_m", names, long, 64) == names
     assert select.heuristic_order("ragged_k", ["triton", "reference"], long, 64) == ["triton", "reference"]
+    monkeypatch.setattr(torch.version, "hip", "6.2")  # not measured on ROCm: the device order stays
+    assert select.heuristic_order("ragged_k", names, long, 64) == names
+    monkeypatch.setattr(torch.version, "hip", None)
     edge = torch.empty(1, select.VENDOR_WGRAD_ROWS * 8, 16, **meta)
     assert select.heuristic_order("ragged_k", names, edge, 8)[0] == "torch"
     assert select.heuristic_order("ragged_k", names, edge, 9)[0] == "triton"

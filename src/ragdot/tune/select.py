@@ -101,10 +101,10 @@ VENDOR_WGRAD_ROWS = 448  # between the measured points: <= 160 rows a group trit
 def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups: int,
                     copy_ms: float = 0.0) -> list[str]:
     """`names` (the device's candidate order) for a call with no measured entry: the vendor first for
-    weight gradients with long groups (`VENDOR_WGRAD_ROWS`), unless the result must be copied into the
-    caller's buffer (the vendor cannot write there); a [Bt, R, M]."""
+    weight gradients with long groups (`VENDOR_WGRAD_ROWS`; CUDA builds, where it was measured), unless the
+    result must be copied into the caller's buffer (the vendor cannot write there); a [Bt, R, M]."""
     long_groups = problem == "ragged_k" and num_groups > 0 and a.shape[1] >= VENDOR_WGRAD_ROWS * num_groups
-    if long_groups and not copy_ms and "torch" in names:
+    if long_groups and not copy_ms and "torch" in names and torch.version.hip is None:  # measured on CUDA only
         return ["torch", *[n for n in names if n != "torch"]]
     return names
 
