@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ragdot.kernels.launch import tma_fill_args
 from ragdot.kernels.record import Launch, Record
 
 __all__ = ["Unplannable", "program", "workspace_bytes"]
@@ -78,13 +79,13 @@ class _Places:
 def _descriptor(desc: Any, meta: dict | None, place: _Places, host_dtype: dict) -> list[int]:
     if meta is None or meta.get("fp4_padded"):
         raise Unplannable("a tensor descriptor without TMA metadata (or fp4-padded)")
-    shape, strides, block = list(desc.shape), list(desc.strides), list(meta["block_size"])
-    rank, elem = len(shape), int(meta["elem_size"])
+    # fill: CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA (1) or NONE (0)
+    swizzle, elem, elem_type, block, shape, strides, fill = tma_fill_args(desc, meta, host_dtype)
+    rank = len(shape)
     buffer, offset = place(desc.base)
-    fill = 1 if desc.padding == "nan" else 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA / NONE
-    words = [_TMAP, buffer, offset, int(host_dtype[meta["elem_type"]]), rank, int(meta["swizzle"]), fill]
+    words = [_TMAP, buffer, offset, int(elem_type), rank, int(swizzle), fill]
     words += [int(x) for x in reversed(shape)]
-    words += [elem * int(strides[j]) for j in reversed(range(rank - 1))]
+    words += [int(elem) * int(strides[j]) for j in reversed(range(rank - 1))]
     words += [int(x) for x in reversed(block)]
     for x in shape:
         words += [_SCALAR, 4, int(x)]

@@ -24,7 +24,7 @@ from triton import knobs
 from ragdot.kernels import configs
 from ragdot.kernels import record as _record
 
-__all__ = ["BoundLaunch"]
+__all__ = ["BoundLaunch", "tma_fill_args"]
 
 
 def _raw_launcher(compiled: Any) -> Any:
@@ -46,6 +46,18 @@ class _Layout:
 
     def __init__(self, shape: Any, strides: Any, block_shape: Any, padding: Any):
         self.shape, self.strides, self.block_shape, self.padding = shape, strides, block_shape, padding
+
+
+def tma_fill_args(desc: Any, meta: dict, host_dtype: dict) -> tuple:
+    """The static arguments after the base address with which Triton 3.6's CUDA driver encodes a host TMA
+    descriptor (`fill_tma_descriptor`): swizzle, element size, the driver's element type, block, shape (the
+    last dimension doubled for fp4-padded data), strides (elements) and the out-of-bounds fill (1: NaN).
+    One derivation for the bound launches here and the launch programs of `ragdot.jax._plan`."""
+    shape, strides = list(desc.shape), list(desc.strides)
+    if meta["fp4_padded"]:
+        shape[-1] *= 2
+    return (meta["swizzle"], meta["elem_size"], host_dtype[meta["elem_type"]], meta["block_size"], shape, strides,
+            1 if desc.padding == "nan" else 0)
 
 
 class _Descriptors:
@@ -94,11 +106,8 @@ class _Descriptors:
             if meta is None:  # decomposed in the front end: base, shape, strides, padding, shape, strides
                 slots.append((pos, layout, None, [*shape, *strides, d.padding == "nan", *shape, *strides]))
                 continue
-            if meta["fp4_padded"]:
-                shape[-1] *= 2
-            fixed = (meta["swizzle"], meta["elem_size"], host_dtype[meta["elem_type"]], meta["block_size"], shape,
-                     strides, 1 if d.padding == "nan" else 0)
-            slots.append((pos, layout, (fill, fixed), [*shape, *strides]))
+            fixed = tma_fill_args(d, meta, host_dtype)
+            slots.append((pos, layout, (fill, fixed), [*fixed[4], *strides]))  # the shape as filled (fp4: doubled)
         return slots[::-1]
 
     def expand(self, args: tuple) -> list | None:
