@@ -34,13 +34,15 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ragdot.jax import _plan
 from ragdot.jax._bridge import Bridge
-from ragdot.kernels import record
+
+if TYPE_CHECKING:
+    from ragdot.kernels.record import Record
 
 __all__ = ["TARGET", "MODES", "mode", "bridge_mode", "available", "reason", "slot", "clear_plans", "stats", "library"]
 
@@ -204,7 +206,9 @@ class _Slot:
         bridge = self.bridge
         where = torch.device("cuda", device) if device >= 0 else torch.device("cpu")
         p = bridge.prepared_at(where, stream if device >= 0 else None)
-        take = device >= 0 and self.tried.get(device, 0) < _RECORDS and bridge.replayable
+        wanted = device >= 0 and self.tried.get(device, 0) < _RECORDS and bridge.replayable
+        record = _record_module() if wanted else None
+        take = record is not None
         previous = p.stream.enter()
         try:
             with record.recording() if take else contextlib.nullcontext() as rec:
@@ -220,7 +224,7 @@ class _Slot:
         if take and not self._plan(rec, direct, buffers, device):
             self.tried[device] = self.tried.get(device, 0) + 1
 
-    def _plan(self, rec: record.Record, direct: bool, buffers: list[tuple[int, int]], device: int) -> bool:
+    def _plan(self, rec: Record, direct: bool, buffers: list[tuple[int, int]], device: int) -> bool:
         """Install the plan of a recorded call; whether it was."""
         if not direct:
             self.why[device] = "the backend's call is not ragdot's Triton kernels alone"
@@ -238,8 +242,19 @@ class _Slot:
         self.planned.add(device)
         self.why.pop(device, None)
         # the plan holds raw CUfunction handles: keep their compiled kernels alive with it
-        self.kept[device] = [step.compiled for step in rec.steps if isinstance(step, record.Launch)]
+        launch = _record_module().Launch  # a record exists: so does the module
+        self.kept[device] = [step.compiled for step in rec.steps if isinstance(step, launch)]
         return True
+
+
+def _record_module() -> Any:
+    """`ragdot.kernels.record`, or None without Triton (ragdot.jax runs without it; then nothing is recorded:
+    no ragdot kernel runs). Imported here, not with this module, for that reason."""
+    try:
+        from ragdot.kernels import record
+    except ImportError:
+        return None
+    return record
 
 
 # Calls per slot and device recorded before giving up on a plan: a call can take another path on its first

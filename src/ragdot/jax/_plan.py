@@ -12,12 +12,12 @@ refused). Anything that cannot be placed raises `Unplannable`: the call then kee
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ragdot.kernels.launch import tma_fill_args
-from ragdot.kernels.record import Launch, Record
+if TYPE_CHECKING:  # ragdot.kernels needs Triton, ragdot.jax does not: imported where a plan is made
+    from ragdot.kernels.record import Launch, Record
 
 __all__ = ["Unplannable", "program", "workspace_bytes"]
 
@@ -79,6 +79,8 @@ class _Places:
 def _descriptor(desc: Any, meta: dict | None, place: _Places, host_dtype: dict) -> list[int]:
     if meta is None or meta.get("fp4_padded"):
         raise Unplannable("a tensor descriptor without TMA metadata (or fp4-padded)")
+    from ragdot.kernels.launch import tma_fill_args
+
     # fill: CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA (1) or NONE (0)
     swizzle, elem, elem_type, block, shape, strides, fill = tma_fill_args(desc, meta, host_dtype)
     rank = len(shape)
@@ -150,6 +152,8 @@ def program(record: Record, buffers: list[tuple[int, int]], workspace: int | Non
         from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST as host_dtype
     except ImportError:  # another Triton's layout
         raise Unplannable("this Triton has no TMA_DTYPE_DEVICE_TO_HOST") from None
+    from ragdot.kernels.record import Launch
+
     place = _Places(buffers, workspace, record.scratch)
     words = [len(record.steps)]
     for step in record.steps:
