@@ -11,7 +11,9 @@
    --reps after 2 warm-up calls (ragdot.measure.timing.median_ms), the same inputs every call (no L2
    rotation). The gluon output is checked against the vendor's (normalised error, bf16 bound).
    `--classes wgrad_wi wgrad_wo fwd_wi dgrad_wi` times the ragged_m kernel too (forward and data-gradient
-   weight layouts; raise --budget then).
+   weight layouts; raise --budget then). `--configs single` times every candidate Gluon config with one
+   consumer partition as its own system (`gluon:<config>`), `--configs all` the ping-pong ones as well; the
+   summary then also counts `gluon-best`, the fastest Gluon config of each cell on that clock.
 
 The shapes run in one child process that reports each cell as it finishes; a cell with no answer within
 --cell-timeout seconds counts as a hang: the child is killed and a new one goes on with the next shape.
@@ -75,7 +77,23 @@ def _operands(cls: str, m: int, k: int, n: int, e: int, gen):
     return "ragged_m", a[None], wb[None], a, wb
 
 
-def _system_call(system: str, ops, sizes, e: int):
+def _systems(ops, e: int, configs: str) -> list[tuple[str, object]]:
+    """(label, Gluon config or None) per timed system: the Gluon ones (--configs), then triton and vendor."""
+    import torch
+
+    from ragdot.backends.gluon_gmm import BACKEND
+
+    if configs == "default":
+        return [(name, None) for name in SYSTEMS]
+    problem, a, b = ops[:3]
+    dims = (a.shape[2], a.shape[1], b.shape[2], e) if problem == "ragged_k" else (a.shape[1], a.shape[2],
+                                                                                   b.shape[3], e)
+    cfgs = [c for c in BACKEND.tuning_configs(problem, dims, torch.bfloat16, None)
+            if configs == "all" or c.consumers == 1]
+    return [(f"gluon:{c.short()}", c) for c in cfgs] + [("triton", None), ("vendor", None)]
+
+
+def _system_call(system: str, ops, sizes, e: int, config=None):
     import torch
 
     problem, a, b, mat_a, mat_b = ops
@@ -83,11 +101,11 @@ def _system_call(system: str, ops, sizes, e: int):
         return lambda: torch._grouped_mm(mat_a, mat_b, offs=torch.cumsum(sizes, 0, dtype=torch.int32))
     from ragdot.backends import get_backend
 
-    call = get_backend(system).prepare(problem, a, b, e, torch.bfloat16)
+    call = get_backend(system.split(":")[0]).prepare(problem, a, b, e, torch.bfloat16, config)
     return lambda: call(a, b, sizes)
 
 
-def _cell(shape, cls: str, routing: str, reps: int) -> list[dict]:
+def _cell(shape, cls: str, routing: str, reps: int, configs: str = "default") -> list[dict]:
     import torch
 
     from ragdot.measure.checks import failure_status, normalised_error, within_tolerance
@@ -101,10 +119,10 @@ def _cell(shape, cls: str, routing: str, reps: int) -> list[dict]:
     out_shape = (e, ops[1].shape[2], ops[2].shape[2]) if ops[0] == "ragged_k" else (m, ops[2].shape[3])
     flop = 2 * m * k * n
     rows, outs = [], {}
-    for system in SYSTEMS:
+    for system, config in _systems(ops, e, configs):
         row = dict(shape=name, cls=cls, system=system, routing=routing, M=m, K=k, N=n, E=e)
         try:
-            fn = _system_call(system, ops, sizes, e)
+            fn = _system_call(system, ops, sizes, e, config)
             outs[system] = fn().reshape(out_shape)
             torch.cuda.synchronize()
             for clock in ("graph", "eager"):
@@ -128,10 +146,10 @@ def _cell(shape, cls: str, routing: str, reps: int) -> list[dict]:
     return rows
 
 
-def child(first: int, routing: str, reps: int, classes: list[str]) -> int:
+def child(first: int, routing: str, reps: int, classes: list[str], configs: str) -> int:
     for shape in _shapes()[first:]:
         for cls in classes:
-            print(MARK + json.dumps(_cell(shape, cls, routing, reps)), flush=True)
+            print(MARK + json.dumps(_cell(shape, cls, routing, reps, configs)), flush=True)
     return 0
 
 
@@ -214,14 +232,15 @@ def _reader(proc: subprocess.Popen, lines: queue.Queue) -> None:
 
 
 def run_cells(routing: str, reps: int, classes: list[str], cell_timeout: float, deadline: float, on_rows,
-              log: Path) -> list[str]:
+              log: Path, configs: str = "default") -> list[str]:
     """Cells in child processes (their stderr appended to `log`); returns the notes on hangs, crashes and
     what the budget left out."""
     shapes, notes, first = _shapes(), [], 0
     while first < len(shapes):
         with open(log, "a") as err:
             proc = subprocess.Popen([sys.executable, __file__, "--child", str(first), "--routing", routing,
-                                     "--reps", str(reps), "--classes", *classes], stdout=subprocess.PIPE,
+                                     "--reps", str(reps), "--configs", configs, "--classes", *classes],
+                                    stdout=subprocess.PIPE,
                                     stderr=err, text=True, env=_env(), cwd=ROOT)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_reader, args=(proc, lines), daemon=True).start()
@@ -256,6 +275,31 @@ def _geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
+def summarize(rows: list[dict], classes: list[str]) -> dict[str, dict]:
+    """Per pass kind, system and clock: geometric mean and lowest cell of the speed against the vendor; with
+    several Gluon configs also `gluon-best` (per cell the best Gluon config on that clock)."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    systems = list(dict.fromkeys(r["system"] for r in rows if r["system"] != "vendor"))
+    best: dict[tuple, dict[str, float]] = {}
+    for r in ok:
+        if r["system"].startswith("gluon:"):
+            cell = best.setdefault((r["shape"], r["cls"]), {})
+            for clock in ("graph", "eager"):
+                if r.get(f"{clock}_vs_vendor"):
+                    cell[clock] = max(cell.get(clock, 0.0), r[f"{clock}_vs_vendor"])
+    summary = {}
+    kinds = dict.fromkeys("wgrad" if c.startswith("wgrad") else c for c in classes)
+    for kind, clock in ((k, c) for k in kinds for c in ("graph", "eager")):
+        per = {s: [r[f"{clock}_vs_vendor"] for r in ok if r["system"] == s and r["cls"].startswith(kind)
+                   and r.get(f"{clock}_vs_vendor")] for s in systems}
+        if best:
+            per["gluon-best"] = [v[clock] for (_, cls), v in best.items() if cls.startswith(kind) and clock in v]
+        for system, ratios in per.items():
+            summary[f"{kind} {system} {clock}"] = {"geomean_vs_vendor": _geomean(ratios), "cells": len(ratios),
+                                                   "min_vs_vendor": min(ratios) if ratios else None}
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
@@ -266,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cell-timeout", type=float, default=60.0, help="seconds without a finished cell = hang")
     ap.add_argument("--classes", nargs="+", choices=CLASSES + EXTRA_CLASSES, default=list(CLASSES),
                     help="classes to time (default: the weight gradient; fwd_wi / dgrad_wi time the ragged_m kernel)")
+    ap.add_argument("--configs", choices=("default", "single", "all"), default="default",
+                    help="Gluon configs timed: the default one, every one-consumer candidate, or all (ping-pong too)")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--memcheck", action="store_true",
                     help="also run a few Gluon calls under compute-sanitizer memcheck (up to 120 s more)")
@@ -274,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     if args.child is not None:
-        return child(args.child, args.routing, args.reps, args.classes)
+        return child(args.child, args.routing, args.reps, args.classes, args.configs)
     if args.memcheck_child:
         return memcheck_calls()
     if args.out is None:
@@ -293,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         deadline += 120.0
     meta = run_meta(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"), torch.bfloat16,
                     with_triton=True)
-    meta.update(routing=args.routing, reps=args.reps, classes=args.classes, tests=tests, memcheck=memcheck,
+    meta.update(routing=args.routing, reps=args.reps, classes=args.classes, configs=args.configs, tests=tests,
+                memcheck=memcheck,
                 clocks={"graph": "CUDA-graph replays, CUDA events, median",
                         "eager": "eager calls, CUDA events, median"})
     writer = RowWriter(args.out, "gluon_gpu", meta, COLUMNS)
@@ -307,16 +354,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if torch.cuda.is_available():
         notes = run_cells(args.routing, args.reps, args.classes, args.cell_timeout, deadline, on_rows,
-                          args.out / "gluon_gpu-stderr.txt")
+                          args.out / "gluon_gpu-stderr.txt", args.configs)
     else:
         notes = ["no CUDA device here: the timing was left out"]
-    summary = {}
-    kinds = dict.fromkeys("wgrad" if c.startswith("wgrad") else c for c in args.classes)
-    for kind, system, clock in ((k, s, c) for k in kinds for s in ("gluon", "triton") for c in ("graph", "eager")):
-        ratios = [r[f"{clock}_vs_vendor"] for r in writer.rows if r["system"] == system and r["cls"].startswith(kind)
-                  and r["status"] == "ok" and r.get(f"{clock}_vs_vendor")]
-        summary[f"{kind} {system} {clock}"] = {"geomean_vs_vendor": _geomean(ratios), "cells": len(ratios),
-                                               "min_vs_vendor": min(ratios) if ratios else None}
+    summary = summarize(writer.rows, args.classes)
     meta.update(notes=notes, summary=summary)
     writer.rewrite()
     write_document(args.out / "gluon_gpu-summary.json", {"meta": meta})
@@ -326,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key}: geomean vs vendor {gm} over {s['cells']} cells{lo}")
     for note in notes:
         print(f"note: {note}")
-    bad = [r for r in writer.rows if r["system"] == "gluon" and r["status"] != "ok"]
+    bad = [r for r in writer.rows if r["system"].startswith("gluon") and r["status"] != "ok"]
     checks_ok = tests["verdict"] in ("passed", "skipped") and memcheck["verdict"] in ("passed", "not run (--memcheck)")
     return 0 if checks_ok and not bad and not notes else 1
 

@@ -20,6 +20,7 @@ import torch
 
 from helpers import bundled_ptxas
 from ragdot.kernels.gluon import GluonConfig, gluon_tuning_configs, pick_gluon_config, unavailable_reason
+from ragdot.kernels.gluon.common import consumer_regs
 from ragdot.kernels.gluon.config import SHARED_BYTES, gluon_m_tuning_configs
 from ragdot.routing import balanced, empty, skewed
 
@@ -41,6 +42,8 @@ hopper = pytest.mark.skipif(not ON_HOPPER, reason=f"needs an sm_90 GPU with Gluo
         ({"num_warps": 8, "block_m": 64}, "num_warps: 8 consumer warps"),
         ({"group_m": 0}, "group_m: expected >= 1"),
         ({"producer_regs": 20}, "producer_regs: expected a multiple of 8"),
+        ({"consumers": 3}, "consumers: expected 1 or 2"),
+        ({"consumers": 2, "num_warps": 8}, "num_warps: ping-pong consumers are one warpgroup each"),
     ],
 )
 def test_config_errors_name_the_argument(kwargs, match):
@@ -61,11 +64,18 @@ def test_configs_fit_shared_memory_and_the_output_rows():
     assert len(gluon_tuning_configs(2048, 2048, limit=2)) == 2
 
 
-def test_backend_registered_but_not_an_auto_candidate_yet():
+def test_backend_is_an_auto_candidate_after_triton_and_torch():
+    """gluon runs where a measurement names it: without one, auto tries triton and torch first; the tuner
+    measures gluon's configs only where the backend is usable (a Hopper GPU)."""
     from ragdot.backends import BACKEND_NAMES, _candidates, get_backend
+    from ragdot.tune.tuner import candidates_for
 
     assert "gluon" in BACKEND_NAMES
-    assert "gluon" not in _candidates("cuda", tuple(BACKEND_NAMES))
+    order = _candidates("cuda", tuple(BACKEND_NAMES))
+    assert order.index("triton") < order.index("torch") < order.index("gluon") < order.index("reference")
+    assert "gluon" not in _candidates("cpu", tuple(BACKEND_NAMES))
+    names = {name for name, _ in candidates_for("ragged_k", (2048, 8192, 1408, 64), torch.bfloat16, 4)}
+    assert ("gluon" in names) == ON_HOPPER
     if not ON_HOPPER:
         with pytest.raises(RuntimeError, match="backend 'gluon' is not usable"):
             get_backend("gluon")
@@ -188,7 +198,7 @@ def test_ragged_m_misaligned_operands_run_the_triton_kernel():
 
 _COMPILE_SCRIPT = textwrap.dedent(
     """
-    import json, torch
+    import json, re, torch
     from ragdot.kernels.configs import compile_only, resource_usage, run_kernel
     from ragdot.kernels.gluon.config import gluon_m_tuning_configs, gluon_tuning_configs
     from ragdot.kernels.gluon.ragged_k import Prepared
@@ -200,8 +210,9 @@ _COMPILE_SCRIPT = textwrap.dedent(
 
     def info(h):
         ptx = h.asm["ptx"]
+        incs = sorted({int(v) for v in re.findall(r"setmaxnreg\\.inc\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)})
         return dict(resource_usage(h), ws="setmaxnreg" in ptx, tma_store="bulk_group" in ptx,
-                    trans_a=", 1, 1, 1, 1;" in ptx)
+                    trans_a=", 1, 1, 1, 1;" in ptx, incs=incs)
 
     with compile_only(90):
         for m, r, n, g in ((2048, 3840, 1408, 64), (2880, 10240, 2880, 128), (512, 5120, 512, 256)):
@@ -255,6 +266,10 @@ def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
         assert info["ws"] == (" ws=False" not in name), (name, info)
         if name.startswith("ragged_k"):
             assert info["trans_a"], name
+        if name.endswith("p2"):  # ping-pong: the three warpgroups' register requests fit the SM's 64 Ki
+            regs = consumer_regs(GluonConfig(consumers=2))
+            assert regs in info["incs"] and max(info["incs"]) + regs + 24 <= 512, (name, info)
+    assert sum(k.endswith("p2") for k in usage) >= 4
 
 
 # ---- GPU: against a float64 reference -----------------------------------------------------------------------
@@ -339,6 +354,34 @@ def test_every_candidate_config(cfg):
     out = ragged_k(a, b, ends, config=cfg)
     _check(out, a, b, sizes)
     assert torch.equal(ragged_k(a, b, ends, config=cfg), out)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(
+    "cfg", [c for c in gluon_tuning_configs(1024, 1024) if c.consumers == 2], ids=lambda c: c.short()
+)
+def test_ping_pong_consumers_over_many_items_per_program(cfg):
+    """Ping-pong: each program takes several items, alternately consumed by its two consumers, of unequal
+    chunk counts (long, one-row, empty and chunk-edge groups), so the turn barriers and each consumer's count
+    of the other's chunks are exercised; against float64, and bitwise stable."""
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+
+    sizes = [700, 0, 1, 64, 0, 129, 65, 0, 300, 2, 640, 63, 0, 128]
+    a, b, ends = _case(2400, 1024, 1024, sizes, seed=11)
+    out = ragged_k(a, b, ends, config=cfg)
+    _check(out, a, b, sizes)
+    assert torch.equal(ragged_k(a, b, ends, config=cfg), out)
+
+
+def test_ping_pong_register_plan():
+    """The second consumer's registers plus the default partition's 256 and the producer's fit 64 Ki a SM."""
+    assert consumer_regs(GluonConfig()) == 0
+    for regs in (24, 32, 40):
+        cfg = GluonConfig(consumers=2, producer_regs=regs)
+        assert consumer_regs(cfg) >= 128 and (256 + consumer_regs(cfg) + regs) * 128 <= 65536
+    assert all(c.consumers == 1 for c in gluon_m_tuning_configs(2048, 2048))
+    assert GluonConfig(consumers=2).short().endswith("p2") and not GluonConfig().short().endswith("p2")
 
 
 @pytest.mark.gpu
@@ -468,3 +511,29 @@ def test_backend_ragged_m_from_raw_sizes_matches_triton_and_delegates_odd_k():
     assert normalised_error(odd(a[:, :, :1000], b[:, :, :1000], raw),
                             tr_backend.ragged_m(a[:, :, :1000], b[:, :, :1000], raw.cumsum(0).int(), torch.bfloat16)
                             ) <= 1e-2
+
+
+def test_gluon_gpu_summary_counts_the_best_config_of_each_cell():
+    """benchmarks/gluon_gpu.py --configs: per cell the fastest Gluon config enters `gluon-best`."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gluon_gpu.py"
+    spec = importlib.util.spec_from_file_location("gluon_gpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(shape, system, graph, eager, status="ok"):
+        return dict(shape=shape, cls="wgrad_wi", system=system, status=status, graph_vs_vendor=graph,
+                    eager_vs_vendor=eager)
+
+    rows = [row("s1", "gluon:a", 0.9, 1.2), row("s1", "gluon:b", 1.1, 0.8), row("s1", "triton", 1.0, 1.0),
+            row("s2", "gluon:a", 2.0, 2.0), row("s2", "gluon:b", 4.0, 4.0, status="wrong"),
+            row("s2", "triton", 0.5, 0.5), row("s1", "vendor", 1.0, 1.0)]
+    summary = mod.summarize(rows, ["wgrad_wi"])
+    best = summary["wgrad gluon-best graph"]
+    assert best["cells"] == 2 and best["min_vs_vendor"] == 1.1
+    assert abs(best["geomean_vs_vendor"] - (1.1 * 2.0) ** 0.5) < 1e-12
+    assert summary["wgrad gluon-best eager"]["min_vs_vendor"] == 1.2
+    assert summary["wgrad gluon:b graph"]["cells"] == 1  # the wrong cell is not counted
+    assert "wgrad vendor graph" not in summary

@@ -170,7 +170,9 @@ def available_backends() -> list[str]:
 
 @functools.lru_cache(maxsize=8)
 def _candidates(device_type: str, usable: tuple[str, ...]) -> tuple[str, ...]:
-    order = ("triton", "torch", "reference") if device_type == "cuda" else ("torch", "reference")
+    # gluon (Hopper only) comes after the kinds that serve every problem: it is chosen where a measurement
+    # names it (`ragdot tune`), and only tried first by a caller who asks for it
+    order = ("triton", "torch", "gluon", "reference") if device_type == "cuda" else ("torch", "reference")
     return tuple(name for name in order if name in usable)
 
 

@@ -36,10 +36,10 @@ def candidates_for(
     problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, max_configs: int
 ) -> list[Candidate]:
     """Every usable fast backend with up to `max_configs` of its own tuning configs (the vendor kernel has
-    one, itself; Triton its heuristic's pick and configs that measured well in the regime). dims = (M, K, N,
-    G) for ragged_m, (M, R, N, G) for ragged_k."""
+    one, itself; Triton its heuristic's pick and configs that measured well in the regime; Gluon, on Hopper,
+    its warp-specialized tiles). dims = (M, K, N, G) for ragged_m, (M, R, N, G) for ragged_k."""
     out: list[Candidate] = []
-    for name in ("torch", "triton"):
+    for name in ("torch", "triton", "gluon"):
         if name in available_backends():
             out += [(name, cfg) for cfg in get_backend(name).tuning_configs(problem, dims, dtype, max_configs)]
     return out

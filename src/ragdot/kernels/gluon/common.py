@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["gluon_importable", "hopper_device", "unavailable_reason", "mma_layout", "maxnreg_for", "descriptor"]
+__all__ = ["gluon_importable", "hopper_device", "unavailable_reason", "mma_layout", "maxnreg_for", "consumer_regs",
+           "descriptor"]
 
 
 def gluon_importable() -> bool:
@@ -47,6 +48,16 @@ def maxnreg_for(consumer_warps: int, worker_warps: int = 1) -> int:
     `consumer_warps` plus the worker warps, rounded up to warpgroups, share the SM's 64 Ki registers."""
     groups = -(-consumer_warps // 4) + -(-worker_warps // 4)
     return min(256, (65536 // (groups * 128)) // 8 * 8)
+
+
+def consumer_regs(cfg: Any) -> int:
+    """Registers per thread of the second (worker) consumer of a ping-pong config (0: no second consumer).
+    `setmaxnreg` moves registers by warpgroup and Triton raises the default partition to 256, so the worker
+    consumer gets what is left of the SM's 64 Ki registers after that and the producer's warpgroup (232 with
+    a 24-register producer): a larger request would wait forever for registers no warp gives back."""
+    if cfg.consumers == 1:
+        return 0
+    return (65536 // 128 - 256 - cfg.producer_regs) // 8 * 8
 
 
 def descriptor(t: torch.Tensor, block: list[int]) -> Any:

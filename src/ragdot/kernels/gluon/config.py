@@ -14,7 +14,9 @@ SHARED_BYTES = 232448  # shared memory one block may use on sm_90 (227 KiB)
 @dataclass(frozen=True)
 class GluonConfig:
     """One launch of the warp-specialized kernels: tile, ring depth, consumer warps (4 = one warpgroup, 8 = two
-    cooperating on the tile), row tiles per band, registers of the producer warp."""
+    cooperating on the tile), row tiles per band, registers of the producer warp, and consumer partitions
+    (1; or 2 = ping-pong: two one-warpgroup consumers on alternate tiles, each with its own epilogue buffer,
+    taking turns at the tensor cores so that one's epilogue runs under the other's main loop)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -23,6 +25,7 @@ class GluonConfig:
     num_warps: int = 4
     group_m: int = 8
     producer_regs: int = 24
+    consumers: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -41,15 +44,19 @@ class GluonConfig:
             raise ValueError(f"group_m: expected >= 1, got {self.group_m}")
         if self.producer_regs % 8 or not 24 <= self.producer_regs <= 256:
             raise ValueError(f"producer_regs: expected a multiple of 8 in [24, 256], got {self.producer_regs}")
+        if self.consumers not in (1, 2):
+            raise ValueError(f"consumers: expected 1 or 2 (ping-pong), got {self.consumers!r}")
+        if self.consumers == 2 and self.num_warps != 4:
+            raise ValueError(f"num_warps: ping-pong consumers are one warpgroup each (4), got {self.num_warps}")
 
     def shared_bytes(self, in_bytes: int = 2, out_bytes: int = 2) -> int:
-        """Shared memory of the ring, the epilogue tile and the barriers."""
+        """Shared memory of the ring, the epilogue tiles (one per consumer) and the barriers."""
         ring = self.stages * self.block_k * (self.block_m + self.block_n) * in_bytes
-        return ring + self.block_m * self.block_n * out_bytes + 16 * self.stages + 1024
+        return ring + self.consumers * self.block_m * self.block_n * out_bytes + 16 * self.stages + 1024
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}s{self.stages}w{self.num_warps}"
-                f"g{self.group_m}r{self.producer_regs}")
+                f"g{self.group_m}r{self.producer_regs}" + ("p2" if self.consumers == 2 else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,6 +69,10 @@ _CANDIDATES = (
     GluonConfig(64, 128, 64, 5, 4),
     GluonConfig(128, 64, 64, 6, 4),
     GluonConfig(64, 256, 64, 4, 4),
+    GluonConfig(128, 128, 64, 4, 4, consumers=2),
+    GluonConfig(128, 128, 64, 5, 4, consumers=2),
+    GluonConfig(64, 256, 64, 4, 4, consumers=2),
+    GluonConfig(64, 128, 64, 6, 4, consumers=2),
 )
 
 
@@ -84,8 +95,10 @@ def pick_gluon_config(m: int, n: int, out_bytes: int = 2) -> GluonConfig | None:
 
 
 def gluon_m_tuning_configs(k: int, n: int, out_bytes: int = 2, limit: int | None = None) -> list[GluonConfig]:
-    """The candidate configs of a ragged_m problem with contraction K and N output columns (K % block_k == 0)."""
-    fits = [c for c in _CANDIDATES if k % c.block_k == 0 and c.shared_bytes(2, out_bytes) <= SHARED_BYTES]
+    """The candidate configs of a ragged_m problem with contraction K and N output columns (K % block_k == 0;
+    one consumer partition: the ragged_m kernel has no ping-pong form)."""
+    fits = [c for c in _CANDIDATES
+            if c.consumers == 1 and k % c.block_k == 0 and c.shared_bytes(2, out_bytes) <= SHARED_BYTES]
     if n <= 128:
         fits = [c for c in fits if c.block_n <= 128] or fits
     return fits[:limit] if limit else fits

@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, prepared_output, run_kernel
-from ragdot.kernels.gluon.common import maxnreg_for, mma_layout
+from ragdot.kernels.gluon.common import consumer_regs, maxnreg_for, mma_layout
 from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_config
 from ragdot.kernels.ragged_k import schedule
 
@@ -106,9 +106,32 @@ def _zero_rows_from(buf, valid, LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, ready, empty, c_desc, sched_ptr, M, N, G, Bt,
-              GROUP_M: gl.constexpr, MMA_LAYOUT: gl.constexpr, EDGE_LAYOUT: gl.constexpr):
-    """Default partition: wgmma over each item's chunks, edge rows zeroed first, epilogue by TMA store."""
+def _take_turn(turn, mine, PARITY: gl.constexpr, NCONS: gl.constexpr):
+    """Ping-pong: before the `mine`-th main loop of consumer PARITY, wait until the other consumer has passed
+    the ready barriers of its previous item (consumer 0's first item waits for nobody). Strict alternation
+    means each turn barrier is at most one phase ahead of its waiter."""
+    if NCONS == 2:
+        if PARITY == 0:
+            mbarrier.wait(turn.index(0), (mine - 1) & 1, pred=mine > 0)
+        else:
+            mbarrier.wait(turn.index(1), mine & 1)
+
+
+@gluon.jit
+def _pass_turn(turn, PARITY: gl.constexpr, NCONS: gl.constexpr):
+    """Ping-pong: this consumer has waited for every chunk of its item; the other one may start its loop."""
+    if NCONS == 2:
+        mbarrier.arrive(turn.index(1 - PARITY))
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt,
+              GROUP_M: gl.constexpr, MMA_LAYOUT: gl.constexpr, EDGE_LAYOUT: gl.constexpr,
+              PARITY: gl.constexpr, NCONS: gl.constexpr):
+    """A consumer partition: wgmma over the chunks of this program's items number PARITY, PARITY + NCONS, ...
+    (edge rows zeroed first), epilogue by TMA store. With two consumers (ping-pong) each one counts the other's
+    chunks to keep its place in the shared ring, and the two take turns (`_take_turn`), so a consumer never
+    waits on a stage before every earlier chunk of that stage was loaded."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
@@ -117,30 +140,36 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_desc, sched_ptr, M, N, G, Bt,
     nprog = gl.num_programs(0)
     total = G * Bt * gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    it = 0
+    it = 0  # ring position of the item's first chunk (every consumer's chunks counted)
+    j = 0  # the item's number among this program's items
     for item in range(pid, total, nprog):
         g, start, end, bt, pid_m, pid_n = _item(item, sched_ptr, G, M, N, Bt, BLOCK_M, BLOCK_N, GROUP_M)
         n_k = gl.cdiv(end - start, BLOCK_K)
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
-        for kk in range(n_k):
-            s = it % STAGES
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            valid = end - start - kk * BLOCK_K
-            if valid < BLOCK_K:  # the group's last chunk straddles its end: rows >= valid are not ours
-                _zero_rows_from(a_bufs.index(s), valid, EDGE_LAYOUT)
-                _zero_rows_from(b_bufs.index(s), valid, EDGE_LAYOUT)
-                fence_async_shared()  # generic-proxy stores, then wgmma reads through the async proxy
-                gl.thread_barrier()
-            acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)  # chunk it - 1 retired
-            it += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=n_k > 0)  # this item's last chunk
-        tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
-        c_smem.store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [(g * Bt + bt) * M + pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+        if j % NCONS == PARITY:
+            _take_turn(turn, j // NCONS, PARITY, NCONS)
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
+            for kk in range(n_k):
+                pos = it + kk
+                s = pos % STAGES
+                mbarrier.wait(ready.index(s), (pos // STAGES) & 1)
+                valid = end - start - kk * BLOCK_K
+                if valid < BLOCK_K:  # the group's last chunk straddles its end: rows >= valid are not ours
+                    _zero_rows_from(a_bufs.index(s), valid, EDGE_LAYOUT)
+                    _zero_rows_from(b_bufs.index(s), valid, EDGE_LAYOUT)
+                    fence_async_shared()  # generic-proxy stores, then wgmma reads through the async proxy
+                    gl.thread_barrier()
+                acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                mbarrier.arrive(empty.index((pos + STAGES - 1) % STAGES), pred=kk > 0)  # chunk pos - 1 retired
+            _pass_turn(turn, PARITY, NCONS)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index((it + n_k + STAGES - 1) % STAGES), pred=n_k > 0)  # the item's last chunk
+            tma.store_wait(pendings=0)  # this consumer's previous tile's store has read c_smem
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [(g * Bt + bt) * M + pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+        it += n_k
+        j += 1  # noqa: SIM113 (a Gluon loop over a range with a step: no enumerate)
     tma.store_wait(pendings=0)
 
 
@@ -153,22 +182,36 @@ def ragged_k_ws_kernel(
     R, M, N, G, Bt,  # scalars: token rows per batch, output rows, output columns, groups, batch count
     STAGES: gl.constexpr,  # shared-memory ring depth (>= 2)
     GROUP_M: gl.constexpr,  # row tiles walked together inside one group (L2 reuse of b)
-    MMA_LAYOUT: gl.constexpr,  # NVMMADistributedLayout of the [BLOCK_M, BLOCK_N] accumulator (consumer warps)
-    EDGE_LAYOUT: gl.constexpr,  # BlockedLayout over the consumer warps for zeroing the edge rows of a stage
+    MMA_LAYOUT: gl.constexpr,  # NVMMADistributedLayout of the [BLOCK_M, BLOCK_N] accumulator (one consumer's warps)
+    EDGE_LAYOUT: gl.constexpr,  # BlockedLayout over one consumer's warps for zeroing the edge rows of a stage
     PRODUCER_REGS: gl.constexpr,  # registers per thread of the TMA producer warp
+    NCONS: gl.constexpr,  # consumer partitions: 1, or 2 (ping-pong, one warpgroup each, alternate items)
+    CONSUMER_REGS: gl.constexpr,  # registers per thread of the second consumer (ping-pong only)
 ):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize([
-        (_consumer, (a_bufs, b_bufs, ready, empty, c_desc, sched_ptr, M, N, G, Bt, GROUP_M, MMA_LAYOUT,
-                     EDGE_LAYOUT)),
-        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt, GROUP_M)),
-    ], [1], [PRODUCER_REGS])
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    if NCONS == 2:
+        gl.warp_specialize([
+            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt, GROUP_M, MMA_LAYOUT,
+                         EDGE_LAYOUT, 0, NCONS)),
+            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt, GROUP_M, MMA_LAYOUT,
+                         EDGE_LAYOUT, 1, NCONS)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt, GROUP_M)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt, GROUP_M, MMA_LAYOUT,
+                         EDGE_LAYOUT, 0, NCONS)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt, GROUP_M)),
+        ], [1], [PRODUCER_REGS])
 
 
 # ---- host side ---------------------------------------------------------------------------------------------
@@ -239,8 +282,9 @@ class Prepared:
         tiles = (m // cfg.block_m) * -(-n // cfg.block_n)
         self.grid = (max(1, min(g * bt * tiles, num_sms(a.device))),)
         self.consts = (cfg.stages, cfg.group_m, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
-                       gl.BlockedLayout([1, 8], [2, 16], [cfg.num_warps, 1], [1, 0]), cfg.producer_regs)
-        self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps)}
+                       gl.BlockedLayout([1, 8], [2, 16], [cfg.num_warps, 1], [1, 0]), cfg.producer_regs,
+                       cfg.consumers, consumer_regs(cfg))
+        self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
         from ragdot.kernels.ragged_k import Prepared as TritonPrepared  # for operands TMA cannot address
 
         self.fallback = TritonPrepared(a, b, g, out_dtype, None, from_sizes=from_sizes, scale=scale)

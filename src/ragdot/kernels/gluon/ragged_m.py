@@ -248,8 +248,9 @@ class Prepared:
     from the raw sizes with from_sizes), the descriptors, and launches once.
 
     Raises NotImplementedError for what it does not serve: operands other than bf16/fp16, K not a multiple of
-    the config's block_k, operands that are not row views with 16-byte aligned rows. A call whose operands
-    start off a 16-byte boundary runs the triton kernel instead."""
+    the config's block_k, ping-pong configs (`consumers=2`, ragged_k only), operands that are not row views
+    with 16-byte aligned rows. A call whose operands start off a 16-byte boundary runs the triton kernel
+    instead."""
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, config: GluonConfig | None = None,
                  from_sizes: bool = False, scale: int = 1):
@@ -267,6 +268,8 @@ class Prepared:
         cfg = config if config is not None else pick_gluon_m_config(m, k, n, g, out_bytes)
         if cfg is None or k % cfg.block_k:
             raise NotImplementedError(f"gluon ragged_m: K={k} is not a multiple of the tile's block_k")
+        if cfg.consumers != 1:
+            raise NotImplementedError(f"gluon ragged_m: config {cfg.short()} has ping-pong consumers (ragged_k only)")
         if cfg.shared_bytes(2, out_bytes) > SHARED_BYTES:
             raise NotImplementedError(f"gluon ragged_m: config {cfg.short()} needs too much shared memory")
         self.cfg = cfg
