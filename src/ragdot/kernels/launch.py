@@ -154,6 +154,15 @@ class BoundLaunch:
         self._tensors: tuple[int, ...] | None = None  # positions of the tensor arguments
         self._direct = os.environ.get("TRITON_INTERPRET", "0") != "1"
 
+    @classmethod
+    def in_order(cls, kernel: Any, grid: tuple[int, ...], constexprs: tuple[Any, ...], options: dict[str, Any],
+                 device: torch.device) -> BoundLaunch:
+        """A BoundLaunch whose constexpr values are given in the kernel's parameter order."""
+        names = [p.name for p in kernel.params if p.is_constexpr]
+        if len(constexprs) != len(names):
+            raise TypeError(f"{kernel.__name__}: {len(constexprs)} constexpr values for {len(names)} parameters")
+        return cls(kernel, grid, dict(zip(names, constexprs)), options, device)
+
     def _constexpr_tail(self, n_runtime: int) -> tuple[Any, ...]:
         values = []
         for param in self.kernel.params[n_runtime:]:

@@ -41,9 +41,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, prepared_output, run_kernel
+from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, prepared_output
 from ragdot.kernels.gluon.common import consumer_regs, maxnreg_for, mma_layout
 from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_config
+from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_k import schedule
 
 __all__ = ["Prepared", "ragged_k", "ragged_k_ws_kernel"]
@@ -237,8 +238,9 @@ def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
 
 
 class Prepared:
-    """The Gluon ragged_k for one static signature: checks, config, layouts and grid resolved once; a call
-    ranks the groups (one small Triton launch), builds the three descriptors and launches once.
+    """The Gluon ragged_k for one static signature: checks, config, layouts, grid and the bound launch
+    (`kernels.launch.BoundLaunch`) resolved once; a call ranks the groups (one small Triton launch), builds
+    the three descriptors and launches once.
 
     Raises NotImplementedError for what it does not serve: dtypes other than bf16/fp16 operands, operands that
     are not [Bt*R, X] row views with 16-byte aligned rows, M not a multiple of 64, N rows not 16-byte aligned.
@@ -285,6 +287,7 @@ class Prepared:
                        gl.BlockedLayout([1, 8], [2, 16], [cfg.num_warps, 1], [1, 0]), cfg.producer_regs,
                        cfg.consumers, consumer_regs(cfg))
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
+        self.launch = BoundLaunch.in_order(ragged_k_ws_kernel, self.grid, self.consts, self.options, a.device)
         from ragdot.kernels.ragged_k import Prepared as TritonPrepared  # for operands TMA cannot address
 
         self.fallback = TritonPrepared(a, b, g, out_dtype, None, from_sizes=from_sizes, scale=scale)
@@ -307,9 +310,7 @@ class Prepared:
             return self.fallback(a, b, ends, c, sched)
         if sched is None:
             sched = schedule(ends, self.sizes_extent, self.scale)
-        handle = run_kernel(ragged_k_ws_kernel, self.grid, *self.descriptors(a, b, c), sched, *self.scalars,
-                            *self.consts, **self.options)
-        return c, handle
+        return c, self.launch(*self.descriptors(a, b, c), sched, *self.scalars)
 
 
 def _descriptor(base: torch.Tensor, shape: list[int], strides: list[int], block: list[int], layout: Any) -> Any:

@@ -41,6 +41,7 @@ from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, pr
 from ragdot.kernels.gluon.common import maxnreg_for, mma_layout
 from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_m_config
 from ragdot.kernels.gluon.ragged_k import _descriptor, _gl_dtype
+from ragdot.kernels.launch import BoundLaunch
 
 __all__ = ["Prepared", "ragged_m", "ragged_m_ws_kernel", "tile_table"]
 
@@ -90,9 +91,13 @@ def tile_table(groups: torch.Tensor, m: int, block_m: int, from_sizes: bool, sca
     g = groups.shape[0]
     t = -(-m // block_m) + g + 1
     table = torch.empty((3, t), dtype=torch.int32, device=groups.device)
-    run_kernel(_m_tile_table_kernel, (1,), groups, table, m, g, scale, t, BLOCK_M=block_m, BLOCK_T=128,
-               FROM_SIZES=from_sizes, num_warps=4)
+    run_kernel(_m_tile_table_kernel, (1,), groups, table, m, g, scale, t, **_table_consts(block_m, from_sizes),
+               num_warps=4)
     return table
+
+
+def _table_consts(block_m: int, from_sizes: bool) -> dict[str, Any]:
+    return {"BLOCK_M": block_m, "BLOCK_T": 128, "FROM_SIZES": from_sizes}
 
 
 @gluon.jit
@@ -292,6 +297,9 @@ class Prepared:
         self.consts = (cfg.stages, cfg.group_m, self.kmajor, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
                        cfg.producer_regs)
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps)}
+        self.launch = BoundLaunch.in_order(ragged_m_ws_kernel, self.grid, self.consts, self.options, a.device)
+        self.table_launch = BoundLaunch(_m_tile_table_kernel, (1,), _table_consts(cfg.block_m, from_sizes),
+                                        {"num_warps": 4}, a.device)
         from ragdot.kernels.ragged_m import Prepared as TritonPrepared  # for operands TMA cannot address
 
         self.fallback = TritonPrepared(a, b, out_dtype, None, from_sizes=from_sizes, scale=scale)
@@ -313,10 +321,9 @@ class Prepared:
         if (a.data_ptr() | b.data_ptr() | c.data_ptr()) % 16:
             return self.fallback(a, b, ends, c)
         bt, m, n = self.shape
-        table = tile_table(ends, m, self.cfg.block_m, self.from_sizes, self.scale)
-        handle = run_kernel(ragged_m_ws_kernel, self.grid, *self.descriptors(a, b, c), c, table,
-                            self.t, m, n, self.k, self.g, bt, *self.consts, **self.options)
-        return c, handle
+        table = torch.empty((3, self.t), dtype=torch.int32, device=self.device)
+        self.table_launch(ends, table, m, self.g, self.scale, self.t)
+        return c, self.launch(*self.descriptors(a, b, c), c, table, self.t, m, n, self.k, self.g, bt)
 
 
 def ragged_m(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype | None = None,
