@@ -263,3 +263,24 @@ def test_tune_key_measures_what_the_key_describes_and_stores_it(problem, layout)
     assert set(entry["ms"]) >= {"torch"} and all(set(t) == {"balanced", "skewed"} for t in entry["ms"].values())
     cache_mod.CACHE.clear()
     assert cache_mod.CACHE.get(key.text(), "cpu") == entry
+
+
+def test_candidates_that_write_into_a_buffer_share_one_output():
+    """The tuner hands one canonical output to every candidate whose kernels write into a given buffer, so
+    the candidates' captured graphs do not each hold an output; the others allocate their own."""
+    from ragdot.backends import available_backends
+    from ragdot.tune.tuner import _run, measure_problem
+
+    if "triton" not in available_backends():
+        pytest.skip("needs the triton backend (Triton's interpreter on a CPU)")
+    a, b = torch.randn(1, 40, 16), torch.randn(1, 40, 32)
+    sizes = torch.tensor([10, 0, 25, 5])
+    shared = torch.empty(4, 1, 16, 32)
+    run = _run(("triton", None), "ragged_k", a, b, 4, torch.float32, shared)
+    assert run(sizes).data_ptr() == shared.data_ptr()
+    own = _run(("reference", None), "ragged_k", a, b, 4, torch.float32, shared)
+    assert own(sizes).data_ptr() != shared.data_ptr()
+    torch.testing.assert_close(shared, own(sizes), rtol=1e-5, atol=1e-5)
+    times = measure_problem("ragged_k", a, b, 4, torch.float32, [("triton", None)], routings=("balanced",),
+                            warmup=1, iters=2)
+    assert set(times) == {"triton"} and times["triton"]["balanced"] > 0

@@ -57,11 +57,18 @@ def pick_winner(times: dict[str, dict[str, float]]) -> str | None:
 
 
 def _run(
-    candidate: Candidate, problem: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype
+    candidate: Candidate, problem: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> Callable[[torch.Tensor | None], torch.Tensor]:
-    """The candidate prepared for these operands, as the dispatcher runs it: group sizes -> output."""
+    """The candidate prepared for these operands, as the dispatcher runs it: group sizes -> output. With `out`
+    (the canonical output), a backend whose prepared kernels write into a given buffer writes there, so the
+    candidates' CUDA graphs do not each hold an output (mixtral-8x7b's weight gradient: 7.5 GiB apiece)."""
     name, cfg = candidate
-    prepared = get_backend(name).prepare(problem, a, b, num_groups, out_dtype, cfg)
+    backend = get_backend(name)
+    prepared = backend.prepare(problem, a, b, num_groups, out_dtype, cfg)
+    kernel = getattr(prepared, "prepared", None)
+    if out is not None and backend.writes_into and kernel is not None:
+        return lambda sizes: kernel(a, b, sizes, out)[0]
     return lambda sizes: prepared(a, b, sizes)
 
 
@@ -90,10 +97,11 @@ def measure_problem(
         ref_args = (a, b, ends, out_dtype) if problem != "batch" else (a, b, out_dtype)
         ref = getattr(reference, problem)(*ref_args).float()
         sizes_arg = sizes if problem != "batch" else None
+        shared = torch.empty(ref.shape, dtype=out_dtype, device=a.device) if problem != "batch" else None
         systems = []
         for cand in cands:
             try:
-                fn = _run(cand, problem, a, b, num_groups, out_dtype)
+                fn = _run(cand, problem, a, b, num_groups, out_dtype, shared)
                 out = fn(sizes_arg)
             except (NotImplementedError, RuntimeError):
                 continue  # cannot run this case (e.g. shared memory): not a candidate here
