@@ -227,10 +227,12 @@ def test_plan_applies_the_heuristic_order_only_without_an_entry(monkeypatch):
 
 
 def test_shipped_h200_results_cover_every_anchor_cell(monkeypatch):
-    """A fresh process on an H200 finds a measured choice for every anchor shape and class, without tuning."""
+    """A fresh process on an H200 finds a measured choice for every anchor shape and class, without tuning;
+    an entry won by gluon keeps triton's best config for machines where gluon cannot run."""
     import dataclasses
 
     from ragdot.dimension_numbers import canonicalize
+    from ragdot.kernels.gluon.config import GluonConfig
     from ragdot.measure.classes import CLASSES
     from ragdot.shapes import shapes_with_tag
 
@@ -246,9 +248,11 @@ def test_shipped_h200_results_cover_every_anchor_cell(monkeypatch):
             key = dataclasses.replace(key_for(can.mode, can.a, can.b, shape.E, torch.bfloat16), device="NVIDIA H200")
             entry = select.tuned_entry(key)
             assert entry is not None, (shape.name, cls.name)
-            assert entry["backend"] in ("torch", "triton")
-            assert entry["configs"]["triton"] is not None
+            assert entry["backend"] in ("torch", "triton", "gluon")
+            assert entry["configs"]["triton"] is not None  # what runs where gluon cannot (no Gluon, not sm_90)
             select.entry_config(entry, "triton")  # a valid TileConfig
+            if entry["backend"] == "gluon":
+                GluonConfig(**entry["configs"]["gluon"])  # a valid config (the backend itself needs a Hopper GPU)
 
 
 @pytest.mark.parametrize("problem,layout", [("ragged_m", "arbc"), ("ragged_k", "arbr")])
@@ -284,3 +288,20 @@ def test_candidates_that_write_into_a_buffer_share_one_output():
     times = measure_problem("ragged_k", a, b, 4, torch.float32, [("triton", None)], routings=("balanced",),
                             warmup=1, iters=2)
     assert set(times) == {"triton"} and times["triton"]["balanced"] > 0
+
+
+def test_an_entry_won_by_a_backend_that_cannot_run_here_falls_back_to_the_device_order(monkeypatch):
+    """A shipped entry naming gluon on a machine without it: auto keeps its order (triton first) and runs
+    triton with the entry's triton config."""
+    entry = {"backend": "gluon", "configs": {"triton": {"block_m": 64, "block_n": 64, "block_k": 32},
+                                               "gluon": {"block_m": 128}},
+             "ms": {"gluon:x": {"balanced": 1.0}, "triton:y": {"balanced": 2.0}, "torch": {"balanced": 3.0}}}
+    monkeypatch.setattr(select, "tuned_entry", lambda key: entry)
+    monkeypatch.setattr(select, "candidates", lambda device: ["triton", "torch", "reference"])
+    gpu = torch.empty(1, 64, 16, device="meta").as_strided((1, 64, 16), (1024, 16, 1))
+    gpu = type("T", (), {"device": torch.device("cuda"), "shape": gpu.shape})()
+    monkeypatch.setattr(select, "key_for", lambda *a, **k: select.TuneKey("NVIDIA H200", "bfloat16", "bfloat16",
+                                                                        "ragged_k", (1, 16, 8, 4), "arbr", 64, "0"))
+    order = select.plan("ragged_k", "auto", gpu, None, 4, torch.bfloat16)
+    assert [n for n, _ in order] == ["triton", "torch", "reference"]
+    assert order[0][1] == select.entry_config(entry, "triton") and order[0][1] is not None

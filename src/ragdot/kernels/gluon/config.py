@@ -62,15 +62,17 @@ class GluonConfig:
         return asdict(self)
 
 
-# The first candidate that fits is the default: ping-pong 128x128 where M % 128 == 0 (the fastest Gluon config
-# in 10 of the 16 anchor weight-gradient cells on the H200, graph replays), ping-pong 64x256 where only
-# M % 64 == 0; the cooperative 128x256 tiles are the ones for long groups (mixtral-8x7b: 480 rows a group).
+# The first candidate that fits is the default. On the H200 (bf16, graph replays, the 16 anchor weight-gradient
+# cells; benchmarks/results/h200-evening-20261201/): the cooperative 128x256 tile with 32-deep chunks in six
+# stages won 10 of the 14 tuned problems (qwen3-235b 442-451 TFLOP/s against 373-377 for the next config,
+# mixtral-8x7b's wgrad_wi 579 against the vendor's 538), ping-pong 128x128 the 80-row shapes' others, ping-pong
+# 64x256 where only M % 64 == 0 (2880, 704). With a float32 output the 128x256 tiles do not fit: ping-pong next.
 _CANDIDATES = (
+    GluonConfig(128, 256, 32, 6, 8),
     GluonConfig(128, 128, 64, 5, 4, consumers=2),
     GluonConfig(64, 256, 64, 4, 4, consumers=2),
     GluonConfig(128, 128, 64, 4, 4, consumers=2),
     GluonConfig(128, 256, 64, 3, 8),
-    GluonConfig(128, 256, 32, 6, 8),
     GluonConfig(128, 128, 64, 4, 4),
     GluonConfig(128, 128, 64, 4, 8),
     GluonConfig(64, 128, 64, 5, 4),
