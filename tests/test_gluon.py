@@ -55,11 +55,11 @@ def test_configs_fit_shared_memory_and_the_output_rows():
     for m, n in ((2048, 1408), (2880, 2880), (704, 10240), (7168, 2048), (512, 512)):
         cfgs = gluon_tuning_configs(m, n)
         assert cfgs and cfgs[0] == pick_gluon_config(m, n)
-        for cfg in cfgs:
-            assert m % cfg.block_m == 0 and cfg.shared_bytes() <= SHARED_BYTES, (m, n, cfg)
+        for cfg in cfgs:  # M need not be a multiple of the tile's rows: the output's TMA store clips at M
+            assert cfg.shared_bytes() <= SHARED_BYTES, (m, n, cfg)
         assert all(cfg.shared_bytes(2, 4) <= SHARED_BYTES for cfg in gluon_tuning_configs(m, n, out_bytes=4))
-    assert pick_gluon_config(2880, 2880).block_m == 64
-    assert pick_gluon_config(100, 256) is None
+    assert pick_gluon_config(2880, 2880).block_m == 128
+    assert all(c.block_m == 64 for c in gluon_tuning_configs(100, 256))  # fewer rows than a 128-row tile
     assert all(c.block_n <= 128 for c in gluon_tuning_configs(1024, 96))
     assert len(gluon_tuning_configs(2048, 2048, limit=2)) == 2
 
@@ -120,8 +120,9 @@ def test_prepared_refuses_what_it_does_not_serve():
     bf = torch.bfloat16
     with pytest.raises(NotImplementedError, match="operand dtypes"):
         Prepared(torch.zeros(1, 64, 128), torch.zeros(1, 64, 128), 2, torch.float32)
-    with pytest.raises(NotImplementedError, match="M=100"):
+    with pytest.raises(NotImplementedError, match="row views"):  # M = 100: a's rows not 16-byte aligned
         Prepared(torch.zeros(1, 64, 100, dtype=bf), torch.zeros(1, 64, 128, dtype=bf), 2, bf)
+    Prepared(torch.zeros(1, 64, 104, dtype=bf), torch.zeros(1, 64, 128, dtype=bf), 2, bf)  # M % 64 != 0 is served
     with pytest.raises(NotImplementedError, match="out_dtype"):
         Prepared(torch.zeros(1, 64, 128, dtype=bf), torch.zeros(1, 64, 128, dtype=bf), 2, torch.float64)
     with pytest.raises(NotImplementedError, match="row views"):  # rows of 20 elements: not 16-byte aligned
@@ -369,6 +370,22 @@ def test_ping_pong_consumers_over_many_items_per_program(cfg):
 
     sizes = [700, 0, 1, 64, 0, 129, 65, 0, 300, 2, 640, 63, 0, 128]
     a, b, ends = _case(2400, 1024, 1024, sizes, seed=11)
+    out = ragged_k(a, b, ends, config=cfg)
+    _check(out, a, b, sizes)
+    assert torch.equal(ragged_k(a, b, ends, config=cfg), out)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("cfg", [c for c in gluon_tuning_configs(2880, 2880) if c.block_m == 128][:4],
+                         ids=lambda c: c.short())
+def test_output_rows_not_a_multiple_of_the_tile(cfg):
+    """M = 200 and N = 328 with 128-row tiles: each tile's TMA store clips at its own group's slab (c viewed
+    [G*Bt, M, N]), so no tile writes into the next group's rows; batched, with empty groups."""
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+
+    sizes = [300, 0, 129, 64, 5, 0, 250]
+    a, b, ends = _case(800, 200, 328, sizes, bt=2, seed=13)
     out = ragged_k(a, b, ends, config=cfg)
     _check(out, a, b, sizes)
     assert torch.equal(ragged_k(a, b, ends, config=cfg), out)

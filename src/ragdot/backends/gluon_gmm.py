@@ -5,8 +5,7 @@ It serves the weight gradient (ragged_k) with `ragdot.kernels.gluon.ragged_k` an
 (K not a multiple of 64), are the `triton` backend's kernels, so `backend="gluon"` runs a whole MoE block.
 Usable only on an NVIDIA sm_90 GPU with a Triton that ships Gluon, outside Triton's interpreter. Raises
 NotImplementedError (so `auto` moves on) for the ragged_k problems the Gluon kernel does not take: operands
-other than bf16/fp16, output rows M not a multiple of 64, operands that are not row views with 16-byte
-aligned rows.
+other than bf16/fp16, operands that are not row views with 16-byte aligned rows.
 
 Configs are `ragdot.kernels.gluon.config.GluonConfig` (batch and the delegated ragged_m problems use the
 triton backend's heuristic and are not tuned under this name). No host synchronisation on the hot path: the

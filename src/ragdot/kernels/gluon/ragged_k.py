@@ -22,8 +22,8 @@ then fenced for the async proxy), so no value outside the group reaches a result
 are zero-filled by TMA itself. An empty group has no chunks: its tiles store exact zeros.
 
 Layout requirements (checked by the host side): a and b are viewed [Bt*R, M] and [Bt*R, N] (last dim
-contiguous, 16-byte aligned rows), c is [G*Bt*M, N] with M a multiple of BLOCK_M (so a tile's TMA store
-never crosses into the next slab); the TMA store clips columns at N.
+contiguous, 16-byte aligned rows), c is [G*Bt, M, N]: its TMA store clips each tile at M and N of its own
+(group, batch) slab, so M need not be a multiple of BLOCK_M (a's tiles past M are zero-filled by TMA).
 """
 
 from __future__ import annotations
@@ -135,12 +135,13 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt
     waits on a stage before every earlier chunk of that stage was loaded."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     total = G * Bt * gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    C_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], c_desc.dtype)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], C_LAYOUT)
     it = 0  # ring position of the item's first chunk (every consumer's chunks counted)
     j = 0  # the item's number among this program's items
     for item in range(pid, total, nprog):
@@ -167,8 +168,9 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt
             mbarrier.arrive(empty.index((it + n_k + STAGES - 1) % STAGES), pred=n_k > 0)  # the item's last chunk
             tma.store_wait(pendings=0)  # this consumer's previous tile's store has read c_smem
             c_smem.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [(g * Bt + bt) * M + pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+            fence_async_shared()  # one slab of c per (group, batch entry): the store clips at M and N
+            tma.async_copy_shared_to_global(c_desc, [g * Bt + bt, pid_m * BLOCK_M, pid_n * BLOCK_N],
+                                            c_smem.reshape([1, BLOCK_M, BLOCK_N]))
         it += n_k
         j += 1  # noqa: SIM113 (a Gluon loop over a range with a step: no enumerate)
     tma.store_wait(pendings=0)
@@ -178,7 +180,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt
 def ragged_k_ws_kernel(
     a_desc,  # TMA descriptor of a viewed [Bt*R, M] (token rows, M contiguous), block [BLOCK_K, BLOCK_M]
     b_desc,  # TMA descriptor of b viewed [Bt*R, N], block [BLOCK_K, BLOCK_N]
-    c_desc,  # TMA descriptor of c viewed [G*Bt*M, N] (out dtype), block [BLOCK_M, BLOCK_N]; M % BLOCK_M == 0
+    c_desc,  # TMA descriptor of c viewed [G*Bt, M, N] (out dtype), block [1, BLOCK_M, BLOCK_N]
     sched_ptr,  # [3, G] int32 from ragged_k._schedule_kernel: per slot (longest first) group / start / end
     R, M, N, G, Bt,  # scalars: token rows per batch, output rows, output columns, groups, batch count
     STAGES: gl.constexpr,  # shared-memory ring depth (>= 2)
@@ -243,7 +245,8 @@ class Prepared:
     the three descriptors and launches once.
 
     Raises NotImplementedError for what it does not serve: dtypes other than bf16/fp16 operands, operands that
-    are not [Bt*R, X] row views with 16-byte aligned rows, M not a multiple of 64, N rows not 16-byte aligned.
+    are not [Bt*R, X] row views with 16-byte aligned rows, output rows of N not 16-byte aligned, a config that
+    does not fit shared memory.
     A call on operands whose start is not 16-byte aligned runs the triton kernel instead (TMA needs it)."""
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype,
@@ -263,8 +266,8 @@ class Prepared:
             raise NotImplementedError(f"gluon ragged_k: out_dtype {out_dtype}")
         out_bytes = torch.empty((), dtype=out_dtype).element_size()
         cfg = config if config is not None else pick_gluon_config(m, n, out_bytes)
-        if cfg is None or m % cfg.block_m:
-            raise NotImplementedError(f"gluon ragged_k: M={m} is not a multiple of the tile's rows")
+        if cfg is None:
+            raise NotImplementedError(f"gluon ragged_k: no config fits an output of {m} x {n}")
         if cfg.shared_bytes(2, out_bytes) > SHARED_BYTES:
             raise NotImplementedError(f"gluon ragged_k: config {cfg.short()} needs too much shared memory")
         self.cfg = cfg
@@ -276,12 +279,12 @@ class Prepared:
         self.views = views
         self.scalars = (r, m, n, g, bt)
         in_dt, out_dt = _gl_dtype(a.dtype), _gl_dtype(out_dtype)
-        blocks = ([cfg.block_k, cfg.block_m], [cfg.block_k, cfg.block_n], [cfg.block_m, cfg.block_n])
+        blocks = ([cfg.block_k, cfg.block_m], [cfg.block_k, cfg.block_n], [1, cfg.block_m, cfg.block_n])
         self.blocks = blocks
         self.layouts = (gl.NVMMASharedLayout.get_default_for(blocks[0], in_dt),
                         gl.NVMMASharedLayout.get_default_for(blocks[1], in_dt),
                         gl.NVMMASharedLayout.get_default_for(blocks[2], out_dt))
-        tiles = (m // cfg.block_m) * -(-n // cfg.block_n)
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         self.grid = (max(1, min(g * bt * tiles, num_sms(a.device))),)
         self.consts = (cfg.stages, cfg.group_m, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
                        gl.BlockedLayout([1, 8], [2, 16], [cfg.num_warps, 1], [1, 0]), cfg.producer_regs,
@@ -298,7 +301,7 @@ class Prepared:
         g, bt, m, n = self.shape
         return (_descriptor(a, [ra, m], [sa, 1], self.blocks[0], self.layouts[0]),
                 _descriptor(b, [rb, n], [sb, 1], self.blocks[1], self.layouts[1]),
-                _descriptor(c, [g * bt * m, n], [n, 1], self.blocks[2], self.layouts[2]))
+                _descriptor(c, [g * bt, m, n], [m * n, n, 1], self.blocks[2], self.layouts[2]))
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None,
                  sched: torch.Tensor | None = None) -> tuple[torch.Tensor, object]:
