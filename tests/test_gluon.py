@@ -449,7 +449,7 @@ def test_backend_prepared_call_from_raw_sizes_matches_triton():
 
     assert normalised_error(out, ref) <= 1e-2
     assert torch.equal(call(a, b, raw), out)
-    with pytest.raises(NotImplementedError, match="M=100"):
+    with pytest.raises(NotImplementedError, match="row views"):  # M = 100: a's rows are not 16-byte aligned
         gl_backend.prepare("ragged_k", a[:, :, :100], b, len(sizes), torch.bfloat16)
 
 
