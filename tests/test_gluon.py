@@ -348,10 +348,15 @@ def test_ragged_k_matches_float64(routing, r, m, n, e, used):
 @hopper
 @pytest.mark.parametrize("cfg", gluon_tuning_configs(512, 512), ids=lambda c: c.short())
 def test_every_candidate_config(cfg):
+    sizes = [300, 0, 17, 64, 0, 129, 1, 200, 63, 65]  # edges inside chunks, at chunk ends, one-row groups
+    _check_config(cfg, 1000, 512, 512, sizes, seed=3)
+
+
+def _check_config(cfg, r, m, n, sizes, bt=1, seed=0):
+    """The Gluon ragged_k with `cfg` on a poisoned case: against float64, and bitwise stable."""
     from ragdot.kernels.gluon.ragged_k import ragged_k
 
-    sizes = [300, 0, 17, 64, 0, 129, 1, 200, 63, 65]  # edges inside chunks, at chunk ends, one-row groups
-    a, b, ends = _case(1000, 512, 512, sizes, seed=3)
+    a, b, ends = _case(r, m, n, sizes, bt=bt, seed=seed)
     out = ragged_k(a, b, ends, config=cfg)
     _check(out, a, b, sizes)
     assert torch.equal(ragged_k(a, b, ends, config=cfg), out)
@@ -366,13 +371,7 @@ def test_ping_pong_consumers_over_many_items_per_program(cfg):
     """Ping-pong: each program takes several items, alternately consumed by its two consumers, of unequal
     chunk counts (long, one-row, empty and chunk-edge groups), so the turn barriers and each consumer's count
     of the other's chunks are exercised; against float64, and bitwise stable."""
-    from ragdot.kernels.gluon.ragged_k import ragged_k
-
-    sizes = [700, 0, 1, 64, 0, 129, 65, 0, 300, 2, 640, 63, 0, 128]
-    a, b, ends = _case(2400, 1024, 1024, sizes, seed=11)
-    out = ragged_k(a, b, ends, config=cfg)
-    _check(out, a, b, sizes)
-    assert torch.equal(ragged_k(a, b, ends, config=cfg), out)
+    _check_config(cfg, 2400, 1024, 1024, [700, 0, 1, 64, 0, 129, 65, 0, 300, 2, 640, 63, 0, 128], seed=11)
 
 
 @pytest.mark.gpu
@@ -382,13 +381,7 @@ def test_ping_pong_consumers_over_many_items_per_program(cfg):
 def test_output_rows_not_a_multiple_of_the_tile(cfg):
     """M = 200 and N = 328 with 128-row tiles: each tile's TMA store clips at its own group's slab (c viewed
     [G*Bt, M, N]), so no tile writes into the next group's rows; batched, with empty groups."""
-    from ragdot.kernels.gluon.ragged_k import ragged_k
-
-    sizes = [300, 0, 129, 64, 5, 0, 250]
-    a, b, ends = _case(800, 200, 328, sizes, bt=2, seed=13)
-    out = ragged_k(a, b, ends, config=cfg)
-    _check(out, a, b, sizes)
-    assert torch.equal(ragged_k(a, b, ends, config=cfg), out)
+    _check_config(cfg, 800, 200, 328, [300, 0, 129, 64, 5, 0, 250], bt=2, seed=13)
 
 
 def test_ping_pong_register_plan():
