@@ -212,6 +212,42 @@ def test_untuned_weight_gradients_with_long_groups_try_the_vendor_first(monkeypa
     assert select.heuristic_order("ragged_k", names, edge, 9)[0] == "triton"
 
 
+def test_untuned_weight_gradients_try_gluon_before_triton_where_it_runs(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
+    names = ["triton", "torch", "gluon", "reference"]
+    meta = {"device": "meta", "dtype": torch.bfloat16}
+    long = torch.empty(1, 65536, 7168, **meta)  # 1024 rows a group over 64 groups
+    short = torch.empty(1, 10240, 2880, **meta)  # 80 rows a group over 128 groups
+    assert select.heuristic_order("ragged_k", names, short, 128) == ["gluon", "triton", "torch", "reference"]
+    assert select.heuristic_order("ragged_k", names, long, 64) == ["torch", "gluon", "triton", "reference"]
+    assert select.heuristic_order("ragged_k", names, long, 64, copy_ms=1.9) == ["gluon", "triton", "torch",
+                                                                                "reference"]
+    assert select.heuristic_order("ragged_m", names, short, 128) == names  # the forward keeps triton first
+    monkeypatch.setattr(select, "GLUON_WGRAD_FIRST", False)
+    assert select.heuristic_order("ragged_k", names, short, 128) == names
+
+
+def test_results_written_into_the_callers_buffer_leave_gluon_out(monkeypatch):
+    """ragdot.jax (copy_ms > 0: the result lands in XLA's buffer) replays recorded launches, which gluon's are
+    not yet: its plans never name gluon, with or without a measurement that gluon won."""
+    from types import SimpleNamespace
+
+    gpu = SimpleNamespace(device=torch.device("cuda", 0), shape=(1, 10240, 2880))
+    monkeypatch.setattr(select, "key_for", lambda *args: SimpleNamespace(device="H200", text=lambda: "k"))
+    monkeypatch.setattr(select, "candidates", lambda device: ["triton", "torch", "gluon", "reference"])
+    monkeypatch.setattr(select.CACHE, "host_ms", lambda device: {})
+    monkeypatch.setattr(select, "tuned_entry", lambda key: None)
+    untuned = [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16)]
+    assert untuned[0] == "gluon"
+    assert "gluon" not in [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16, copy_ms=0.5)]
+    entry = {"backend": "gluon", "configs": {"triton": None, "gluon": None},
+             "ms": {"gluon:a": {"balanced": 1.0}, "triton:b": {"balanced": 2.0}, "torch": {"balanced": 1.5}}}
+    monkeypatch.setattr(select, "tuned_entry", lambda key: entry)
+    assert [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16)][0] == "gluon"
+    jax = [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16, copy_ms=0.9)]
+    assert jax == ["triton", "torch", "reference"]  # torch pays the copy: 1.5 + 0.9 > 2.0
+
+
 def test_plan_applies_the_heuristic_order_only_without_an_entry(monkeypatch):
     from types import SimpleNamespace
 

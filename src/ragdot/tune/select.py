@@ -1,8 +1,8 @@
 """Measured backend and config selection for `backend=None` / `"auto"`.
 
 For each call: the cached measurements for its key; the heuristic order when there is no entry (the device's
-candidate order, the vendor first for weight gradients with long groups; one warning per GPU that has no
-shipped results); tuning at call time only with `RAGDOT_AUTOTUNE=1`. The choice
+candidate order; for weight gradients gluon before triton on sm_90, and the vendor first with long groups; one
+warning per GPU that has no shipped results); tuning at call time only with `RAGDOT_AUTOTUNE=1`. The choice
 is a pure function of the key, the cache and the clock the call runs on, hence deterministic, and it never
 synchronises with the device.
 
@@ -100,13 +100,30 @@ VENDOR_WGRAD_ROWS = 448  # between the measured points: <= 160 rows a group trit
 
 def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups: int,
                     copy_ms: float = 0.0) -> list[str]:
-    """`names` (the device's candidate order) for a call with no measured entry: the vendor first for
-    weight gradients with long groups (`VENDOR_WGRAD_ROWS`; CUDA builds, where it was measured), unless the
-    result must be copied into the caller's buffer (the vendor cannot write there); a [Bt, R, M]."""
-    long_groups = problem == "ragged_k" and num_groups > 0 and a.shape[1] >= VENDOR_WGRAD_ROWS * num_groups
-    if long_groups and not copy_ms and "torch" in names and torch.version.hip is None:  # measured on CUDA only
-        return ["torch", *[n for n in names if n != "torch"]]
-    return names
+    """`names` (the device's candidate order) for a call with no measured entry; a [Bt, R, M].
+
+    Weight gradients (ragged_k): where the gluon backend is usable (sm_90) its default tile goes before triton
+    (`GLUON_WGRAD_FIRST`); with long groups (`VENDOR_WGRAD_ROWS`; CUDA builds, where it was measured) the
+    vendor goes first, unless the result must be copied into the caller's buffer (the vendor cannot write
+    there)."""
+    if problem != "ragged_k":
+        return names
+    order = list(names)
+    if GLUON_WGRAD_FIRST and "gluon" in order and "triton" in order:
+        order.remove("gluon")
+        order.insert(order.index("triton"), "gluon")
+    long_groups = num_groups > 0 and a.shape[1] >= VENDOR_WGRAD_ROWS * num_groups
+    if long_groups and not copy_ms and "torch" in order and torch.version.hip is None:  # measured on CUDA only
+        order = ["torch", *[n for n in order if n != "torch"]]
+    return order
+
+
+# Untuned weight gradients on sm_90 run the gluon backend's default tile (cooperative 128x256, 32-deep chunks,
+# six stages) before triton's: on the H200 (bf16, untuned against untuned, benchmarks/results/h200-evening-
+# 20261201/gluon-sweep-36cf7ee/) it was 1.01-1.42x triton's heuristic tile on graph replays in all 12 anchor
+# cells where it ran (20-480 rows a group), and 0.94-1.38x in eager (the two below 1.0 on deepseek3-test, where
+# eager calls are host-bound); at 480 rows a group (mixtral-8x7b) 1.07-1.08x the vendor as well.
+GLUON_WGRAD_FIRST = True
 
 
 def plan(
@@ -125,9 +142,12 @@ def plan(
     if requested != "auto":
         return [(requested, entry_config(entry, requested))]
     names = candidates(a.device)
-    if entry is not None and entry["backend"] in names:
+    if copy_ms:  # ragdot.jax, writing XLA's buffers, replays recorded launches: gluon's are not recordable yet
+        names = [n for n in names if n != "gluon"]
+    if entry is not None:
         first = _winner(entry, problem, key.device, names, eager, copy_ms)
-        names = [first, *[n for n in names if n != first]]
-    elif entry is None:
+        if first in names:  # else the measured winner cannot run here: the device order
+            names = [first, *[n for n in names if n != first]]
+    else:
         names = heuristic_order(problem, names, a, num_groups, copy_ms)
     return [(name, entry_config(entry, name)) for name in names]
