@@ -21,7 +21,7 @@ from ragdot.cli_common import (
     safe_name,
 )
 
-HELP = "measure backends and Triton tile configs on seeded group sizes; write the tuning cache"
+HELP = "measure backends and their tile configs (Triton, Gluon) on seeded group sizes; write the tuning cache"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--classes", nargs="+", default=None, help="ragged-dot classes (default: all six)")
     add_dtype(p, "bf16")
     add_device(p, "cuda; tune measures CUDA kernels only")
-    p.add_argument("--max-configs", type=int, default=8, help="Triton tile configs tried per problem")
+    p.add_argument("--max-configs", type=int, default=8,
+                   help="tile configs tried per backend and problem (Triton, Gluon)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--ship", action="store_true",
