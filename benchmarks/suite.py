@@ -146,10 +146,13 @@ def _suites() -> dict[str, Suite]:
             Step("all-paths", (*RAGDOT, "bench-mxfp8", *TARGETS, "--strip", "--seconds", "0.2", "--budget", "200",
                             "--out", "{out}/all-paths"), 240, tail=30),
         )),
-        "gluon": Suite("the Gluon kernels: gluon_probe.py, then gluon_gpu.py (its tests, then the timing)", (
+        "gluon": Suite("the Gluon kernels: gluon_probe.py, gluon_gpu.py (its tests, the timing), every config", (
             Step("probe", ("{py}", "benchmarks/gluon_probe.py", "--out", "{out}", "--timeout", "60"), 330, tail=8),
             Step("gpu", ("{py}", "benchmarks/gluon_gpu.py", "--out", "{out}", "--budget", "230", "--tests-timeout",
                          "110", "--classes", "wgrad_wi", "wgrad_wo", "fwd_wi", "dgrad_wi"), 260, tail=20),
+            # every candidate config (ping-pong too) as its own system, per cell the best: about 60 s on the H200
+            Step("configs", ("{py}", "benchmarks/gluon_gpu.py", "--out", "{out}/configs", "--skip-tests", "--configs",
+                             "all", "--reps", "10", "--budget", "300", "--cell-timeout", "45"), 320, tail=30),
         )),
         "models": Suite("ragdot bench-models: whole transformers models per experts implementation", (
             Step("bench-models", (*RAGDOT, "bench-models", "--out", "{out}", "--budget", "270"), 330, tail=30),
