@@ -97,6 +97,13 @@ def _winner(entry: dict[str, Any], problem: str, device: str, names: list[str], 
 # went to triton (benchmarks/results/h200-compile-20261201/).
 VENDOR_WGRAD_ROWS = 448  # between the measured points: <= 160 rows a group triton, >= 480 the vendor
 
+# Untuned weight gradients on sm_90 run the gluon backend's default tile (cooperative 128x256, 32-deep chunks,
+# six stages) before triton's: on the H200 (bf16, untuned against untuned, benchmarks/results/h200-evening-
+# 20261201/gluon-sweep-36cf7ee/) it was 1.01-1.42x triton's heuristic tile on graph replays in all 12 anchor
+# cells where it ran (20-480 rows a group), and 0.94-1.38x in eager (the two below 1.0 on deepseek3-test, where
+# eager calls are host-bound); at 480 rows a group (mixtral-8x7b) 1.07-1.08x the vendor as well.
+GLUON_WGRAD_FIRST = True
+
 
 def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups: int,
                     copy_ms: float = 0.0) -> list[str]:
@@ -116,14 +123,6 @@ def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups:
     if long_groups and not copy_ms and "torch" in order and torch.version.hip is None:  # measured on CUDA only
         order = ["torch", *[n for n in order if n != "torch"]]
     return order
-
-
-# Untuned weight gradients on sm_90 run the gluon backend's default tile (cooperative 128x256, 32-deep chunks,
-# six stages) before triton's: on the H200 (bf16, untuned against untuned, benchmarks/results/h200-evening-
-# 20261201/gluon-sweep-36cf7ee/) it was 1.01-1.42x triton's heuristic tile on graph replays in all 12 anchor
-# cells where it ran (20-480 rows a group), and 0.94-1.38x in eager (the two below 1.0 on deepseek3-test, where
-# eager calls are host-bound); at 480 rows a group (mixtral-8x7b) 1.07-1.08x the vendor as well.
-GLUON_WGRAD_FIRST = True
 
 
 def plan(

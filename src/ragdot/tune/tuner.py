@@ -91,13 +91,15 @@ def measure_problem(
     extent = a.shape[1]
     reference = get_backend("reference")
     times: dict[str, dict[str, float]] = {}
+    shared: torch.Tensor | None = None  # one output for every routing's candidates that write into a buffer
     for routing in routings:
         sizes = group_sizes(routing, extent, num_groups, device=a.device)
         ends = group_ends_from_sizes(sizes, extent)
         ref_args = (a, b, ends, out_dtype) if problem != "batch" else (a, b, out_dtype)
         ref = getattr(reference, problem)(*ref_args).float()
         sizes_arg = sizes if problem != "batch" else None
-        shared = torch.empty(ref.shape, dtype=out_dtype, device=a.device) if problem != "batch" else None
+        if shared is None and problem != "batch":
+            shared = torch.empty(ref.shape, dtype=out_dtype, device=a.device)
         systems = []
         for cand in cands:
             try:

@@ -86,13 +86,18 @@ def _m_tile_table_kernel(
         start = end
 
 
-def tile_table(groups: torch.Tensor, m: int, block_m: int, from_sizes: bool, scale: int = 1) -> torch.Tensor:
-    """int32 [3, T] row-tile table (see `_m_tile_table_kernel`); one launch of one program, no host sync."""
+def tile_table(groups: torch.Tensor, m: int, block_m: int, from_sizes: bool, scale: int = 1,
+               launch: BoundLaunch | None = None) -> torch.Tensor:
+    """int32 [3, T] row-tile table (see `_m_tile_table_kernel`); one launch of one program, no host sync.
+    `launch`: the kernel bound for these arguments (a Prepared's), else an ordinary launch."""
     g = groups.shape[0]
     t = -(-m // block_m) + g + 1
     table = torch.empty((3, t), dtype=torch.int32, device=groups.device)
-    run_kernel(_m_tile_table_kernel, (1,), groups, table, m, g, scale, t, **_table_consts(block_m, from_sizes),
-               num_warps=4)
+    if launch is not None:
+        launch(groups, table, m, g, scale, t)
+    else:
+        run_kernel(_m_tile_table_kernel, (1,), groups, table, m, g, scale, t, **_table_consts(block_m, from_sizes),
+                   num_warps=4)
     return table
 
 
@@ -321,8 +326,7 @@ class Prepared:
         if (a.data_ptr() | b.data_ptr() | c.data_ptr()) % 16:
             return self.fallback(a, b, ends, c)
         bt, m, n = self.shape
-        table = torch.empty((3, self.t), dtype=torch.int32, device=self.device)
-        self.table_launch(ends, table, m, self.g, self.scale, self.t)
+        table = tile_table(ends, m, self.cfg.block_m, self.from_sizes, self.scale, self.table_launch)
         return c, self.launch(*self.descriptors(a, b, c), c, table, self.t, m, n, self.k, self.g, bt)
 
 
