@@ -390,7 +390,9 @@ def test_ping_pong_register_plan():
     for regs in (24, 32, 40):
         cfg = GluonConfig(consumers=2, producer_regs=regs)
         assert consumer_regs(cfg) >= 128 and (256 + consumer_regs(cfg) + regs) * 128 <= 65536
-    assert all(c.consumers == 1 for c in gluon_m_tuning_configs(2048, 2048))
+    assert any(c.consumers == 2 for c in gluon_m_tuning_configs(2048, 2048))  # ragged_m has ping-pong too
+    assert all(2048 % c.block_k == 0 for c in gluon_m_tuning_configs(2048, 2048))
+    assert {c.block_k for c in gluon_m_tuning_configs(96, 2048)} == {32}  # chunks never cross a group's matrix
     assert GluonConfig(consumers=2).short().endswith("p2") and not GluonConfig().short().endswith("p2")
 
 
@@ -498,6 +500,36 @@ def test_ragged_m_every_candidate_config_batch_and_dtypes(cfg):
     out = ragged_m(a, b1, ends[-1:], config=cfg)  # G=1: one group over the used rows
     assert (out[:, sum(sizes):] == 0).all()
     assert normalised_error(out, _reference_m(a.nan_to_num(0), b1, [sum(sizes)])) <= 3e-3
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("layout", ["fwd", "dgrad"])
+@pytest.mark.parametrize(
+    "cfg", [c for c in gluon_m_tuning_configs(256, 1024) if c.consumers == 2], ids=lambda c: c.short()
+)
+def test_ragged_m_ping_pong_over_many_items_per_program(cfg, layout):
+    """Ping-pong ragged_m: ~6 items per program (8000 rows in 40 groups of unequal sizes, empty and one-row ones
+    among them, then a NaN tail), alternately consumed by the two consumers; tail tiles contract nothing, so
+    the turn barriers also pass items without chunks. Against float64, tail rows exactly zero, bitwise stable."""
+    from ragdot.kernels.gluon.ragged_m import ragged_m
+    from ragdot.measure.checks import normalised_error
+
+    base = [700, 0, 1, 64, 0, 129, 65, 0, 300, 2, 640, 63, 0, 128, 17, 255, 256, 3, 90, 0]
+    sizes = base + base[::-1]
+    used = sum(sizes)
+    gen = torch.Generator(device="cuda").manual_seed(19)
+    a = torch.randn(1, used + 300, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if layout == "fwd":
+        b = torch.randn(1, len(sizes), 256, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
+    else:
+        b = torch.randn(1, len(sizes), 1024, 256, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(2, 3)
+    a[:, used:] = float("nan")
+    ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
+    out = ragged_m(a, b, ends, config=cfg)
+    assert torch.isfinite(out).all() and (out[:, used:] == 0).all()
+    assert normalised_error(out, _reference_m(a.nan_to_num(0), b, sizes)) <= 2e-2
+    assert torch.equal(ragged_m(a, b, ends, config=cfg), out), "not bitwise reproducible"
 
 
 @pytest.mark.gpu

@@ -103,18 +103,18 @@ def pick_gluon_config(m: int, n: int, out_bytes: int = 2) -> GluonConfig | None:
 
 
 def gluon_m_tuning_configs(k: int, n: int, out_bytes: int = 2, limit: int | None = None) -> list[GluonConfig]:
-    """The candidate configs of a ragged_m problem with contraction K and N output columns (K % 64 == 0; 64-deep
-    chunks and one consumer partition: the ragged_m kernel has no ping-pong form)."""
-    fits = [c for c in _CANDIDATES  # the 32-deep and ping-pong tiles are the weight gradient's
-            if c.consumers == 1 and c.block_k == 64 and k % 64 == 0 and c.shared_bytes(2, out_bytes) <= SHARED_BYTES]
+    """The candidate configs of a ragged_m problem with contraction K and N output columns: those whose chunk
+    depth divides K (a chunk never reaches into the next group's matrix) and whose tiles fit shared memory."""
+    fits = [c for c in _CANDIDATES if k % c.block_k == 0 and c.shared_bytes(2, out_bytes) <= SHARED_BYTES]
     if n <= 128:
         fits = [c for c in fits if c.block_n <= 128] or fits
     return fits[:limit] if limit else fits
 
 
 def pick_gluon_m_config(m: int, k: int, n: int, g: int, out_bytes: int = 2) -> GluonConfig | None:
-    """The default ragged_m config: 128-row tiles where groups hold 128 rows or more on average, else 64-row
-    tiles (less padding in each group's last tile); None where K is not a multiple of 64."""
-    fits = gluon_m_tuning_configs(k, n, out_bytes)
+    """The default ragged_m config (one consumer partition, 64-deep chunks): 128-row tiles where groups hold 128
+    rows or more on average, else 64-row tiles (less padding in each group's last tile); None where K is not a
+    multiple of 64."""
+    fits = [c for c in gluon_m_tuning_configs(k, n, out_bytes) if c.consumers == 1 and c.block_k == 64]
     rows = 128 if m >= 128 * max(g, 1) else 64
     return next((c for c in fits if c.block_m == rows), fits[0] if fits else None)

@@ -11,7 +11,9 @@ the slot count cdiv(M, BLOCK_M) + G + 1 bounds the tiles of any routing.
 Work items are (slot, column tile, batch entry), walked in bands of GROUP_M slots; program p of the
 persistent grid takes items p, p + P, ... The partitions are those of the weight gradient (gluon/ragged_k.py):
 a one-warp TMA producer filling a ring of (a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N] or [BLOCK_N, BLOCK_K])
-stages, and the wgmma consumer (one or two warpgroups) that releases each stage once its MMA retired.
+stages, and the wgmma consumer (one or two warpgroups cooperating on a tile) that releases each stage once its
+MMA retired; or two one-warpgroup consumers on alternate items (ping-pong), so that one's epilogue runs under
+the other's main loop.
 
 Rows of a from the next group (or the NaN tail) may be loaded into a tile, but each output row depends only on
 its own a row, and only the tile's own rows are stored: a full tile through shared memory and a TMA store
@@ -38,9 +40,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, prepared_output, run_kernel
-from ragdot.kernels.gluon.common import maxnreg_for, mma_layout
+from ragdot.kernels.gluon.common import consumer_regs, maxnreg_for, mma_layout
 from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_m_config
-from ragdot.kernels.gluon.ragged_k import _descriptor, _gl_dtype
+from ragdot.kernels.gluon.ragged_k import _descriptor, _gl_dtype, _pass_turn, _take_turn
 from ragdot.kernels.launch import BoundLaunch
 
 __all__ = ["Prepared", "ragged_m", "ragged_m_ws_kernel", "tile_table"]
@@ -155,9 +157,12 @@ def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N
 
 
 @gluon.jit
-def _m_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt,
-                GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, MMA_LAYOUT: gl.constexpr):
-    """Default partition: wgmma over each item's K chunks, then the tile's own rows stored."""
+def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt,
+                GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, MMA_LAYOUT: gl.constexpr,
+                PARITY: gl.constexpr, NCONS: gl.constexpr):
+    """A consumer partition: wgmma over the K chunks of this program's items number PARITY, PARITY + NCONS, ...,
+    then the tile's own rows stored. With two consumers (ping-pong) each counts the other's chunks to keep its
+    place in the shared ring and they take turns at the ring (gluon/ragged_k.py's `_take_turn`)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
@@ -167,36 +172,42 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, table_ptr, T, M, N,
     c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_LAYOUT))
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_LAYOUT))
-    it = 0
+    it = 0  # ring position of the item's first chunk (every consumer's chunks counted)
+    j = 0  # the item's number among this program's items
     for item in range(pid, Bt * T * gl.cdiv(N, BLOCK_N), nprog):
         g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_N, GROUP_M)
         n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
-        for kk in range(n_k):
-            s = it % STAGES
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            if B_KMAJOR:
-                b_op = b_bufs.index(s).permute((1, 0))
-            else:
-                b_op = b_bufs.index(s)
-            acc = warpgroup_mma(a_bufs.index(s), b_op, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)
-            it += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=n_k > 0)
-        if g >= 0:
-            out = acc.to(c_desc.dtype)
-            if row0 + BLOCK_M <= end:  # a full tile of the group's rows: through shared memory and TMA
-                tma.store_wait(pendings=0)
-                c_smem.store(out)
-                fence_async_shared()
-                tma.async_copy_shared_to_global(c_desc, [bt * M + row0, pid_n * BLOCK_N], c_smem)
-            else:  # the group's last tile: its own rows only
-                r = gl.expand_dims(row0 + rows, 1)
-                n = gl.expand_dims(pid_n * BLOCK_N + cols, 0)
-                offs = (bt * M + r).to(gl.int64) * N + n
-                gl.store(c_ptr + offs, out, mask=(r < end) & (n < N))
+        if j % NCONS == PARITY:
+            _take_turn(turn, j // NCONS, PARITY, NCONS)
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
+            for kk in range(n_k):
+                pos = it + kk
+                s = pos % STAGES
+                mbarrier.wait(ready.index(s), (pos // STAGES) & 1)
+                if B_KMAJOR:
+                    b_op = b_bufs.index(s).permute((1, 0))
+                else:
+                    b_op = b_bufs.index(s)
+                acc = warpgroup_mma(a_bufs.index(s), b_op, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                mbarrier.arrive(empty.index((pos + STAGES - 1) % STAGES), pred=kk > 0)  # chunk pos - 1 retired
+            _pass_turn(turn, PARITY, NCONS)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index((it + n_k + STAGES - 1) % STAGES), pred=n_k > 0)  # the item's last chunk
+            if g >= 0:
+                out = acc.to(c_desc.dtype)
+                if row0 + BLOCK_M <= end:  # a full tile of the group's rows: through shared memory and TMA
+                    tma.store_wait(pendings=0)
+                    c_smem.store(out)
+                    fence_async_shared()
+                    tma.async_copy_shared_to_global(c_desc, [bt * M + row0, pid_n * BLOCK_N], c_smem)
+                else:  # the group's last tile: its own rows only
+                    r = gl.expand_dims(row0 + rows, 1)
+                    n = gl.expand_dims(pid_n * BLOCK_N + cols, 0)
+                    offs = (bt * M + r).to(gl.int64) * N + n
+                    gl.store(c_ptr + offs, out, mask=(r < end) & (n < N))
+        it += n_k
+        j += 1  # noqa: SIM113 (a Gluon loop over a range with a step: no enumerate)
     tma.store_wait(pendings=0)
 
 
@@ -211,22 +222,37 @@ def ragged_m_ws_kernel(
     STAGES: gl.constexpr,  # shared-memory ring depth (>= 2)
     GROUP_M: gl.constexpr,  # row-tile slots walked together (L2 reuse of the group's b tiles)
     B_KMAJOR: gl.constexpr,  # b's matrices are stored [N, K] (the data-gradient layout)
-    MMA_LAYOUT: gl.constexpr,  # NVMMADistributedLayout of the [BLOCK_M, BLOCK_N] accumulator (consumer warps)
+    MMA_LAYOUT: gl.constexpr,  # NVMMADistributedLayout of the [BLOCK_M, BLOCK_N] accumulator (one consumer's warps)
     PRODUCER_REGS: gl.constexpr,  # registers per thread of the TMA producer warp
+    NCONS: gl.constexpr,  # consumer partitions: 1, or 2 (ping-pong, one warpgroup each, alternate items)
+    CONSUMER_REGS: gl.constexpr,  # registers per thread of the second consumer (ping-pong only)
 ):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize([
-        (_m_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt, GROUP_M,
-                       B_KMAJOR, MMA_LAYOUT)),
-        (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt, GROUP_M,
-                       B_KMAJOR)),
-    ], [1], [PRODUCER_REGS])
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    if NCONS == 2:
+        gl.warp_specialize([
+            (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt, GROUP_M,
+                           B_KMAJOR, MMA_LAYOUT, 0, NCONS)),
+            (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt, GROUP_M,
+                           B_KMAJOR, MMA_LAYOUT, 1, NCONS)),
+            (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt, GROUP_M,
+                           B_KMAJOR)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt, GROUP_M,
+                           B_KMAJOR, MMA_LAYOUT, 0, NCONS)),
+            (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt, GROUP_M,
+                           B_KMAJOR)),
+        ], [1], [PRODUCER_REGS])
 
 
 # ---- host side ---------------------------------------------------------------------------------------------
@@ -258,7 +284,7 @@ class Prepared:
     from the raw sizes with from_sizes), the descriptors, and launches once.
 
     Raises NotImplementedError for what it does not serve: operands other than bf16/fp16, K not a multiple of
-    the config's block_k, ping-pong configs (`consumers=2`, ragged_k only), operands that are not row views
+    the config's block_k, operands that are not row views
     with 16-byte aligned rows. A call whose operands start off a 16-byte boundary runs the triton kernel
     instead."""
 
@@ -278,8 +304,6 @@ class Prepared:
         cfg = config if config is not None else pick_gluon_m_config(m, k, n, g, out_bytes)
         if cfg is None or k % cfg.block_k:
             raise NotImplementedError(f"gluon ragged_m: K={k} is not a multiple of the tile's block_k")
-        if cfg.consumers != 1:
-            raise NotImplementedError(f"gluon ragged_m: config {cfg.short()} has ping-pong consumers (ragged_k only)")
         if cfg.shared_bytes(2, out_bytes) > SHARED_BYTES:
             raise NotImplementedError(f"gluon ragged_m: config {cfg.short()} needs too much shared memory")
         self.cfg = cfg
@@ -300,8 +324,8 @@ class Prepared:
         items = bt * self.t * -(-n // cfg.block_n)
         self.grid = (max(1, min(items, num_sms(a.device))),)
         self.consts = (cfg.stages, cfg.group_m, self.kmajor, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
-                       cfg.producer_regs)
-        self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps)}
+                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg))
+        self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
         self.launch = BoundLaunch.in_order(ragged_m_ws_kernel, self.grid, self.consts, self.options, a.device)
         self.table_launch = BoundLaunch(_m_tile_table_kernel, (1,), _table_consts(cfg.block_m, from_sizes),
                                         {"num_warps": 4}, a.device)
