@@ -155,9 +155,11 @@ def child(first: int, routing: str, reps: int, classes: list[str], configs: str)
 
 def memcheck_calls() -> int:
     """A few small Gluon calls (NaN tails, empty groups, group edges inside chunks and tiles, both ragged_m
-    layouts, fp32 output), for compute-sanitizer; exit status 1 when a result breaks the contract."""
+    layouts, fp32 output; the default, cooperative and ping-pong tiles), for compute-sanitizer; exit status 1
+    when a result breaks the contract."""
     import torch
 
+    from ragdot.kernels.gluon.config import GluonConfig
     from ragdot.kernels.gluon.ragged_k import ragged_k
     from ragdot.kernels.gluon.ragged_m import ragged_m
 
@@ -168,19 +170,27 @@ def memcheck_calls() -> int:
     a = torch.randn(1, 400, 192, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(1, 400, 136, device="cuda", dtype=torch.bfloat16, generator=gen)
     a[:, used:], b[:, used:] = float("nan"), float("nan")
-    bad = []
-    for out_dtype in (torch.bfloat16, torch.float32):
-        c = ragged_k(a, b, ends, out_dtype)
-        if not torch.isfinite(c).all() or (c[1] != 0).any() or (c[5] != 0).any():
-            bad.append(f"ragged_k {out_dtype}: NaN or nonzero empty groups")
+    tiles = (None, GluonConfig(128, 256, 32, 6, 8), GluonConfig(128, 128, 64, 4, 4, consumers=2))
+    bad, calls = [], 0
+    for cfg in tiles:
+        for out_dtype in (torch.bfloat16, torch.float32):
+            if cfg is not None and out_dtype == torch.float32:  # the larger epilogue tiles fit 16-bit outputs
+                continue
+            c = ragged_k(a, b, ends, out_dtype, config=cfg)
+            calls += 1
+            if not torch.isfinite(c).all() or (c[1] != 0).any() or (c[5] != 0).any():
+                bad.append(f"ragged_k {out_dtype} {cfg}: NaN or nonzero empty groups")
     w = torch.randn(1, len(sizes), 192, 136, device="cuda", dtype=torch.bfloat16, generator=gen)
-    for b4 in (w, w.transpose(2, 3).contiguous().transpose(2, 3)):
-        c = ragged_m(a, b4, ends)
-        if not torch.isfinite(c).all() or (c[:, used:] != 0).any():
-            bad.append(f"ragged_m (b strides {b4.stride()}): NaN or nonzero rows past the groups")
+    for cfg in tiles:
+        for b4 in (w, w.transpose(2, 3).contiguous().transpose(2, 3)):
+            c = ragged_m(a, b4, ends, config=cfg)
+            calls += 1
+            if not torch.isfinite(c).all() or (c[:, used:] != 0).any():
+                bad.append(f"ragged_m {cfg} (b strides {b4.stride()}): NaN or nonzero rows past the groups")
     torch.cuda.synchronize()
     for line in bad:
         print(f"memcheck calls: {line}", file=sys.stderr)
+    print(f"memcheck calls: {calls} Gluon calls, {len(bad)} broke the contract")
     return 1 if bad else 0
 
 
