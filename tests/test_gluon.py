@@ -88,8 +88,12 @@ def test_backend_configs_and_refusals_off_hopper():
     assert isinstance(cfg, GluonConfig)
     assert BACKEND.config_from_dict(BACKEND.config_to_dict(cfg)) == cfg
     assert BACKEND.config_label(cfg) == f"gluon:{cfg.short()}" and BACKEND.config_label(None) == "gluon"
-    assert BACKEND.default_config("ragged_m", (2048, 4096, 1408, 64), torch.bfloat16).block_m == 64  # 32 rows/group
-    assert BACKEND.default_config("ragged_m", (20480, 4096, 1536, 128), torch.bfloat16).block_m == 128
+    short = BACKEND.default_config("ragged_m", (2048, 4096, 1408, 64), torch.bfloat16)  # 32 rows a group
+    assert (short.block_m, short.block_n, short.consumers) == (64, 256, 2)  # the sweep's best on average
+    long = BACKEND.default_config("ragged_m", (15360, 6144, 20480, 32), torch.bfloat16)  # 480 rows a group
+    assert (long.block_m, long.block_n, long.block_k, long.num_warps) == (128, 256, 32, 8)
+    fp32 = BACKEND.default_config("ragged_m", (2048, 4096, 1408, 64), torch.float32)  # ping-pong 64x256 won't fit
+    assert fp32.consumers == 1 and fp32.shared_bytes(2, 4) <= SHARED_BYTES
     assert BACKEND.default_config("ragged_m", (2048, 4000, 1408, 64), torch.bfloat16) is None  # K % 64 != 0
     assert BACKEND.tuning_configs("ragged_m", (2048, 4096, 1408, 64), torch.bfloat16, 3) == \
         gluon_m_tuning_configs(4096, 1408, limit=3)

@@ -102,19 +102,33 @@ def pick_gluon_config(m: int, n: int, out_bytes: int = 2) -> GluonConfig | None:
     return fits[0] if fits else None
 
 
+# The ragged_m (forward / data gradient) order, from the sweep of every config on the 16 anchor fwd_wi and
+# dgrad_wi cells (H200, bf16, graph replays, geomean against the vendor; benchmarks/results/h200-night-20261201/):
+# ping-pong 64x256 0.971x (best in 7 cells), one-consumer 64x256 0.961x (3), cooperative 128x256x64 0.940x (3),
+# 128x256x32 0.929x (3: mixtral-8x7b, qwen3-235b's forward), the 128x128 and narrower tiles 0.77-0.94x. Every one
+# trails the Triton kernel there (1.21-1.22x the vendor): the tuner keeps them as candidates, `auto` runs triton.
+_M_CANDIDATES = tuple(_CANDIDATES[i] for i in (2, 9, 4, 0, 1, 3, 10, 6, 5, 7, 8))
+_LONG_GROUP_ROWS = 384  # rows a group on average from which the 128x256x32 tile led (mixtral-8x7b: 480)
+
+
 def gluon_m_tuning_configs(k: int, n: int, out_bytes: int = 2, limit: int | None = None) -> list[GluonConfig]:
     """The candidate configs of a ragged_m problem with contraction K and N output columns: those whose chunk
     depth divides K (a chunk never reaches into the next group's matrix) and whose tiles fit shared memory."""
-    fits = [c for c in _CANDIDATES if k % c.block_k == 0 and c.shared_bytes(2, out_bytes) <= SHARED_BYTES]
+    fits = [c for c in _M_CANDIDATES if k % c.block_k == 0 and c.shared_bytes(2, out_bytes) <= SHARED_BYTES]
     if n <= 128:
         fits = [c for c in fits if c.block_n <= 128] or fits
     return fits[:limit] if limit else fits
 
 
 def pick_gluon_m_config(m: int, k: int, n: int, g: int, out_bytes: int = 2) -> GluonConfig | None:
-    """The default ragged_m config (one consumer partition, 64-deep chunks): 128-row tiles where groups hold 128
-    rows or more on average, else 64-row tiles (less padding in each group's last tile); None where K is not a
-    multiple of 64."""
-    fits = [c for c in gluon_m_tuning_configs(k, n, out_bytes) if c.consumers == 1 and c.block_k == 64]
-    rows = 128 if m >= 128 * max(g, 1) else 64
-    return next((c for c in fits if c.block_m == rows), fits[0] if fits else None)
+    """The default ragged_m config: the cooperative 128x256x32 tile where groups hold 384 rows or more on
+    average, else the first candidate that fits (ping-pong 64x256 for 16-bit outputs); None where K is not a
+    multiple of 64 (the backend then runs the Triton kernel; 32-deep tiles take such K only when tuned)."""
+    if k % 64:
+        return None
+    fits = gluon_m_tuning_configs(k, n, out_bytes)
+    if m >= _LONG_GROUP_ROWS * max(g, 1):
+        long_tile = _CANDIDATES[0]
+        if long_tile in fits:
+            return long_tile
+    return fits[0] if fits else None
