@@ -153,6 +153,32 @@ def test_sigterm_keeps_finished_rows_like_ctrl_c_and_restores_the_handler(tmp_pa
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+def test_sigterm_swallowed_by_a_finalizer_still_stops_at_the_next_step(tmp_path, monkeypatch, capsys):
+    """A SIGTERM that lands inside a weakref callback or __del__ has its KeyboardInterrupt swallowed by Python
+    ("Exception ignored in ..."): the run must still stop before its next step, keeping the rows it finished."""
+    import contextlib
+
+    from ragdot import cli
+    from ragdot.bench import moe_train
+
+    calls: list[str] = []
+
+    def run_variant(model, opt, tokens, cfg, name, args, device, dtype):
+        calls.append(name)
+        if len(calls) == 2:
+            with contextlib.suppress(KeyboardInterrupt):  # what a finalizer does with the handler's interrupt
+                cli._interrupt(15, None)
+        return {"variant": name, "status": "ok", "step_s": 0.01 * len(calls), "mode": "eager"}
+
+    monkeypatch.setattr(moe_train, "_run_variant", run_variant)
+    assert main(["moe-bench", "--quick", "--no-plots", "--out", str(tmp_path)]) == INTERRUPTED
+    assert len(calls) == 2 and "interrupted: 2 finished rows kept" in capsys.readouterr().err
+    assert [r["variant"] for r in _csv_rows(tmp_path, "moe-bench-*.csv")] == calls
+    from ragdot.measure import progress
+
+    assert not progress._stop  # the next run in this process starts clean
+
+
 def test_moe_bench_budget_skips_the_variants_left(tmp_path, monkeypatch):
     from ragdot.bench import moe_train
 

@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _interrupt(signum: int, frame: object) -> None:
+    from ragdot.measure.progress import request_stop
+
+    request_stop()  # should this KeyboardInterrupt be swallowed, the next step boundary raises it again
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -78,6 +81,9 @@ def _interrupt(signum: int, frame: object) -> None:
 def _terminate_as_interrupt():
     """SIGTERM (what `timeout` and job schedulers send) stops a run as Ctrl-C does, so the rows a benchmark
     finished are kept; the previous handler comes back afterwards. Only in the main thread."""
+    from ragdot.measure.progress import clear_stop
+
+    clear_stop()
     try:
         previous = signal.signal(signal.SIGTERM, _interrupt)
     except ValueError:  # not the main thread: leave signals alone
@@ -87,6 +93,7 @@ def _terminate_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        clear_stop()
 
 
 if __name__ == "__main__":

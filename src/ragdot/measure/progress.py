@@ -15,11 +15,31 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, TypeVar
 
-__all__ = ["Progress", "KeepOnInterrupt", "INTERRUPTED"]
+__all__ = ["Progress", "KeepOnInterrupt", "INTERRUPTED", "request_stop", "clear_stop"]
 
 T = TypeVar("T")
 
 INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it
+
+_stop = False  # a termination signal arrived (`request_stop`): no new step starts
+
+
+def request_stop() -> None:
+    """Note that the run must stop (the SIGTERM handler calls it before raising KeyboardInterrupt). A signal
+    that lands inside a finalizer or a weakref callback has its KeyboardInterrupt swallowed by Python ("Exception
+    ignored in ..."); with the note, the next step boundary (`spent`, `until_spent`) raises it again."""
+    global _stop
+    _stop = True
+
+
+def clear_stop() -> None:
+    global _stop
+    _stop = False
+
+
+def _check_stop() -> None:
+    if _stop:
+        raise KeyboardInterrupt("stop requested")
 
 
 def _seconds(value: float) -> str:
@@ -56,7 +76,8 @@ class Progress:
         return max(0.0, (self.total - self.units) * self.elapsed / self.units)
 
     def spent(self) -> bool:
-        """Whether the budget is used up (never, without one)."""
+        """Whether the budget is used up (never, without one); KeyboardInterrupt once a stop was requested."""
+        _check_stop()
         return self.budget > 0 and self.elapsed >= self.budget
 
     def until_spent(self, items: Iterable[T], what: str, name: Callable[[T], Any] = str) -> Iterator[T]:
