@@ -131,6 +131,20 @@ def test_validate_names_the_offending_group(backend, monkeypatch, device):
     assert (out[7:] == 0).all()
 
 
+@pytest.mark.parametrize("value, on", [("1", True), ("yes", True), ("0", False), ("", False), (None, False)])
+def test_validate_env_is_read_on_every_call(value, on, monkeypatch):
+    """RAGDOT_VALIDATE set or changed at run time counts at once (it is read from os.environ's own store)."""
+    from ragdot.groups import validate_requested
+
+    monkeypatch.setenv("RAGDOT_VALIDATE", "1")
+    assert validate_requested()
+    if value is None:
+        monkeypatch.delenv("RAGDOT_VALIDATE")
+    else:
+        monkeypatch.setenv("RAGDOT_VALIDATE", value)
+    assert validate_requested() is on
+
+
 def test_custom_ops_pass_opcheck():
     from ragdot import ops
 

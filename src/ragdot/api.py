@@ -11,8 +11,6 @@ Under `torch.compile` the same checks run while tracing and the problems are cus
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ragdot import grad_plan, ops
@@ -25,7 +23,7 @@ from ragdot.dimension_numbers import (
     canonicalize,
     plan_views,
 )
-from ragdot.groups import group_ends_from_sizes, validate_sizes
+from ragdot.groups import group_ends_from_sizes, validate_requested, validate_sizes
 
 __all__ = ["ragged_dot", "ragged_dot_general", "backends", "explain", "group_ends_from_sizes"]
 
@@ -114,10 +112,6 @@ def _prepare(
     name = _check_backend(backend)
     can: Canonical = canonicalize(lhs, rhs, group_sizes.shape[0], dn)
     return can, group_sizes, out_dtype, name
-
-
-def _validate_on() -> bool:
-    return os.environ.get("RAGDOT_VALIDATE", "") not in ("", "0")
 
 
 def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
@@ -265,7 +259,7 @@ class _Call:
         plan = self.plan
         sizes = None
         if self.mode != "batch":
-            if self.validate or _validate_on():
+            if self.validate or validate_requested():
                 validate_sizes(group_sizes, plan.extent // plan.group_scale)
             if group_sizes.device != self.device or not group_sizes.is_contiguous():
                 group_sizes = group_sizes.to(self.device).contiguous()
@@ -316,7 +310,7 @@ def _traced(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, ba
     )
     sizes = None
     if can.mode != "batch":
-        if validate or _validate_on():
+        if validate or validate_requested():
             validate_sizes(group_sizes, can.extent // can.group_scale)
         sizes = group_sizes.to(lhs.device).contiguous()
     return can.finish(ops.apply_op(can.mode, can.a, can.b, sizes, out_dtype, name, can.group_scale))
@@ -441,12 +435,13 @@ def ragged_dot(
     Rows of lhs are split into consecutive groups; row i of group g is multiplied by rhs[g]. Rows at or past
     sum(group_sizes) produce zeros.
     """
-    for name, t, rank in (("lhs", lhs, 2), ("rhs", rhs, 3)):
-        if isinstance(t, torch.Tensor) and t.ndim != rank:
-            raise ValueError(
-                f"ragged_dot expects {name} of rank {rank} (lhs [M, K], rhs [G, K, N]), got shape "
-                f"{tuple(t.shape)}; use ragged_dot_general for other layouts"
-            )
+    if not (isinstance(lhs, torch.Tensor) and lhs.ndim == 2 and isinstance(rhs, torch.Tensor) and rhs.ndim == 3):
+        for name, t, rank in (("lhs", lhs, 2), ("rhs", rhs, 3)):
+            if isinstance(t, torch.Tensor) and t.ndim != rank:
+                raise ValueError(
+                    f"ragged_dot expects {name} of rank {rank} (lhs [M, K], rhs [G, K, N]), got shape "
+                    f"{tuple(t.shape)}; use ragged_dot_general for other layouts"
+                )
     return ragged_dot_general(
         lhs,
         rhs,

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-__all__ = ["group_ends_from_sizes", "validate_sizes"]
+__all__ = ["group_ends_from_sizes", "validate_requested", "validate_sizes"]
+
+_ENV_DATA = getattr(os.environ, "_data", None)  # os.environ's own store, which os.environ[...] = ... updates
+_VALIDATE_KEY = os.environ.encodekey("RAGDOT_VALIDATE") if hasattr(os.environ, "encodekey") else None
+
+
+def validate_requested() -> bool:
+    """Whether RAGDOT_VALIDATE is set to anything but "" or "0". Read on every call (setting it at run time
+    counts), from os.environ's underlying dict: ~40 ns a call instead of the mapping's ~0.6 µs."""
+    if _ENV_DATA is None or _VALIDATE_KEY is None:
+        return os.environ.get("RAGDOT_VALIDATE", "") not in ("", "0")
+    value = _ENV_DATA.get(_VALIDATE_KEY)
+    return value is not None and os.environ.decodevalue(value) not in ("", "0")
 
 
 def validate_sizes(group_sizes: torch.Tensor, extent: int) -> None:

@@ -14,10 +14,9 @@ rule and measurements: docs/mxfp8.md.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from ragdot.groups import validate_requested
 from ragdot.mxfp8.quantize import BLOCK, dequantize, quantize
 from ragdot.mxfp8.reference import grouped_wgrad_reference
 
@@ -90,7 +89,7 @@ def grouped_wgrad(
     hold. `validate=True` (or RAGDOT_VALIDATE=1) checks the sizes on the host and raises ValueError naming the
     group. Float32 accumulation; the result is rounded once to `out_dtype`; bitwise reproducible.
     """
-    validate = validate or os.environ.get("RAGDOT_VALIDATE", "0") not in ("", "0")
+    validate = validate or validate_requested()
     check_wgrad_inputs(a_q, a_s, b_q, b_s, group_sizes, out_dtype, validate)
     if a_q.is_cuda:
         from ragdot.mxfp8.wgrad import grouped_wgrad_triton
