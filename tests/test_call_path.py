@@ -185,6 +185,57 @@ def test_the_cpu_host_loop_forms_the_same_ends(dtype):
                 got = _HostEnds(extent, scale)(s)
                 assert got.dtype == torch.int32 and torch.equal(got, group_ends_from_sizes(s, extent, scale))
 
+
+def test_the_cpu_tail_zeroing_uses_the_end_it_formed_only_for_those_ends():
+    """`_HostEnds.zero_tail` takes the last end it formed when handed that very tensor, else reads the ends
+    given (another product's offsets): both zero exactly the rows past the last end."""
+    from ragdot.backends.torch_gmm import _HostEnds
+
+    ends = _HostEnds(10, 1)
+    mine = ends(torch.tensor([3, 2, 1]))
+    c = torch.ones(10, 4)
+    ends.zero_tail(c, mine)
+    assert (c[:6] == 1).all() and (c[6:] == 0).all()
+    other = torch.tensor([4, 8, 9], dtype=torch.int32)  # not the tensor it formed: its own last end counts
+    c = torch.ones(10, 4)
+    ends.zero_tail(c, other)
+    assert (c[:9] == 1).all() and (c[9:] == 0).all()
+
+
+@pytest.mark.parametrize("cls", ["fwd_wi", "fwd_wo", "dgrad_wi", "dgrad_wo", "wgrad_wi", "wgrad_wo"])
+def test_the_torch_backend_takes_every_anchor_layout_directly(cls):
+    """The six MoE classes on the `torch` backend: its prepared call takes the user's tensors at the canonical
+    operands' addresses (data-gradient weights [E, N, K] included) without the canonical views, and matches the
+    reference backend, NaN rows past the groups never leaking, forward and backward."""
+    from ragdot import api
+    from ragdot.measure.classes import get_class
+    from ragdot.shapes import Shape
+
+    c = get_class(cls)
+    ls, rs, _ = c.shapes(Shape("t", 40, 24, 16, 4))
+    gen = torch.Generator().manual_seed(3)
+    lhs, rhs = torch.randn(ls, generator=gen), torch.randn(rs, generator=gen)
+    sizes = torch.tensor([9, 0, 14, 10])  # 33 of 40 rows used
+    lhs[33:] = float("nan")
+    if cls.startswith("wgrad"):
+        rhs[33:] = float("nan")
+    dn = c.ragdot_dimension_numbers()
+    ref = ragdot.ragged_dot_general(lhs, rhs, sizes, dn, backend="reference")
+    out = ragdot.ragged_dot_general(lhs, rhs, sizes, dn, backend="torch")
+    call = next(v for k, v in api._CALLS.items() if k[0] == lhs.shape and k[4] == rhs.shape and k[13] == "torch")
+    assert call.direct is not None and call.runner.takes(call.direct)
+    assert out.shape == ref.shape and torch.isfinite(out).all() and torch.allclose(out, ref, atol=1e-5)
+    x, w = lhs.nan_to_num(0).requires_grad_(), rhs.nan_to_num(0).requires_grad_()
+    dy = torch.randn(ref.shape, generator=gen)
+    grads = {}
+    for backend in ("reference", "torch"):
+        x.grad = w.grad = None
+        ragdot.ragged_dot_general(x, w, sizes, dn, backend=backend).backward(dy)
+        grads[backend] = (x.grad.clone(), w.grad.clone())
+    for got, want in zip(grads["torch"], grads["reference"]):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
 def _module_imports() -> dict[str, set[str]]:
     """ragdot module -> the ragdot modules it imports at module level (imports inside functions are lazy)."""
     import ast

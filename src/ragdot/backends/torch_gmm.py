@@ -150,7 +150,7 @@ class _PreparedGMM:
     """One `_grouped_mm` problem of a static signature with Bt == 1: the run dtype and which operands must be
     copied into an accepted layout are decided once; a call checks only the operands' base alignment."""
 
-    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors", "ends", "tail", "ends_key")
+    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors", "ends", "tail", "ends_key", "views")
 
     def __init__(self, problem: str, a: torch.Tensor, b: torch.Tensor, groups: int, out_dtype: torch.dtype,
                  scale: int):
@@ -168,22 +168,28 @@ class _PreparedGMM:
             mat_a, mat_b = a[0].transpose(0, 1), b[0]
         self.a_ok = not cast and _strides_ok(mat_a, self.majors[0])
         self.b_ok = not cast and _strides_ok(mat_b, self.majors[1])
+        self.views = ((mat_a.shape, mat_a.stride()), (mat_b.shape, mat_b.stride()))  # what _grouped_mm is given
 
-    direct_kind = "matrix"  # `direct` takes the [M, K] / [R, M] and [G, K, N] / [R, N] matrices themselves
+    # `direct` takes any tensors that start where the canonical operands start (the [M, K] / [R, M] and
+    # [G, K, N] / [R, N] matrices themselves, or other views of that memory, e.g. a data gradient's [E, N, K]
+    # weight): one as_strided view each where the layout differs, instead of the canonical views and back.
+    direct_kind = "address"
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
         out = self.direct(a[0], b[0], sizes, None)
         return out.unsqueeze(0) if self.problem == "ragged_m" else out.unsqueeze(1)
 
-    def direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor, out_shape: object,
+    def direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor, out_shape: tuple[int, ...] | None,
                ends: torch.Tensor | None = None) -> torch.Tensor:
-        """a [M, K] (ragged_m) or [R, M] (ragged_k), b [G, K, N] or [R, N] -> [M, N] or [G, M, N]; `ends`: the
-        offsets of these sizes if the caller formed them already (`self.ends(sizes)`, for this `ends_key`)."""
+        """a, b: tensors that start where the canonical [M, K] (ragged_m) or [R, M] (ragged_k) and [G, K, N] or
+        [R, N] operands start -> [M, N] or [G, M, N], viewed as `out_shape` (the caller's layout of the same
+        memory order) when given; `ends`: the offsets of these sizes if the caller formed them already
+        (`self.ends(sizes)`, for this `ends_key`)."""
         if ends is None:
             ends = self.ends(sizes)  # the offsets _grouped_mm takes
-        ragged_m = self.problem == "ragged_m"
-        mat_a = a if ragged_m else a.transpose(0, 1)
-        mat_b = b
+        (shape_a, stride_a), (shape_b, stride_b) = self.views
+        mat_a = a if a.shape == shape_a and a.stride() == stride_a else a.as_strided(shape_a, stride_a)
+        mat_b = b if b.shape == shape_b and b.stride() == stride_b else b.as_strided(shape_b, stride_b)
         if not (self.a_ok and mat_a.data_ptr() % _ALIGN_BYTES == 0):
             mat_a = _prepared(mat_a.to(self.run), self.majors[0])
         if not (self.b_ok and mat_b.data_ptr() % _ALIGN_BYTES == 0):
@@ -194,12 +200,11 @@ class _PreparedGMM:
             raise NotImplementedError(str(exc)) from exc
         if out.dtype != self.out_dtype:
             out = out.to(self.out_dtype)
-        if not ragged_m:
-            return out
-        if not out.is_contiguous():  # CUDA pads the row stride to 16 bytes when N is not a multiple
-            out = out.contiguous()
-        self.tail(out, ends)  # reads only the address: [M, N] is the [1, M, N] it was bound for
-        return out
+        if self.problem == "ragged_m":
+            if not out.is_contiguous():  # CUDA pads the row stride to 16 bytes when N is not a multiple
+                out = out.contiguous()
+            self.tail(out, ends)  # reads only the address: [M, N] is the [1, M, N] it was bound for
+        return out if out_shape is None or out.shape == out_shape else out.view(out_shape)
 
 
 class TorchGroupedMMBackend(BackendBase):
