@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable or "python3"
 RAGDOT = ("{py}", "-m", "ragdot")
 TARGETS = ("--targets", "benchmarks/targets-h200.json")  # reference numbers; they apply on an H200 only
-ANCHOR_FAST = ("--anchors", "--backends", "torch", "triton", "auto", "--no-xla", *TARGETS)
+ANCHOR_FAST = ("--anchors", "--backends", "torch", "triton", "gluon", "auto", "--no-xla", *TARGETS)  # gluon: sm_90
 LAYER_CONFIGS = ("qwen3-30b-a3b", "deepseek2-16b", "gemma4-26b")
 
 
@@ -102,7 +102,7 @@ def _suites() -> dict[str, Suite]:
             Step("tune", (*RAGDOT, "tune", "--shapes", "anchor", "--max-configs", "7", "--warmup", "3",
                           "--iters", "20"), 260, tail=5, after=_copy_tune),
         )),
-        "anchors": Suite("ragdot bench on the anchor shapes: vendor/torch/triton/auto, eager and graph clocks", (
+        "anchors": Suite("ragdot bench on the anchor shapes: vendor/torch/triton/gluon/auto, eager and graph clocks", (
             Step("balanced", (*bench, *ANCHOR_FAST, "--out", "{out}"), 420, tail=30),
             Step("skewed-empty", (*bench, *ANCHOR_FAST, "--routing", "skewed", "empty", "--max-seconds", "0.15",
                                   "--out", "{out}"), 300, tail=30),
