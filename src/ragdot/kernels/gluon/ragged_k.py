@@ -72,6 +72,29 @@ def _item(item, sched_ptr, G, M, N, Bt, BLOCK_M: gl.constexpr, BLOCK_N: gl.const
 
 
 @gluon.jit
+def _free_stage(empty, it, STAGES: gl.constexpr):
+    """Producer: wait until ring position `it`'s stage is free (its previous fill consumed); the stage.
+    A fresh barrier passes phase 1 at once, so the first round waits for nobody."""
+    s = it % STAGES
+    mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+    return s
+
+
+@gluon.jit
+def _ready_stage(ready, pos, STAGES: gl.constexpr):
+    """Consumer: wait until ring position `pos` has been loaded; its stage."""
+    s = pos % STAGES
+    mbarrier.wait(ready.index(s), (pos // STAGES) & 1)
+    return s
+
+
+@gluon.jit
+def _release_before(empty, pos, STAGES: gl.constexpr, pred):
+    """Consumer: hand the stage of ring position `pos - 1` back to the producer (its MMA retired), if `pred`."""
+    mbarrier.arrive(empty.index((pos + STAGES - 1) % STAGES), pred=pred)
+
+
+@gluon.jit
 def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt,
               GROUP_M: gl.constexpr):
     """Worker partition (1 warp): TMA loads of every chunk of this program's items into the ring."""
@@ -88,8 +111,7 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, 
         g, start, end, bt, pid_m, pid_n = _item(item, sched_ptr, G, M, N, Bt, BLOCK_M, BLOCK_N, GROUP_M)
         row0 = bt * R + start
         for kk in range(gl.cdiv(end - start, BLOCK_K)):
-            s = it % STAGES
-            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
+            s = _free_stage(empty, it, STAGES)
             mbarrier.expect(ready.index(s), NBYTES)
             row = row0 + kk * BLOCK_K
             tma.async_copy_global_to_shared(a_desc, [row, pid_m * BLOCK_M], ready.index(s), a_bufs.index(s))
@@ -152,8 +174,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
             for kk in range(n_k):
                 pos = it + kk
-                s = pos % STAGES
-                mbarrier.wait(ready.index(s), (pos // STAGES) & 1)
+                s = _ready_stage(ready, pos, STAGES)
                 valid = end - start - kk * BLOCK_K
                 if valid < BLOCK_K:  # the group's last chunk straddles its end: rows >= valid are not ours
                     _zero_rows_from(a_bufs.index(s), valid, EDGE_LAYOUT)
@@ -162,10 +183,10 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt
                     gl.thread_barrier()
                 acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                mbarrier.arrive(empty.index((pos + STAGES - 1) % STAGES), pred=kk > 0)  # chunk pos - 1 retired
+                _release_before(empty, pos, STAGES, kk > 0)  # chunk pos - 1 retired
             _pass_turn(turn, PARITY, NCONS)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(empty.index((it + n_k + STAGES - 1) % STAGES), pred=n_k > 0)  # the item's last chunk
+            _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
             tma.store_wait(pendings=0)  # this consumer's previous tile's store has read c_smem
             c_smem.store(acc.to(c_desc.dtype))
             fence_async_shared()  # one slab of c per (group, batch entry): the store clips at M and N

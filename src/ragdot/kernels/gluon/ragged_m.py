@@ -42,7 +42,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, prepared_output, run_kernel
 from ragdot.kernels.gluon.common import consumer_regs, maxnreg_for, mma_layout
 from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_m_config
-from ragdot.kernels.gluon.ragged_k import _descriptor, _gl_dtype, _pass_turn, _take_turn
+from ragdot.kernels.gluon.ragged_k import (
+    _descriptor,
+    _free_stage,
+    _gl_dtype,
+    _pass_turn,
+    _ready_stage,
+    _release_before,
+    _take_turn,
+)
 from ragdot.kernels.launch import BoundLaunch
 
 __all__ = ["Prepared", "ragged_m", "ragged_m_ws_kernel", "tile_table"]
@@ -143,8 +151,7 @@ def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N
         g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_N, GROUP_M)
         n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
         for kk in range(n_k):
-            s = it % STAGES
-            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            s = _free_stage(empty, it, STAGES)
             mbarrier.expect(ready.index(s), NBYTES)
             tma.async_copy_global_to_shared(a_desc, [bt * M + row0, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
             if B_KMAJOR:  # b[bt, g] stored [N, K]: rows of the group's matrix are columns of c
@@ -182,18 +189,17 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T,
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
             for kk in range(n_k):
                 pos = it + kk
-                s = pos % STAGES
-                mbarrier.wait(ready.index(s), (pos // STAGES) & 1)
+                s = _ready_stage(ready, pos, STAGES)
                 if B_KMAJOR:
                     b_op = b_bufs.index(s).permute((1, 0))
                 else:
                     b_op = b_bufs.index(s)
                 acc = warpgroup_mma(a_bufs.index(s), b_op, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                mbarrier.arrive(empty.index((pos + STAGES - 1) % STAGES), pred=kk > 0)  # chunk pos - 1 retired
+                _release_before(empty, pos, STAGES, kk > 0)  # chunk pos - 1 retired
             _pass_turn(turn, PARITY, NCONS)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(empty.index((it + n_k + STAGES - 1) % STAGES), pred=n_k > 0)  # the item's last chunk
+            _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
             if g >= 0:
                 out = acc.to(c_desc.dtype)
                 if row0 + BLOCK_M <= end:  # a full tile of the group's rows: through shared memory and TMA
