@@ -71,6 +71,12 @@ def _prepared(t: torch.Tensor, major: str) -> torch.Tensor:
     return buf[..., :cols]
 
 
+def _zero_rows_from_(c: torch.Tensor, end: int) -> None:
+    """Zero rows >= end of the CPU tensor c [..., M, N] (none when end >= M)."""
+    if end < c.shape[-2]:
+        c[..., end:, :] = 0
+
+
 def _zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> None:
     """Zero rows >= group_ends[-1] of c [Bt, M, N] or [M, N] without a host synchronisation."""
     if c.is_cuda:
@@ -82,9 +88,7 @@ def _zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> None:
             zero_tail_rows_(c if c.dim() == 3 else c.unsqueeze(0), group_ends)
             return
     if c.device.type == "cpu":  # reading a CPU tensor is no synchronisation: zero just the tail, if any
-        end = max(int(group_ends[-1]), 0)
-        if end < c.shape[-2]:
-            c[..., end:, :] = 0
+        _zero_rows_from_(c, max(int(group_ends[-1]), 0))
         return
     rows = torch.arange(c.shape[-2], device=c.device)
     c.masked_fill_((rows >= group_ends[-1])[:, None], 0)  # [..., M, N]
@@ -141,9 +145,10 @@ class _HostEnds:
     def zero_tail(self, c: torch.Tensor, group_ends: torch.Tensor) -> None:
         """`_zero_tail_rows_` for the CPU; the end comes from the last call when `group_ends` is its result."""
         last = self.last
-        end = last[1] if last is not None and last[0] is group_ends else max(int(group_ends[-1]), 0)
-        if end < c.shape[-2]:
-            c[..., end:, :] = 0
+        if last is not None and last[0] is group_ends:
+            _zero_rows_from_(c, last[1])
+        else:
+            _zero_tail_rows_(c, group_ends)
 
 
 class _PreparedGMM:
