@@ -68,8 +68,9 @@ class GluonConfig:
 # mixtral-8x7b's wgrad_wi 579 against the vendor's 538), ping-pong 128x128 the 80-row shapes' others, ping-pong
 # 64x256 at M = 2880 and 704 (measured when tiles had to divide M; since the store clips at M, the 128-row tiles
 # run there too). With a float32 output neither the 128x256 nor the ping-pong tiles fit: 128x128, one consumer.
+_COOPERATIVE_32_DEEP = GluonConfig(128, 256, 32, 6, 8)
 _CANDIDATES = (
-    GluonConfig(128, 256, 32, 6, 8),
+    _COOPERATIVE_32_DEEP,
     GluonConfig(128, 128, 64, 5, 4, consumers=2),
     GluonConfig(64, 256, 64, 4, 4, consumers=2),
     GluonConfig(128, 128, 64, 4, 4, consumers=2),
@@ -127,8 +128,6 @@ def pick_gluon_m_config(m: int, k: int, n: int, g: int, out_bytes: int = 2) -> G
     if k % 64:
         return None
     fits = gluon_m_tuning_configs(k, n, out_bytes)
-    if m >= _LONG_GROUP_ROWS * max(g, 1):
-        long_tile = _CANDIDATES[0]
-        if long_tile in fits:
-            return long_tile
+    if m >= _LONG_GROUP_ROWS * max(g, 1) and _COOPERATIVE_32_DEEP in fits:
+        return _COOPERATIVE_32_DEEP
     return fits[0] if fits else None
