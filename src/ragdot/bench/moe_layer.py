@@ -15,6 +15,13 @@ Modes: ``eager`` (Python-driven calls) and ``compile`` (``torch.compile`` of the
 compiles forward and backward; ``fullgraph=True`` unless ``--allow-graph-breaks``, ``dynamic=False``, dynamo
 reset before each row; ``graphs`` counts the graphs dynamo made for the row).
 
+Work (per row): ``tflops`` = the expert GEMMs' useful FLOPs of forward and backward (18 x tokens x top-k x dim x
+hidden: three products per projection pair of the forward, six of the backward; the router left out) over
+``ms``; ``sol_pct`` = that rate over the dense matmul rate measured at the start of the run (``ragdot.bench.
+ceilings``, in the run's meta); ``peak_mib`` = on CUDA, the peak allocation of one more step above what was
+allocated before it (activations, gradients, temporaries; not x, dy or the weights), ``mem_vs_peer`` = that
+peak over peer's.
+
 Clocks (the ``clock`` column): ``event`` on CUDA = CUDA events around each step, the device synchronised
 before it, so the host time of the Python-driven step is included; ``host_ms`` = wall time of the step's
 call without a sync (the Python and launch work; a host sync inside the step, such as peer's bincount, adds
@@ -42,7 +49,7 @@ from ragdot.cli_common import UsageError
 from ragdot.measure import records
 from ragdot.measure.checks import failure_status
 from ragdot.measure.progress import KeepOnInterrupt, Progress
-from ragdot.measure.timing import free_memory, synchronize, timed_call
+from ragdot.measure.timing import free_memory, peak_extra_mib, synchronize, timed_call
 
 __all__ = ["LAYER_VARIANTS", "DEFAULT_TOKENS", "MODES", "add_layer_arguments", "default_configs", "run_layer"]
 
@@ -53,8 +60,8 @@ PREFERRED_CONFIGS: tuple[str, ...] = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss
 QUICK_TOKENS = 256
 COLUMNS: tuple[str, ...] = (
     "config", "dim", "hidden", "experts", "top_k", "tokens", "variant", "mode", "status", "ms", "host_ms",
-    "clock", "vs_peer", "host_bound", "steps", "compile_s", "graphs", "dtype", "gpu", "commit", "date",
-    "torch", "note",
+    "clock", "vs_peer", "tflops", "sol_pct", "peak_mib", "mem_vs_peer", "host_bound", "steps", "compile_s",
+    "graphs", "dtype", "gpu", "commit", "date", "torch", "note",
 )  # fmt: skip
 
 
@@ -160,12 +167,14 @@ def measure_row(layer, x, dy, variant: str, mode: str, args: argparse.Namespace)
 
     try:
         t = time_step(step, reset, x.device, args.warmup, args.steps, args.max_seconds)
+        reset()
+        peak = peak_extra_mib(step, x.device)
     except Exception as exc:  # OOM, a backend that cannot serve, a compile failure: report it, run on
         status, note = failure_status(exc)
         return {"status": status, "note": _root_cause(exc) if status == "error" else note}
     finally:
         reset()
-    row = {"status": "ok", **{k: t[k] for k in ("ms", "host_ms", "steps", "clock")}}
+    row = {"status": "ok", **{k: t[k] for k in ("ms", "host_ms", "steps", "clock")}, "peak_mib": peak}
     if mode == "compile":
         row["compile_s"] = t["first_s"]
         row["graphs"] = counters["stats"]["unique_graphs"] - graphs0
@@ -193,12 +202,23 @@ class RowWriter(records.RowWriter):
         super().__init__(out, "layer", meta, COLUMNS)
 
 
-def speedups(rows: list[dict[str, Any]]) -> None:
-    """vs_peer = peer ms / variant ms of the same (config, tokens, mode), in place (None without both)."""
-    peer = {(r["config"], r["tokens"], r["mode"]): r.get("ms") for r in rows if r["variant"] == "peer"}
+def useful_flops(row: dict[str, Any]) -> int:
+    """The expert GEMMs' FLOPs of one layer step, forward and backward: 18 x tokens x top-k x dim x hidden."""
+    return 18 * row["tokens"] * row["top_k"] * row["dim"] * row["hidden"]
+
+
+def speedups(rows: list[dict[str, Any]], peak_tflops: float | None = None) -> None:
+    """In place: vs_peer = peer ms / variant ms and mem_vs_peer = variant peak / peer peak of the same (config,
+    tokens, mode) (None without both); tflops and, given the measured matmul rate, sol_pct of ok rows."""
+    peer = {(r["config"], r["tokens"], r["mode"]): r for r in rows if r["variant"] == "peer"}
     for r in rows:
-        base, own = peer.get((r["config"], r["tokens"], r["mode"])), r.get("ms")
-        r["vs_peer"] = base / own if r.get("status") == "ok" and base and own else None
+        ref, ok = peer.get((r["config"], r["tokens"], r["mode"]), {}), r.get("status") == "ok"
+        base, own = ref.get("ms"), r.get("ms")
+        r["vs_peer"] = base / own if ok and base and own else None
+        base_mib, own_mib = ref.get("peak_mib"), r.get("peak_mib")
+        r["mem_vs_peer"] = own_mib / base_mib if ok and base_mib and own_mib is not None else None
+        r["tflops"] = useful_flops(r) / own / 1e9 if ok and own else None
+        r["sol_pct"] = 100 * r["tflops"] / peak_tflops if r["tflops"] is not None and peak_tflops else None
 
 
 def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
@@ -208,7 +228,8 @@ def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
         else "wall clock per step"
     )
     title = f"MoE layer forward+backward, median ms ({clock})"
-    head = ("config", "tokens", "mode", "variant", "ms", "host ms", "vs peer", "compile s", "graphs", "status")
+    head = ("config", "tokens", "mode", "variant", "ms", "host ms", "vs peer", "TFLOP/s", "% SOL", "peak MiB",
+            "compile s", "graphs", "status")
     body = [_cells(r) for r in rows]
     from ragdot.measure.console import Console, Table  # plain text where rich is not installed
 
@@ -233,7 +254,8 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     if r.get("note") and status != "ok":
         status += f": {str(r['note'])[:60]}"
     return (r["config"], str(r["tokens"]), r["mode"], r["variant"], num("ms", "{:.3f}"), host,
-            num("vs_peer", "{:.2f}x"), num("compile_s", "{:.1f}"), num("graphs", "{}"), status)  # fmt: skip
+            num("vs_peer", "{:.2f}x"), num("tflops", "{:.0f}"), num("sol_pct", "{:.1f}"), num("peak_mib", "{:.0f}"),
+            num("compile_s", "{:.1f}"), num("graphs", "{}"), status)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ entry
@@ -290,7 +312,12 @@ def _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit, 
 
 
 def _meta(device: torch.device, dtype: torch.dtype, args: argparse.Namespace) -> dict[str, Any]:
+    from ragdot.bench.ceilings import measure_ceilings
+
+    ceilings = measure_ceilings(device, dtype)
     return records.run_meta(device, dtype) | {
+        "matmul_tflops": round(ceilings.peak_tflops, 3),
+        "ceilings": ceilings.label,
         "warmup": args.warmup,
         "steps": args.steps,
         "compile_backend": args.compile_backend,
@@ -317,7 +344,7 @@ def run_layer(args: argparse.Namespace, device: torch.device, dtype: torch.dtype
                         say=None if quiet else functools.partial(print, flush=True))  # fmt: skip
 
     def emit(row: dict[str, Any]) -> None:
-        speedups([*writer.rows, row])
+        speedups([*writer.rows, row], meta["matmul_tflops"])
         writer.add(row)
         result = f"{row['ms']:.3f} ms" if row.get("status") == "ok" else row.get("status", "")
         progress.done(f"{row['config']} T={row['tokens']} {row['mode']} {row['variant']} {result}")
