@@ -20,7 +20,8 @@ hidden: three products per projection pair of the forward, six of the backward; 
 ``ms``; ``sol_pct`` = that rate over the dense matmul rate measured at the start of the run (``ragdot.bench.
 ceilings``, in the run's meta); ``peak_mib`` = on CUDA, the peak allocation of one more step above what was
 allocated before it (activations, gradients, temporaries; not x, dy or the weights), ``mem_vs_peer`` = that
-peak over peer's.
+peak over peer's; ``saved_mib`` = what the same step holds between its forward and its backward (the output
+and the activations kept for the backward), ``saved_vs_peer`` = that over peer's.
 
 Clocks (the ``clock`` column): ``event`` on CUDA = CUDA events around each step, the device synchronised
 before it, so the host time of the Python-driven step is included; ``host_ms`` = wall time of the step's
@@ -49,7 +50,7 @@ from ragdot.cli_common import UsageError
 from ragdot.measure import records
 from ragdot.measure.checks import failure_status
 from ragdot.measure.progress import KeepOnInterrupt, Progress
-from ragdot.measure.timing import free_memory, peak_extra_mib, synchronize, timed_call
+from ragdot.measure.timing import free_memory, synchronize, timed_call
 
 __all__ = ["LAYER_VARIANTS", "DEFAULT_TOKENS", "MODES", "add_layer_arguments", "default_configs", "run_layer"]
 
@@ -60,8 +61,8 @@ PREFERRED_CONFIGS: tuple[str, ...] = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss
 QUICK_TOKENS = 256
 COLUMNS: tuple[str, ...] = (
     "config", "dim", "hidden", "experts", "top_k", "tokens", "variant", "mode", "status", "ms", "host_ms",
-    "clock", "vs_peer", "tflops", "sol_pct", "peak_mib", "mem_vs_peer", "host_bound", "steps", "compile_s",
-    "graphs", "dtype", "gpu", "commit", "date", "torch", "note",
+    "clock", "vs_peer", "tflops", "sol_pct", "saved_mib", "saved_vs_peer", "peak_mib", "mem_vs_peer",
+    "host_bound", "steps", "compile_s", "graphs", "dtype", "gpu", "commit", "date", "torch", "note",
 )  # fmt: skip
 
 
@@ -168,19 +169,39 @@ def measure_row(layer, x, dy, variant: str, mode: str, args: argparse.Namespace)
     try:
         t = time_step(step, reset, x.device, args.warmup, args.steps, args.max_seconds)
         reset()
-        peak = peak_extra_mib(step, x.device)
+        memory = step_memory(fn, x, dy)
     except Exception as exc:  # OOM, a backend that cannot serve, a compile failure: report it, run on
         status, note = failure_status(exc)
         return {"status": status, "note": _root_cause(exc) if status == "error" else note}
     finally:
         reset()
-    row = {"status": "ok", **{k: t[k] for k in ("ms", "host_ms", "steps", "clock")}, "peak_mib": peak}
+    row = {"status": "ok", **{k: t[k] for k in ("ms", "host_ms", "steps", "clock")}, **memory}
     if mode == "compile":
         row["compile_s"] = t["first_s"]
         row["graphs"] = counters["stats"]["unique_graphs"] - graphs0
     if t["clock"] == "event":
         row["host_bound"] = t["host_ms"] >= 0.9 * t["ms"]
     return row
+
+
+def step_memory(fn, x: torch.Tensor, dy: torch.Tensor) -> dict[str, float | None]:
+    """One more step on CUDA, its memory in MiB above what was allocated before it (x, dy, the weights):
+    ``saved_mib`` held between the forward and the backward (the output and what the backward keeps),
+    ``peak_mib`` at the peak of the whole step (weight gradients and temporaries too). None off CUDA."""
+    device = x.device
+    if device.type != "cuda":
+        fn(x).backward(dy)
+        return {"saved_mib": None, "peak_mib": None}
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    y = fn(x)
+    torch.cuda.synchronize(device)
+    saved = torch.cuda.memory_allocated(device) - base
+    y.backward(dy)
+    del y
+    torch.cuda.synchronize(device)
+    return {"saved_mib": saved / 2**20, "peak_mib": (torch.cuda.max_memory_allocated(device) - base) / 2**20}
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -215,8 +236,9 @@ def speedups(rows: list[dict[str, Any]], peak_tflops: float | None = None) -> No
         ref, ok = peer.get((r["config"], r["tokens"], r["mode"]), {}), r.get("status") == "ok"
         base, own = ref.get("ms"), r.get("ms")
         r["vs_peer"] = base / own if ok and base and own else None
-        base_mib, own_mib = ref.get("peak_mib"), r.get("peak_mib")
-        r["mem_vs_peer"] = own_mib / base_mib if ok and base_mib and own_mib is not None else None
+        for key, ratio in (("peak_mib", "mem_vs_peer"), ("saved_mib", "saved_vs_peer")):
+            base_mib, own_mib = ref.get(key), r.get(key)
+            r[ratio] = own_mib / base_mib if ok and base_mib and own_mib is not None else None
         r["tflops"] = useful_flops(r) / own / 1e9 if ok and own else None
         r["sol_pct"] = 100 * r["tflops"] / peak_tflops if r["tflops"] is not None and peak_tflops else None
 
@@ -228,8 +250,8 @@ def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
         else "wall clock per step"
     )
     title = f"MoE layer forward+backward, median ms ({clock})"
-    head = ("config", "tokens", "mode", "variant", "ms", "host ms", "vs peer", "TFLOP/s", "% SOL", "peak MiB",
-            "compile s", "graphs", "status")
+    head = ("config", "tokens", "mode", "variant", "ms", "host ms", "vs peer", "TFLOP/s", "% SOL", "saved MiB",
+            "peak MiB", "compile s", "graphs", "status")
     body = [_cells(r) for r in rows]
     from ragdot.measure.console import Console, Table  # plain text where rich is not installed
 
@@ -254,7 +276,8 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     if r.get("note") and status != "ok":
         status += f": {str(r['note'])[:60]}"
     return (r["config"], str(r["tokens"]), r["mode"], r["variant"], num("ms", "{:.3f}"), host,
-            num("vs_peer", "{:.2f}x"), num("tflops", "{:.0f}"), num("sol_pct", "{:.1f}"), num("peak_mib", "{:.0f}"),
+            num("vs_peer", "{:.2f}x"), num("tflops", "{:.0f}"), num("sol_pct", "{:.1f}"), num("saved_mib", "{:.0f}"),
+            num("peak_mib", "{:.0f}"),
             num("compile_s", "{:.1f}"), num("graphs", "{}"), status)  # fmt: skip
 
 

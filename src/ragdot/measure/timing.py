@@ -63,7 +63,6 @@ __all__ = [
     "measure_clocks",
     "synchronize",
     "free_memory",
-    "peak_extra_mib",
     "timed_call",
     "event_ms",
     "median_ms",
@@ -184,19 +183,6 @@ def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def peak_extra_mib(fn: Callable[[], Any], device: torch.device) -> float | None:
-    """MiB allocated at the peak of one fn() call above what was allocated before it (activations, gradients
-    and temporaries, not the inputs and weights that exist already); None off CUDA."""
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
 Span = tuple[Any, Any]  # (start, end) CUDA events around some calls, not yet waited for
