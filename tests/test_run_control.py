@@ -132,7 +132,7 @@ def test_moe_bench_keeps_finished_rows_on_ctrl_c(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(moe_train, "_run_variant", _fake_variant(calls, interrupt_at=3))
     assert main(["moe-bench", "--quick", "--no-plots", "--out", str(tmp_path)]) == INTERRUPTED
     captured = capsys.readouterr()
-    from ragdot.moe.variants import VARIANTS
+    from ragdot.moe.variants import DEFAULT_VARIANTS as VARIANTS
 
     assert "interrupted: 2 finished rows kept" in captured.err and f"[2/{len(VARIANTS)}]" in captured.out
     rows = _csv_rows(tmp_path, "moe-bench-*.csv")
@@ -186,7 +186,7 @@ def test_moe_bench_budget_skips_the_variants_left(tmp_path, monkeypatch):
     # the budget outlasts building the tiny model (tens of ms on a loaded CI machine), not the first variant
     monkeypatch.setattr(moe_train, "_run_variant", _fake_variant(calls, seconds=0.6))
     assert main(["moe-bench", "--quick", "--no-plots", "--quiet", "--budget", "0.3", "--out", str(tmp_path)]) == 0
-    from ragdot.moe.variants import VARIANTS
+    from ragdot.moe.variants import DEFAULT_VARIANTS as VARIANTS
 
     rows = _csv_rows(tmp_path, "moe-bench-*.csv")
     assert len(calls) == 1 and len(rows) == len(VARIANTS)

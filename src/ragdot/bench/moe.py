@@ -44,7 +44,7 @@ from ragdot.cli_common import (
     safe_name,
 )
 from ragdot.measure import records
-from ragdot.moe.variants import VARIANTS
+from ragdot.moe.variants import DEFAULT_VARIANTS, VARIANTS
 
 HELP = "end-to-end MoE train-step benchmark: paths x backends over the model configs"
 LAYER_STEPS = 20  # timed steps per row of --layer
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=[*VARIANTS, "peer"],
         metavar="VARIANT",
-        help=f"path-backend variants (default all: {' '.join(VARIANTS)}; with --layer: "
+        help=f"path-backend variants (default: {' '.join(DEFAULT_VARIANTS)}; also sparse-recompute; with --layer: "
         f"{' '.join(LAYER_VARIANTS)}, where peer is the plain torch._grouped_mm layer)",
     )
     parser.add_argument(
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     device, dtype = _device_dtype(args)
     names = args.configs or ([QUICK_CONFIG.name] if args.quick else list(MODEL_CONFIGS))
     configs = _configs(names, args)
-    args.variants = args.variants or list(VARIANTS)
+    args.variants = args.variants or list(DEFAULT_VARIANTS)
     out = check_out(args.out)
     targets = load_targets(args.targets)
     meta = _meta(args, device, dtype)

@@ -9,7 +9,9 @@ weights; all set to None before each step, outside the clock). The layer shapes 
 expert hidden width, experts, top-k) of ``ragdot.moe.model.LAYER_CONFIGS``, without shared experts.
 Variants: ``peer`` (``ragdot.moe.peer``: the plain layer on ``torch._grouped_mm``, on the very parameters of
 the ragdot layer) and ragdot's ``MoELayer(path="sparse")`` per backend (``sparse-torch``, ``sparse-triton``,
-``sparse-auto``) and ``sparse-fused`` (the fused expert kernels, ``MoELayer(fused=True)``); ragdot's layer also
+``sparse-auto``), ``sparse-recompute`` (auto, with the rows and the SwiGLU output remade in the backward,
+``MoELayer(recompute=True)``; on request) and ``sparse-fused`` (the fused expert kernels,
+``MoELayer(fused=True)``); ragdot's layer also
 computes its router losses in the forward (not back-propagated here).
 Modes: ``eager`` (Python-driven calls) and ``compile`` (``torch.compile`` of the forward, so that AOTAutograd
 compiles forward and backward; ``fullgraph=True`` unless ``--allow-graph-breaks``, ``dynamic=False``, dynamo
@@ -128,7 +130,7 @@ def _forward(layer, variant: str):
 
     if variant == "peer":
         return lambda x: peer_moe(x, layer.router.weight, layer.w_gate_up, layer.w_down, layer.top_k)
-    layer.path, layer.backend, layer.fused = VARIANTS[variant]
+    VARIANTS[variant].apply(layer)
     return layer
 
 
@@ -138,7 +140,7 @@ def _unavailable(variant: str) -> str | None:
 
     if variant == "peer":
         return None if hasattr(torch, "_grouped_mm") else "this torch has no torch._grouped_mm"
-    backend = VARIANTS[variant][1]
+    backend = VARIANTS[variant].backend
     if backend not in (None, "auto") and backend not in ragdot.backends():
         return f"ragdot backend {backend!r} is not usable here"
     return None

@@ -142,11 +142,12 @@ def _persistent_gb(cfg, itemsize: int) -> float:
 def _run_variant(model, opt, tokens, cfg, name, args, device, dtype) -> Row:
     import ragdot
 
-    path, backend, fused = VARIANTS[name]
+    variant = VARIANTS[name]
+    path, backend = variant.path, variant.backend
     row: dict[str, Any] = {"variant": name, "path": path, "backend": backend or ""}
     if backend not in (None, "auto") and backend not in ragdot.backends():
         return {**row, "status": "unavailable"}
-    model.set_moe(path=path, backend=backend, fused=fused, capacity_factor=1.25, routing_impl=args.routing_impl)
+    model.set_moe(**variant._asdict(), capacity_factor=1.25, routing_impl=args.routing_impl)
     try:
         times, peak, temp, mode = _time_steps(model, opt, tokens, args, device)
         window = times[min(args.measure_from, len(times)) - 1 :]

@@ -17,6 +17,8 @@ Paths:
     sparse          dropless; permute (counting sort) -> ragged_dot -> SwiGLU -> ragged_dot -> weighted
                     combine.
                     Work ~ T*k rows. Gradients through ragdot's custom ops.
+                    ``recompute=True`` keeps neither the permuted rows nor the SwiGLU output for the
+                    backward: it gathers and applies SwiGLU again there (eager autograd; ragdot.moe.recompute).
                     ``fused=True`` runs the fused kernels instead (``ragdot.moe.fused``: gather in the up
                     projection's loads, SwiGLU in its epilogue, weighted scatter in the down projection's,
                     a fused backward). ``fused=None`` (default) and ``False`` keep the unfused path: on
@@ -41,8 +43,10 @@ from torch import nn
 
 import ragdot
 from ragdot.backends import BACKEND_NAMES
+from ragdot.moe import routing_kernels
 from ragdot.moe.fused import fused_experts, sort_experts
 from ragdot.moe.permute import IMPLS, combine_rows, permute_rows, resolve_impl
+from ragdot.moe.recompute import remade
 from ragdot.moe.router import Router, RouterOutput, expert_counts, load_balancing_loss, router_z_loss
 
 __all__ = ["MoELayer", "SwiGLU", "PATHS"]
@@ -162,6 +166,7 @@ class MoELayer(nn.Module):
         z_loss_coef: float = 0.001,
         routing_impl: str | None = None,
         fused: bool | None = None,
+        recompute: bool = False,
         ep_group: torch.distributed.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
@@ -182,6 +187,7 @@ class MoELayer(nn.Module):
         self.backend = backend
         self.routing_impl = routing_impl
         self.fused = fused
+        self.recompute = recompute
         self.aux_loss_coef, self.z_loss_coef = float(aux_loss_coef), float(z_loss_coef)
         self.ep = None  # ragdot.moe.ep.ExpertParallel when the experts are sharded over ep_group
         if ep_group is not None:
@@ -261,6 +267,16 @@ class MoELayer(nn.Module):
             raise ValueError(f"fused must be True, False or None, got {value!r}")
         self._fused = value
 
+    @property
+    def recompute(self) -> bool:
+        return self._recompute
+
+    @recompute.setter
+    def recompute(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"recompute must be True or False, got {value!r}")
+        self._recompute = value
+
     def uses_fused(self, x: torch.Tensor) -> bool:
         """Whether the sparse path runs the fused kernels for input x: only when asked (``fused=True``), until
         they win a measured comparison (``fused=None`` is the unfused path)."""
@@ -275,7 +291,7 @@ class MoELayer(nn.Module):
             f"dim={self.dim}, hidden_dim={self.hidden_dim}, num_experts={self.num_experts}, "
             f"top_k={self.top_k}, "
             f"path={self.path!r}, backend={self.backend!r}, capacity_factor={self.capacity_factor}, "
-            f"fused={self.fused!r}"
+            f"fused={self.fused!r}, recompute={self.recompute!r}"
         )
 
     # -------------------------------------------------------------------------------------- forward
@@ -324,8 +340,15 @@ class MoELayer(nn.Module):
         # x2 and the router's experts are checked already: the unchecked permute and combine
         impl = resolve_impl(self.routing_impl, x2.device)
         rows, sizes, slots = permute_rows(x2, r.experts, self.num_experts, impl)
-        h = ragdot.ragged_dot(rows, self.w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
-        out = ragdot.ragged_dot(_swiglu_rows(h), self.w_down, sizes, backend=self.backend)  # [T*k, dim]
+        again = self.recompute and torch.is_grad_enabled() and not (torch.compiler.is_compiling() or _transformed())
+        with remade(again) as keep:  # the rows and the SwiGLU output, remade in the backward when `again`
+            x_in, experts = x2.detach(), r.experts
+            keep(rows, lambda: routing_kernels.sort_and_dispatch(x_in, experts, self.num_experts, impl)[0])
+            h = ragdot.ragged_dot(rows, self.w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
+            a = _swiglu_rows(h)
+            h_in = h.detach()
+            keep(a, lambda: swiglu(h_in))
+            out = ragdot.ragged_dot(a, self.w_down, sizes, backend=self.backend)  # [T*k, dim]
         return combine_rows(out, slots, r.weights, self.top_k, impl), sizes
 
     def _dense_dropless(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
