@@ -96,8 +96,8 @@ def _winner(entry: dict[str, Any], problem: str, device: str, names: list[str], 
 # (Qwen3-MoE widths at 8192 tokens, untuned: >= 1.04x) and 1024 (DeepSeek-V3-like widths: >= 1.19x); every
 # tuned anchor with at most 160 rows a group went to triton (benchmarks/results/h200-compile-20261201/). Where
 # gluon is usable its default tile goes first whatever the group length: it beat the vendor at 480 rows a group
-# too (mixtral-8x7b, shipped tune: 6.65 against 7.76 ms) and at 512 and 1024 (benchmarks/results/
-# h200-late-20261202/).
+# too (mixtral-8x7b, shipped tune: 6.65 against 7.76 ms), and 1.22-1.24x at 512 and 1.10x at 1024 (graph;
+# benchmarks/results/h200-late-20261201/model-widths-2a84abd/).
 VENDOR_WGRAD_ROWS = 448  # between the measured points: <= 160 rows a group triton, >= 480 the vendor
 
 # Untuned weight gradients on sm_90 run the gluon backend's default tile (cooperative 128x256, 32-deep chunks,
