@@ -43,7 +43,7 @@ PY = sys.executable or "python3"
 RAGDOT = ("{py}", "-m", "ragdot")
 TARGETS = ("--targets", "benchmarks/targets-h200.json")  # reference numbers; they apply on an H200 only
 ANCHOR_FAST = ("--anchors", "--backends", "torch", "triton", "gluon", "auto", "--no-xla", *TARGETS)  # gluon: sm_90
-LAYER_CONFIGS = ("qwen3-30b-a3b", "deepseek2-16b", "gemma4-26b")
+LAYER_CONFIGS = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like", "deepseek3-671b-reduced")  # the layer targets
 
 
 @dataclass(frozen=True)
@@ -130,10 +130,12 @@ def _suites() -> dict[str, Suite]:
                                    "2", "--out", "{out}/16k-deepseek3-671b-reduced"), 80),
         )),
         "layer": Suite("ragdot moe-bench --layer: one MoE layer fwd+bwd against the plain-PyTorch peer", (
-            Step("eager-8k", (*moe, "--layer", "--modes", "eager", "--tokens", "8192", "--configs", *LAYER_CONFIGS,
-                              "--out", "{out}"), 240, tail=30),
-            Step("compile", (*moe, "--layer", "--modes", "compile", "--configs", *LAYER_CONFIGS[:2],
-                             "--out", "{out}"), 300, tail=30),
+            Step("eager", (*moe, "--layer", "--modes", "eager", "--tokens", "8192", "32768", "--configs",
+                           *LAYER_CONFIGS, "--variants", "peer", "sparse-auto", "sparse-recompute", "--out", "{out}"),
+                 180, tail=40),
+            Step("compile", (*moe, "--layer", "--modes", "compile", "--tokens", "8192", "32768", "--configs",
+                             *LAYER_CONFIGS, "--variants", "peer", "sparse-auto", "--budget", "230", "--out", "{out}"),
+                 260, tail=30),
         )),
         "host": Suite("ragdot host-bench (host time per call), then benchmarks/host_profile.py (its pieces)", (
             Step("host-bench", (*RAGDOT, "host-bench", "--out", "{out}"), 300, tail=60),
