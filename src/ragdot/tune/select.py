@@ -90,14 +90,15 @@ def _winner(entry: dict[str, Any], problem: str, device: str, names: list[str], 
     return entry["backend"]
 
 
-# Without a measurement, and where the gluon backend is not usable, a weight gradient (ragged_k) whose groups
-# hold this many rows or more on average runs the vendor first. On the H200 (bf16, kernel clock) CUTLASS's
-# weight gradient beat ragdot's Triton one at 480 rows a group (mixtral-8x7b's anchor, tuned: 1.12-1.17x), 512
-# (Qwen3-MoE widths at 8192 tokens, untuned: >= 1.04x) and 1024 (DeepSeek-V3-like widths: >= 1.19x); every
-# tuned anchor with at most 160 rows a group went to triton (benchmarks/results/h200-compile-20261201/). Where
-# gluon is usable its default tile goes first whatever the group length: it beat the vendor at 480 rows a group
-# too (mixtral-8x7b, shipped tune: 6.65 against 7.76 ms), and 1.22-1.24x at 512 and 1.10x at 1024 (graph;
-# benchmarks/results/h200-late-20261201/model-widths-2a84abd/).
+# Without a measurement, a weight gradient (ragged_k) whose groups hold this many rows or more on average runs
+# the vendor before triton (first where the gluon backend is not usable). On the H200 (bf16, kernel clock)
+# CUTLASS's weight gradient beat ragdot's Triton one at 480 rows a group (mixtral-8x7b's anchor, tuned:
+# 1.12-1.17x), 512 (Qwen3-MoE widths at 8192 tokens, untuned: >= 1.04x) and 1024 (DeepSeek-V3-like widths:
+# >= 1.19x); every tuned anchor with at most 160 rows a group went to triton (benchmarks/results/
+# h200-compile-20261201/). Where gluon is usable its default tile goes first whatever the group length (the
+# vendor next, for what gluon refuses): it beat the vendor at 480 rows a group too (mixtral-8x7b, shipped tune:
+# 6.65 against 7.76 ms), and 1.22-1.24x at 512 and 1.10x at 1024 (graph; benchmarks/results/
+# h200-late-20261201/model-widths-2a84abd/).
 VENDOR_WGRAD_ROWS = 448  # between the measured points: <= 160 rows a group triton, >= 480 the vendor
 
 # Untuned weight gradients on sm_90 run the gluon backend's default tile (cooperative 128x256, 32-deep chunks,
@@ -112,20 +113,23 @@ def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups:
                     copy_ms: float = 0.0) -> list[str]:
     """`names` (the device's candidate order) for a call with no measured entry; a [Bt, R, M].
 
-    Weight gradients (ragged_k): where the gluon backend is usable (sm_90) its default tile goes before triton
-    and before the vendor (`GLUON_WGRAD_FIRST`); elsewhere, with long groups (`VENDOR_WGRAD_ROWS`; CUDA builds,
-    where it was measured) the vendor goes first, unless the result must be copied into the caller's buffer
-    (the vendor cannot write there)."""
+    Weight gradients (ragged_k): where the gluon backend is usable (sm_90) its default tile goes first, before
+    triton and the vendor (`GLUON_WGRAD_FIRST`); with long groups (`VENDOR_WGRAD_ROWS`; CUDA builds, where it
+    was measured) the vendor goes before triton (first where gluon is not usable), unless the result must be
+    copied into the caller's buffer (the vendor cannot write there)."""
     if problem != "ragged_k":
         return names
     order = list(names)
-    if GLUON_WGRAD_FIRST and "gluon" in order and "triton" in order:  # before triton and the vendor
+    gluon_first = GLUON_WGRAD_FIRST and "gluon" in order and "triton" in order
+    if gluon_first:  # before triton and the vendor
         order.remove("gluon")
         order.insert(min(order.index(n) for n in ("triton", "torch") if n in order), "gluon")
-        return order
     long_groups = num_groups > 0 and a.shape[1] >= VENDOR_WGRAD_ROWS * num_groups
     if long_groups and not copy_ms and "torch" in order and torch.version.hip is None:  # measured on CUDA only
-        order = ["torch", *[n for n in order if n != "torch"]]
+        # the vendor before triton: first, or right after gluon's tile (which refuses what it cannot take:
+        # dtypes other than bf16/fp16, strided rows; the vendor then runs, as without gluon)
+        order.remove("torch")
+        order.insert(order.index("gluon") + 1 if gluon_first else 0, "torch")
     return order
 
 
