@@ -61,20 +61,30 @@ def _shapes() -> list[tuple[str, int, int, int, int]]:
 # ---- child: the timed cells ----------------------------------------------------------------------------------
 
 
-def _operands(cls: str, m: int, k: int, n: int, e: int, gen):
-    """(problem, ragdot a, ragdot b, vendor mat_a, vendor mat_b) of one class, bf16 (docs of ragdot.bench.systems)."""
+def cell_operands(cls: str, m: int, k: int, n: int, e: int, gen, dtype=None):
+    """(problem, ragdot a, ragdot b, vendor mat_a, vendor mat_b) of one class on gen's device, bf16 unless
+    `dtype` (docs of ragdot.bench.systems)."""
     import torch
 
-    dev = torch.device("cuda")
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
-    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen)
+    dev, dtype = gen.device, dtype or torch.bfloat16
+    x = torch.randn(m, k, device=dev, dtype=dtype, generator=gen)
+    dy = torch.randn(m, n, device=dev, dtype=dtype, generator=gen)
     if cls in ("wgrad_wi", "wgrad_wo"):
         a, b = (x, dy) if cls == "wgrad_wi" else (dy, x)
         return "ragged_k", a[None], b[None], a.t(), b
-    w = torch.randn(e, k, n, device=dev, dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(e, k, n, device=dev, dtype=dtype, generator=gen)
     wb = w if cls == "fwd_wi" else w.transpose(1, 2)  # dgrad_wi: dy [M, N] @ w[g]^T, w stored [E, K, N]
     a = x if cls == "fwd_wi" else dy
     return "ragged_m", a[None], wb[None], a, wb
+
+
+def tuning_dims(ops, e: int) -> tuple[int, int, int, int]:
+    """The dims a backend's `tuning_configs` takes for the problem of `ops` (cell_operands): (M, K, N, G) for
+    ragged_m, (M, R, N, G) for ragged_k, as the tuner passes them."""
+    problem, a, b = ops[:3]
+    if problem == "ragged_k":
+        return a.shape[2], a.shape[1], b.shape[2], e
+    return a.shape[1], a.shape[2], b.shape[3], e
 
 
 def _systems(ops, e: int, configs: str) -> list[tuple[str, object]]:
@@ -85,15 +95,14 @@ def _systems(ops, e: int, configs: str) -> list[tuple[str, object]]:
 
     if configs == "default":
         return [(name, None) for name in SYSTEMS]
-    problem, a, b = ops[:3]
-    dims = (a.shape[2], a.shape[1], b.shape[2], e) if problem == "ragged_k" else (a.shape[1], a.shape[2],
-                                                                                   b.shape[3], e)
-    cfgs = [c for c in BACKEND.tuning_configs(problem, dims, torch.bfloat16, None)
+    cfgs = [c for c in BACKEND.tuning_configs(ops[0], tuning_dims(ops, e), torch.bfloat16, None)
             if configs == "all" or c.consumers == 1]
     return [(f"gluon:{c.short()}", c) for c in cfgs] + [("triton", None), ("vendor", None)]
 
 
-def _system_call(system: str, ops, sizes, e: int, config=None):
+def system_call(system: str, ops, sizes, e: int, config=None):
+    """A zero-argument call of one system on `ops` (cell_operands): `vendor` (raw torch._grouped_mm with its
+    offsets' cumsum) or a ragdot backend's prepared call with `config` (None: its default)."""
     import torch
 
     problem, a, b, mat_a, mat_b = ops
@@ -101,7 +110,7 @@ def _system_call(system: str, ops, sizes, e: int, config=None):
         return lambda: torch._grouped_mm(mat_a, mat_b, offs=torch.cumsum(sizes, 0, dtype=torch.int32))
     from ragdot.backends import get_backend
 
-    call = get_backend(system.split(":")[0]).prepare(problem, a, b, e, torch.bfloat16, config)
+    call = get_backend(system.split(":")[0]).prepare(problem, a, b, e, a.dtype, config)
     return lambda: call(a, b, sizes)
 
 
@@ -114,7 +123,7 @@ def _cell(shape, cls: str, routing: str, reps: int, configs: str = "default") ->
 
     name, m, k, n, e = shape
     dev = torch.device("cuda")
-    ops = _operands(cls, m, k, n, e, torch.Generator(device=dev).manual_seed(0))
+    ops = cell_operands(cls, m, k, n, e, torch.Generator(device=dev).manual_seed(0))
     sizes = group_sizes(routing, m, e, device=dev)
     out_shape = (e, ops[1].shape[2], ops[2].shape[2]) if ops[0] == "ragged_k" else (m, ops[2].shape[3])
     flop = 2 * m * k * n
@@ -122,7 +131,7 @@ def _cell(shape, cls: str, routing: str, reps: int, configs: str = "default") ->
     for system, config in _systems(ops, e, configs):
         row = dict(shape=name, cls=cls, system=system, routing=routing, M=m, K=k, N=n, E=e)
         try:
-            fn = _system_call(system, ops, sizes, e, config)
+            fn = system_call(system, ops, sizes, e, config)
             outs[system] = fn().reshape(out_shape)
             torch.cuda.synchronize()
             for clock in ("graph", "eager"):

@@ -49,7 +49,8 @@ LAYER_CONFIGS = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like", "deepseek3-67
 @dataclass(frozen=True)
 class Step:
     """One command of a suite. `argv` may hold {out} (the suite's folder), {cache} (the run's tune cache),
-    {py} (this Python) and {sanitizer} (compute-sanitizer); `after` runs in this process once it passed."""
+    {py} (this Python), {sanitizer} (compute-sanitizer) and {ncu} (Nsight Compute); `after` runs in this process
+    once it passed."""
 
     name: str
     argv: tuple[str, ...]
@@ -83,6 +84,10 @@ def _suites() -> dict[str, Suite]:
     moe = (*RAGDOT, "moe-bench", *TARGETS)
     dev = ("{py}", "benchmarks/triton_dev.py")
     rm_classes = ("--classes", "fwd_wi,fwd_wo,dgrad_wi,dgrad_wo")
+    # Nsight Compute around benchmarks/profile_cell.py's profiled range (clocks left alone, as METHOD says)
+    ncu = ("{ncu}", "--clock-control", "none", "--profile-from-start", "off", "--set", "full", "--force-overwrite",
+           "--export")
+    cell = ("{py}", "benchmarks/profile_cell.py")
     return {
         "smoke": Suite("CPU smoke run: bench --quick, moe-bench --quick, host-bench (checks the runner)", (
             Step("bench", (*bench, "--quick", "--no-plots", "--out", "{out}"), 240),
@@ -188,6 +193,19 @@ def _suites() -> dict[str, Suite]:
             Step("qwen3", ("{py}", "benchmarks/fused_sweep.py", "--dim", "2048", "--hidden", "768", "--experts", "128",
                            "--limit", "10", "--out", "{out}/qwen3"), 240, tail=12),
         )),
+        "profile": Suite("Nsight Compute on the open diagnoses: Gluon vs Triton ragged-M, the skewed Gluon wgrad", (
+            # the same 128x256x64 three-stage tile, 619 TFLOP/s in Gluon and 741 in Triton (docs/gluon.md)
+            Step("ragged-m", (*ncu, "{out}/mixtral-fwd_wi", *cell, "--shape", "mixtral-8x7b", "--cls", "fwd_wi",
+                              "--systems", "triton:128x256x64 g8 w8 s3 p1 tma flat", "gluon:128x256x64s3w8g8r24"),
+                 240, tail=12),
+            # the cooperative 128x256x32 weight gradient, 9-17% slower on skewed sizes than on balanced ones
+            Step("wgrad-skewed", (*ncu, "{out}/qwen3-235b-wgrad_wi-skewed", *cell, "--shape", "qwen3-235b-a22b",
+                                  "--cls", "wgrad_wi", "--routing", "skewed", "--systems", "vendor",
+                                  "gluon:128x256x32s6w8g8r24"), 200, tail=12),
+            Step("wgrad-balanced", (*ncu, "{out}/qwen3-235b-wgrad_wi-balanced", *cell, "--shape", "qwen3-235b-a22b",
+                                    "--cls", "wgrad_wi", "--systems", "vendor", "gluon:128x256x32s6w8g8r24"),
+                 200, tail=12),
+        )),
         "sweep": Suite("benchmarks/triton_dev.py: Triton tile-config sweeps against torch._grouped_mm (graph clock)", (
             Step("wgrad", (*dev, "--out", "{out}/wgrad", "--sweep", "--graph", "--routing", "balanced",
                            "--classes", "wgrad_wi,wgrad_wo"), 260, tail=40),
@@ -269,18 +287,22 @@ class Run:
                 f.write(text.rstrip("\n") + "\n")
 
 
-def _sanitizer() -> str | None:
-    found = shutil.which("compute-sanitizer")
+CUDA_TOOLS = {"{sanitizer}": "compute-sanitizer", "{ncu}": "ncu"}  # placeholder -> executable
+
+
+def _cuda_tool(name: str) -> str | None:
+    """`name` on PATH, else in /usr/local/cuda*/bin."""
+    found = shutil.which(name)
     if found:
         return found
     for base in sorted(Path("/usr/local").glob("cuda*")):
-        if (base / "bin" / "compute-sanitizer").is_file():
-            return str(base / "bin" / "compute-sanitizer")
+        if (base / "bin" / name).is_file():
+            return str(base / "bin" / name)
     return None
 
 
 def resolve(step: Step, out: Path, cache: Path) -> tuple[list[str], dict[str, str]]:
-    values = {"out": str(out), "cache": str(cache), "py": PY, "sanitizer": "{sanitizer}"}
+    values = {"out": str(out), "cache": str(cache), "py": PY, "sanitizer": "{sanitizer}", "ncu": "{ncu}"}
     argv = [a.format(**values) for a in step.argv]
     env = {k: v.format(**values) for k, v in step.env}
     return argv, env
@@ -302,12 +324,14 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def run_step(run: Run, suite: str, step: Step, out: Path, limit: float) -> int:
     argv, env = resolve(step, out, run.cache)
-    if "{sanitizer}" in argv:
-        found = _sanitizer()
+    for placeholder, name in CUDA_TOOLS.items():
+        if placeholder not in argv:
+            continue
+        found = _cuda_tool(name)
         if found is None:
-            run.log(f"{suite}/{step.name}: compute-sanitizer not found (PATH, /usr/local/cuda*/bin)")
+            run.log(f"{suite}/{step.name}: {name} not found (PATH, /usr/local/cuda*/bin)")
             return 127
-        argv = [found if a == "{sanitizer}" else a for a in argv]
+        argv = [found if a == placeholder else a for a in argv]
     for key in ("RAGDOT_CACHE_DIR",):
         if key in env:
             Path(env[key]).mkdir(parents=True, exist_ok=True)
