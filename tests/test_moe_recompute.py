@@ -44,6 +44,17 @@ def test_recompute_gives_the_same_bits(dtype, top_k, impl):
         assert a is not None and b is not None and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_recompute_gives_the_same_bits_through_either_swiglu(lean, monkeypatch):
+    """Large rows take the lean SwiGLU node (saves h only), small ones autograd's own ops: both recompute alike."""
+    monkeypatch.setattr(layer_mod, "_LEAN_SWIGLU_BYTES", 0 if lean else 1 << 62)
+    torch.manual_seed(0)
+    layer = MoELayer(16, 12, 6, 2, dtype=torch.float32, device=DEV, backend="torch" if DEV.type == "cpu" else None)
+    x, dy = torch.randn(11, 16, device=DEV), torch.randn(11, 16, device=DEV)
+    for a, b in zip(_step(layer, x, dy, False), _step(layer, x, dy, True)):
+        assert torch.equal(a, b)
+
+
 def test_recompute_frees_the_rows_and_the_swiglu_output_until_the_backward(monkeypatch):
     made: list[weakref.ref] = []
     real_permute, real_swiglu = layer_mod.permute_rows, layer_mod._swiglu_rows
@@ -101,3 +112,18 @@ def test_remade_block_keeps_what_it_is_not_told_to_remake():
     with remade(False) as keep:
         t = keep(x * 2, lambda: pytest.fail("a disabled block remakes nothing"))
         (t @ w).sum().backward()
+
+
+def test_recompute_under_torch_compile_keeps_what_it_saves():
+    """Under torch.compile the layer keeps its tensors as usual (AOTAutograd decides what to save): same results."""
+    torch.manual_seed(0)
+    layer = MoELayer(16, 12, 6, 2, dtype=torch.float32, device=DEV, recompute=True,
+                     backend="torch" if DEV.type == "cpu" else None)
+    x = torch.randn(9, 16, device=DEV, requires_grad=True)
+    y = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)
+    y.sum().backward()
+    compiled = (y.detach(), x.grad.clone())
+    x.grad = None
+    y = layer(x)
+    y.sum().backward()
+    assert torch.allclose(compiled[0], y.detach()) and torch.allclose(compiled[1], x.grad)
