@@ -17,13 +17,14 @@ Modes: ``eager`` (Python-driven calls) and ``compile`` (``torch.compile`` of the
 compiles forward and backward; ``fullgraph=True`` unless ``--allow-graph-breaks``, ``dynamic=False``, dynamo
 reset before each row; ``graphs`` counts the graphs dynamo made for the row).
 
-Work (per row): ``tflops`` = the expert GEMMs' useful FLOPs of forward and backward (18 x tokens x top-k x dim x
-hidden: three products per projection pair of the forward, six of the backward; the router left out) over
-``ms``; ``sol_pct`` = that rate over the dense matmul rate measured at the start of the run (``ragdot.bench.
-ceilings``, in the run's meta); ``peak_mib`` = on CUDA, the peak allocation of one more step above what was
-allocated before it (activations, gradients, temporaries; not x, dy or the weights), ``mem_vs_peer`` = that
-peak over peer's; ``saved_mib`` = what the same step holds between its forward and its backward (the output
-and the activations kept for the backward), ``saved_vs_peer`` = that over peer's.
+Work (per row): ``tflops`` = the expert GEMMs' useful FLOPs of forward and backward over ``ms``: 18 x tokens x
+top-k x dim x hidden (the forward's up projection to 2 x hidden and down projection, 6 x ..., and the backward's
+data and weight gradients of both, twice that; the router left out); ``sol_pct`` = that rate over the dense
+matmul rate measured at the start of the run (``ragdot.bench.ceilings``, in the run's meta); ``peak_mib`` = on
+CUDA, the peak allocation of one more step above what was allocated before it (activations, gradients,
+temporaries; not x, dy or the weights), ``mem_vs_peer`` = that peak over peer's; ``saved_mib`` = what the same
+step holds between its forward and its backward (the output and the activations kept for the backward),
+``saved_vs_peer`` = that over peer's.
 
 Clocks (the ``clock`` column): ``event`` on CUDA = CUDA events around each step, the device synchronised
 before it, so the host time of the Python-driven step is included; ``host_ms`` = wall time of the step's
@@ -231,8 +232,9 @@ def useful_flops(row: dict[str, Any]) -> int:
 
 
 def speedups(rows: list[dict[str, Any]], peak_tflops: float | None = None) -> None:
-    """In place: vs_peer = peer ms / variant ms and mem_vs_peer = variant peak / peer peak of the same (config,
-    tokens, mode) (None without both); tflops and, given the measured matmul rate, sol_pct of ok rows."""
+    """In place: vs_peer = peer ms / variant ms, mem_vs_peer and saved_vs_peer = the variant's peak and saved MiB
+    over peer's, of the same (config, tokens, mode) (None without both); tflops and, given the measured matmul
+    rate, sol_pct of ok rows."""
     peer = {(r["config"], r["tokens"], r["mode"]): r for r in rows if r["variant"] == "peer"}
     for r in rows:
         ref, ok = peer.get((r["config"], r["tokens"], r["mode"]), {}), r.get("status") == "ok"
