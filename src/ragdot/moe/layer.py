@@ -18,7 +18,8 @@ Paths:
                     combine.
                     Work ~ T*k rows. Gradients through ragdot's custom ops.
                     ``recompute=True`` keeps neither the permuted rows nor the SwiGLU output for the
-                    backward: it gathers and applies SwiGLU again there (eager autograd; ragdot.moe.recompute).
+                    backward: it gathers and applies SwiGLU again there (eager autograd, not the fused or the
+                    expert-parallel path; ragdot.moe.recompute).
                     ``fused=True`` runs the fused kernels instead (``ragdot.moe.fused``: gather in the up
                     projection's loads, SwiGLU in its epilogue, weighted scatter in the down projection's,
                     a fused backward). ``fused=None`` (default) and ``False`` keep the unfused path: on
