@@ -341,16 +341,24 @@ class MoELayer(nn.Module):
         # x2 and the router's experts are checked already: the unchecked permute and combine
         impl = resolve_impl(self.routing_impl, x2.device)
         rows, sizes, slots = permute_rows(x2, r.experts, self.num_experts, impl)
-        again = self.recompute and torch.is_grad_enabled() and not (torch.compiler.is_compiling() or _transformed())
-        with remade(again) as keep:  # the rows and the SwiGLU output, remade in the backward when `again`
-            x_in, experts = x2.detach(), r.experts
-            keep(rows, lambda: routing_kernels.sort_and_dispatch(x_in, experts, self.num_experts, impl)[0])
-            h = ragdot.ragged_dot(rows, self.w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
-            a = _swiglu_rows(h)
+        if self.recompute and torch.is_grad_enabled() and not (torch.compiler.is_compiling() or _transformed()):
+            with remade() as keep:  # the rows and the SwiGLU output, remade in the backward
+                x_in, experts = x2.detach(), r.experts
+                keep(rows, lambda: routing_kernels.sort_and_dispatch(x_in, experts, self.num_experts, impl)[0])
+                out = self._experts(rows, sizes, keep)
+        else:
+            out = self._experts(rows, sizes)
+        return combine_rows(out, slots, r.weights, self.top_k, impl), sizes
+
+    def _experts(self, rows: torch.Tensor, sizes: torch.Tensor, keep=None) -> torch.Tensor:
+        """rows [T*k, dim] grouped by expert -> down(swiglu(up(rows))) [T*k, dim]; with `keep` (a `remade` block's),
+        the SwiGLU output is registered to be remade from the pre-activation in the backward."""
+        h = ragdot.ragged_dot(rows, self.w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
+        a = _swiglu_rows(h)
+        if keep is not None:
             h_in = h.detach()
             keep(a, lambda: swiglu(h_in))
-            out = ragdot.ragged_dot(a, self.w_down, sizes, backend=self.backend)  # [T*k, dim]
-        return combine_rows(out, slots, r.weights, self.top_k, impl), sizes
+        return ragdot.ragged_dot(a, self.w_down, sizes, backend=self.backend)  # [T*k, dim]
 
     def _dense_dropless(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
         if self.ep is not None:
