@@ -135,6 +135,28 @@ def test_prepared_refuses_what_it_does_not_serve():
         Prepared(torch.zeros(1, 128, 64, dtype=bf).transpose(1, 2), torch.zeros(1, 64, 128, dtype=bf), 2, bf)
 
 
+def test_ragged_view_addresses_and_clips_at_the_group_end():
+    """The 4-D view's address arithmetic (64-bit wrap-around, as TMA computes it) lands on the group's own rows,
+    and the third coordinate's extent ends every box at the group's end row; stride bytes stay 16-byte
+    aligned and below TMA's 2^40 limit."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from ragdot.kernels.gluon.ragged_k import RAGGED_BASE, _ragged_view
+
+    base = RAGGED_BASE.value
+    for cols, row_stride, elem in ((1536, 1536, 2), (192, 320, 2), (2880, 2880, 2)):
+        shape, strides = _ragged_view(cols, row_stride)
+        assert shape[2:] == [base, cols] and strides[2:] == [row_stride, 1]
+        assert all(s * elem % 16 == 0 and s * elem < 1 << 40 for s in strides[:3])
+        for start, end, k in ((0, 37, 32), (300, 700, 0), (5, 6, 0), (1 << 20, (1 << 20) + 96, 64)):
+            size = end - start
+            coords = [base, end, base - size + k]
+            assert all(0 <= c < e for c, e in zip(coords, shape[:3]))
+            offset = sum(c * s for c, s in zip(coords, strides[:3])) % (1 << 64)
+            assert offset == (start + k) * row_stride  # row start + k, column 0
+            rows_in_bounds = shape[2] - coords[2]  # the box is clipped after this many rows
+            assert rows_in_bounds == size - k
+
+
 def test_misaligned_operands_run_the_triton_kernel():
     """TMA needs 16-byte aligned starts: such calls go to the triton kernel (here through its interpreter)."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
@@ -411,6 +433,39 @@ def test_degenerate_groups(sizes):
     a, b, ends = _case(640, 128, 256, sizes, seed=5)
     out = ragged_k(a, b, ends)
     _check(out, a, b, sizes)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("cfg", [None, GluonConfig(128, 256, 32, 6, 8), GluonConfig(128, 128, 64, 4, 4, consumers=2)],
+                         ids=lambda c: "default" if c is None else c.short())
+def test_chunks_that_straddle_a_group_end_never_read_the_next_group(cfg):
+    """A group's last chunk reaches into the next group's rows, which here are NaN (a) and inf (b): the loads
+    are clipped at the group's end, so the groups around the poisoned one stay finite and exact."""
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+
+    sizes = [37, 50, 90, 1, 33]
+    a, b, ends = _case(300, 128, 256, sizes, seed=17)
+    a[:, 37:87], b[:, 37:87] = float("nan"), float("inf")
+    out = ragged_k(a, b, ends, config=cfg)
+    assert torch.isnan(out[1]).any()  # the poisoned group's own product
+    ref = _reference(a.nan_to_num(0, 0, 0), b.nan_to_num(0, 0, 0), sizes)
+    keep = [0, 2, 3, 4]
+    assert torch.isfinite(out[keep]).all()
+    assert torch.allclose(out[keep].double(), ref[keep], atol=0.1, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@hopper
+def test_ends_past_the_rows_read_only_their_own_batch_entry():
+    """Group ends beyond R (the kernel-level call takes them unclamped) stop at R in every batch entry:
+    batch entry 0's last group never reads entry 1's first rows."""
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+
+    a, b, _ = _case(500, 128, 136, [500], bt=2, seed=19, poison=False)
+    ends = torch.tensor([300, 700], device="cuda", dtype=torch.int32)
+    out = ragged_k(a, b, ends)
+    _check(out, a, b, [300, 200])
 
 
 @pytest.mark.gpu

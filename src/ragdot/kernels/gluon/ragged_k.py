@@ -15,15 +15,15 @@ Partitions (gl.warp_specialize):
   group in flight, releases each stage once its MMA retired, then the epilogue: the tile goes through shared
   memory to a TMA store that is only waited for before the next tile's epilogue reuses the buffer.
 
-Group edges: a chunk starts at a row of its group, so only the last chunk of a group can straddle its end;
-the TMA load of that chunk brings in rows of the next group (or rows past ends[-1], NaN possibly). Before
-its MMA the consumer overwrites those rows of both stages with zeros (a select in registers, stored back,
-then fenced for the async proxy), so no value outside the group reaches a result. Rows past the tensor end
-are zero-filled by TMA itself. An empty group has no chunks: its tiles store exact zeros.
+Group edges: the a and b operands are read through "ragged" TMA descriptors (`_ragged_view`): two leading
+dimensions whose strides cancel modulo 2^64 let the third coordinate count rows from a group's end, so the
+hardware's bounds check clips every load at that end and zero-fills the rows past it. Only the last chunk of
+a group straddles its end, and its rows of the next group (or past ends[-1], NaN possibly) never reach shared
+memory: the consumer's main loop has no edge work. An empty group has no chunks: its tiles store exact zeros.
 
 Layout requirements (checked by the host side): a and b are viewed [Bt*R, M] and [Bt*R, N] (last dim
-contiguous, 16-byte aligned rows), c is [G*Bt, M, N]: its TMA store clips each tile at M and N of its own
-(group, batch) slab, so M need not be a multiple of BLOCK_M (a's tiles past M are zero-filled by TMA).
+contiguous, 16-byte aligned rows, R <= 2^30), c is [G*Bt, M, N]: its TMA store clips each tile at M and N of
+its own (group, batch) slab, so M need not be a multiple of BLOCK_M (a's tiles past M are zero-filled by TMA).
 """
 
 from __future__ import annotations
@@ -49,10 +49,15 @@ from ragdot.kernels.ragged_k import schedule
 
 __all__ = ["Prepared", "ragged_k", "ragged_k_ws_kernel"]
 
+#: the ragged views' row extent and the row coordinate that stands for a group's end (`_ragged_view`)
+RAGGED_BASE = gl.constexpr(1 << 30)
+_RAGGED_OUTER = 0x7FFF0000  # extent of the two leading dimensions: any coordinate used fits below it
+
 
 @gluon.jit
-def _item(item, sched_ptr, G, M, N, Bt, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """Item -> (group, first row, end row, batch index, row tile, column tile); tiles walked in bands."""
+def _item(item, sched_ptr, R, G, M, N, Bt, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """Item -> (group, first row, end row, batch index, row tile, column tile); tiles walked in bands. The rows
+    are clamped to the R token rows of a batch entry (ends past R are the caller's; they read nothing more)."""
     num_m = gl.cdiv(M, BLOCK_M)
     num_n = gl.cdiv(N, BLOCK_N)
     tiles = num_m * num_n
@@ -66,8 +71,8 @@ def _item(item, sched_ptr, G, M, N, Bt, BLOCK_M: gl.constexpr, BLOCK_N: gl.const
     pid_m = band_m + (tile % width) % band_h
     pid_n = (tile % width) // band_h
     g = gl.load(sched_ptr + slot)
-    start = gl.load(sched_ptr + G + slot)
-    end = gl.load(sched_ptr + 2 * G + slot)
+    start = gl.minimum(gl.load(sched_ptr + G + slot), R)
+    end = gl.minimum(gl.load(sched_ptr + 2 * G + slot), R)
     return g, start, end, bt, pid_m, pid_n
 
 
@@ -99,33 +104,27 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, 
               GROUP_M: gl.constexpr):
     """Worker partition (1 warp): TMA loads of every chunk of this program's items into the ring."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[3]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[3]
     NBYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     total = G * Bt * gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     it = 0
     for item in range(pid, total, nprog):
-        g, start, end, bt, pid_m, pid_n = _item(item, sched_ptr, G, M, N, Bt, BLOCK_M, BLOCK_N, GROUP_M)
-        row0 = bt * R + start
-        for kk in range(gl.cdiv(end - start, BLOCK_K)):
+        g, start, end, bt, pid_m, pid_n = _item(item, sched_ptr, R, G, M, N, Bt, BLOCK_M, BLOCK_N, GROUP_M)
+        stop = bt * R + end  # the group's end row: the ragged views clip every load there
+        size = end - start
+        for kk in range(gl.cdiv(size, BLOCK_K)):
             s = _free_stage(empty, it, STAGES)
-            mbarrier.expect(ready.index(s), NBYTES)
-            row = row0 + kk * BLOCK_K
-            tma.async_copy_global_to_shared(a_desc, [row, pid_m * BLOCK_M], ready.index(s), a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [row, pid_n * BLOCK_N], ready.index(s), b_bufs.index(s))
+            mbarrier.expect(ready.index(s), NBYTES)  # a clipped box still delivers (and counts) every byte
+            row = RAGGED_BASE - size + kk * BLOCK_K
+            tma.async_copy_global_to_shared(a_desc, [RAGGED_BASE, stop, row, pid_m * BLOCK_M], ready.index(s),
+                                            a_bufs.index(s).reshape([1, 1, BLOCK_K, BLOCK_M]))
+            tma.async_copy_global_to_shared(b_desc, [RAGGED_BASE, stop, row, pid_n * BLOCK_N], ready.index(s),
+                                            b_bufs.index(s).reshape([1, 1, BLOCK_K, BLOCK_N]))
             it += 1
-
-
-@gluon.jit
-def _zero_rows_from(buf, valid, LAYOUT: gl.constexpr):
-    """Overwrite rows >= valid of the shared [BLOCK_K, X] stage `buf` with zeros (a select, not a product)."""
-    x = buf.load(LAYOUT)
-    rows = gl.arange(0, buf.type.shape[0], layout=gl.SliceLayout(1, LAYOUT))
-    keep = gl.expand_dims(rows, 1) < valid
-    buf.store(gl.where(keep, x, gl.zeros_like(x)))
 
 
 @gluon.jit
@@ -148,13 +147,12 @@ def _pass_turn(turn, PARITY: gl.constexpr, NCONS: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt,
-              GROUP_M: gl.constexpr, MMA_LAYOUT: gl.constexpr, EDGE_LAYOUT: gl.constexpr,
-              PARITY: gl.constexpr, NCONS: gl.constexpr):
+def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt,
+              GROUP_M: gl.constexpr, MMA_LAYOUT: gl.constexpr, PARITY: gl.constexpr, NCONS: gl.constexpr):
     """A consumer partition: wgmma over the chunks of this program's items number PARITY, PARITY + NCONS, ...
-    (edge rows zeroed first), epilogue by TMA store. With two consumers (ping-pong) each one counts the other's
-    chunks to keep its place in the shared ring, and the two take turns (`_take_turn`), so a consumer never
-    waits on a stage before every earlier chunk of that stage was loaded."""
+    (rows past a group's end arrive as zeros), epilogue by TMA store. With two consumers (ping-pong) each one
+    counts the other's chunks to keep its place in the shared ring, and the two take turns (`_take_turn`), so
+    a consumer never waits on a stage before every earlier chunk of that stage was loaded."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[1]
@@ -167,7 +165,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt
     it = 0  # ring position of the item's first chunk (every consumer's chunks counted)
     j = 0  # the item's number among this program's items
     for item in range(pid, total, nprog):
-        g, start, end, bt, pid_m, pid_n = _item(item, sched_ptr, G, M, N, Bt, BLOCK_M, BLOCK_N, GROUP_M)
+        g, start, end, bt, pid_m, pid_n = _item(item, sched_ptr, R, G, M, N, Bt, BLOCK_M, BLOCK_N, GROUP_M)
         n_k = gl.cdiv(end - start, BLOCK_K)
         if j % NCONS == PARITY:
             _take_turn(turn, j // NCONS, PARITY, NCONS)
@@ -175,12 +173,6 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt
             for kk in range(n_k):
                 pos = it + kk
                 s = _ready_stage(ready, pos, STAGES)
-                valid = end - start - kk * BLOCK_K
-                if valid < BLOCK_K:  # the group's last chunk straddles its end: rows >= valid are not ours
-                    _zero_rows_from(a_bufs.index(s), valid, EDGE_LAYOUT)
-                    _zero_rows_from(b_bufs.index(s), valid, EDGE_LAYOUT)
-                    fence_async_shared()  # generic-proxy stores, then wgmma reads through the async proxy
-                    gl.thread_barrier()
                 acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 _release_before(empty, pos, STAGES, kk > 0)  # chunk pos - 1 retired
@@ -199,21 +191,24 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt
 
 @gluon.jit
 def ragged_k_ws_kernel(
-    a_desc,  # TMA descriptor of a viewed [Bt*R, M] (token rows, M contiguous), block [BLOCK_K, BLOCK_M]
-    b_desc,  # TMA descriptor of b viewed [Bt*R, N], block [BLOCK_K, BLOCK_N]
+    a_desc,  # ragged TMA descriptor (`_ragged_view`) of a viewed [Bt*R, M], M contiguous; box [1, 1, BLOCK_K, BLOCK_M]
+    b_desc,  # ragged TMA descriptor of b viewed [Bt*R, N], block [1, 1, BLOCK_K, BLOCK_N]
     c_desc,  # TMA descriptor of c viewed [G*Bt, M, N] (out dtype), block [1, BLOCK_M, BLOCK_N]
     sched_ptr,  # [3, G] int32 from ragged_k._schedule_kernel: per slot (longest first) group / start / end
     R, M, N, G, Bt,  # scalars: token rows per batch, output rows, output columns, groups, batch count
     STAGES: gl.constexpr,  # shared-memory ring depth (>= 2)
     GROUP_M: gl.constexpr,  # row tiles walked together inside one group (L2 reuse of b)
     MMA_LAYOUT: gl.constexpr,  # NVMMADistributedLayout of the [BLOCK_M, BLOCK_N] accumulator (one consumer's warps)
-    EDGE_LAYOUT: gl.constexpr,  # BlockedLayout over one consumer's warps for zeroing the edge rows of a stage
     PRODUCER_REGS: gl.constexpr,  # registers per thread of the TMA producer warp
     NCONS: gl.constexpr,  # consumer partitions: 1, or 2 (ping-pong, one warpgroup each, alternate items)
     CONSUMER_REGS: gl.constexpr,  # registers per thread of the second consumer (ping-pong only)
 ):
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    A_BLOCK: gl.constexpr = [a_desc.block_type.shape[2], a_desc.block_type.shape[3]]  # [BLOCK_K, BLOCK_M]
+    B_BLOCK: gl.constexpr = [b_desc.block_type.shape[2], b_desc.block_type.shape[3]]  # [BLOCK_K, BLOCK_N]
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + A_BLOCK,
+                                       gl.NVMMASharedLayout.get_default_for(A_BLOCK, a_desc.dtype))
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + B_BLOCK,
+                                       gl.NVMMASharedLayout.get_default_for(B_BLOCK, b_desc.dtype))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -224,16 +219,16 @@ def ragged_k_ws_kernel(
         mbarrier.init(turn.index(i), count=1)
     if NCONS == 2:
         gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt, GROUP_M, MMA_LAYOUT,
-                         EDGE_LAYOUT, 0, NCONS)),
-            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt, GROUP_M, MMA_LAYOUT,
-                         EDGE_LAYOUT, 1, NCONS)),
+            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, GROUP_M, MMA_LAYOUT, 0,
+                         NCONS)),
+            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, GROUP_M, MMA_LAYOUT, 1,
+                         NCONS)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, M, N, G, Bt, GROUP_M, MMA_LAYOUT,
-                         EDGE_LAYOUT, 0, NCONS)),
+            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, GROUP_M, MMA_LAYOUT, 0,
+                         NCONS)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt, GROUP_M)),
         ], [1], [PRODUCER_REGS])
 
@@ -297,10 +292,12 @@ class Prepared:
         views = (_rows_view(a), _rows_view(b))
         if None in views or (n * out_bytes) % 16:
             raise NotImplementedError("gluon ragged_k: operands are not row views with 16-byte aligned rows")
-        self.views = views
-        self.scalars = (r, m, n, g, bt)
+        if r > RAGGED_BASE.value:
+            raise NotImplementedError(f"gluon ragged_k: {r} token rows (at most {RAGGED_BASE.value})")
+        self.ragged = (_ragged_view(m, views[0][1]), _ragged_view(n, views[1][1]))  # built once: the bound
+        self.scalars = (r, m, n, g, bt)  # launch compares a call's descriptor layouts by identity first
         in_dt, out_dt = _gl_dtype(a.dtype), _gl_dtype(out_dtype)
-        blocks = ([cfg.block_k, cfg.block_m], [cfg.block_k, cfg.block_n], [1, cfg.block_m, cfg.block_n])
+        blocks = ([1, 1, cfg.block_k, cfg.block_m], [1, 1, cfg.block_k, cfg.block_n], [1, cfg.block_m, cfg.block_n])
         self.blocks = blocks
         self.layouts = (gl.NVMMASharedLayout.get_default_for(blocks[0], in_dt),
                         gl.NVMMASharedLayout.get_default_for(blocks[1], in_dt),
@@ -308,8 +305,7 @@ class Prepared:
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         self.grid = (max(1, min(g * bt * tiles, num_sms(a.device))),)
         self.consts = (cfg.stages, cfg.group_m, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
-                       gl.BlockedLayout([1, 8], [2, 16], [cfg.num_warps, 1], [1, 0]), cfg.producer_regs,
-                       cfg.consumers, consumer_regs(cfg))
+                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg))
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
         self.launch = BoundLaunch.in_order(ragged_k_ws_kernel, self.grid, self.consts, self.options, a.device)
         from ragdot.kernels.ragged_k import Prepared as TritonPrepared  # for operands TMA cannot address
@@ -318,10 +314,10 @@ class Prepared:
 
     def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:
         """The three TMA descriptors at these operands' addresses (layout and alignment checked already)."""
-        (ra, sa), (rb, sb) = self.views
+        (a_shape, a_strides), (b_shape, b_strides) = self.ragged
         g, bt, m, n = self.shape
-        return (_descriptor(a, [ra, m], [sa, 1], self.blocks[0], self.layouts[0]),
-                _descriptor(b, [rb, n], [sb, 1], self.blocks[1], self.layouts[1]),
+        return (_descriptor(a, a_shape, a_strides, self.blocks[0], self.layouts[0]),
+                _descriptor(b, b_shape, b_strides, self.blocks[1], self.layouts[1]),
                 _descriptor(c, [g * bt, m, n], [m * n, n, 1], self.blocks[2], self.layouts[2]))
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None,
@@ -335,6 +331,16 @@ class Prepared:
         if sched is None:
             sched = schedule(ends, self.sizes_extent, self.scale)
         return c, self.launch(*self.descriptors(a, b, c), sched, *self.scalars)
+
+
+def _ragged_view(cols: int, row_stride: int) -> tuple[list[int], list[int]]:
+    """Shape and strides (elements) of a 4-D TMA view of a [rows, cols] row-major operand in which a load at
+    [RAGGED_BASE, stop, RAGGED_BASE - size + k, col] reads rows stop - size + k, ... and sees the rows from
+    `stop` on as out of bounds (zero-filled): the two leading strides sum to 2^34 and RAGGED_BASE * 2^34 wraps
+    to 0 in the 64-bit address, leaving (stop + k - size) * row_stride, while the third coordinate's extent
+    RAGGED_BASE ends the box at `stop`. Needs rows <= RAGGED_BASE (checked by Prepared)."""
+    outer = (1 << 34) - row_stride
+    return ([_RAGGED_OUTER, _RAGGED_OUTER, RAGGED_BASE.value, cols], [outer, row_stride, row_stride, 1])
 
 
 def _descriptor(base: torch.Tensor, shape: list[int], strides: list[int], block: list[int], layout: Any) -> Any:
