@@ -1,0 +1,61 @@
+"""benchmarks/kernel_ab.py (a kernel module against its earlier source): a CPU dry run through the interpreter."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import ragdot
+
+ROOT = Path(__file__).resolve().parent.parent
+PATH = ROOT / "benchmarks" / "kernel_ab.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("kernel_ab", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or "triton" not in ragdot.backends(),
+                    reason="the CPU dry run of the Triton kernels (on a GPU the script times them)")
+def test_a_module_against_a_copy_of_itself_is_bitwise_equal(tmp_path, capsys):
+    old = tmp_path / "old_ragged_k.py"
+    shutil.copy(ROOT / "src" / "ragdot" / "kernels" / "ragged_k.py", old)
+    out = tmp_path / "out"
+    argv = ["--module", "ragdot.kernels.ragged_k", "--old", str(old), "--device", "cpu", "--shapes", "40,16,24,3",
+            "--routing", "empty", "--classes", "wgrad_wi", "--configs", "default", "--seconds", "0.01",
+            "--out", str(out)]
+    assert _module().main(argv) == 0
+    (path,) = out.glob("kernel-ab-*.csv")
+    rows = list(csv.DictReader(path.open()))
+    assert [r["system"].split(":")[0] for r in rows] == ["vendor", "old", "new"]
+    assert all(r["status"] == "ok" and r["clock"] == "wall" and float(r["ms"]) > 0 for r in rows)
+    assert [r["bitwise"] for r in rows[1:]] == ["True", "True"] and rows[1]["finite"] == "True"
+    assert "0 kernel rows not bitwise equal or not finite" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--classes", "fwd_wi"], "--classes: fwd_wi are not ragged_k classes"),
+    (["--shapes", "no-such-shape"], "--shapes"),
+])
+def test_bad_arguments_exit_2_naming_the_argument(tmp_path, capsys, extra, message):
+    old = tmp_path / "old.py"
+    old.write_text("class Prepared: ...\n")
+    argv = ["--module", "ragdot.kernels.ragged_k", "--old", str(old), "--device", "cpu", "--out", str(tmp_path), *extra]
+    with pytest.raises(SystemExit) as exc:
+        _module().main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_missing_old_file_is_a_usage_error(tmp_path, capsys):
+    argv = ["--module", "ragdot.kernels.ragged_m", "--old", str(tmp_path / "nope.py"), "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exc:
+        _module().main(argv)
+    assert exc.value.code == 2 and "--old" in capsys.readouterr().err
