@@ -133,6 +133,10 @@ def test_prepared_refuses_what_it_does_not_serve():
         Prepared(torch.zeros(1, 64, 128, dtype=bf), torch.zeros(1, 64, 20, dtype=bf), 2, bf)
     with pytest.raises(NotImplementedError, match="row views"):  # M strided
         Prepared(torch.zeros(1, 128, 64, dtype=bf).transpose(1, 2), torch.zeros(1, 64, 128, dtype=bf), 2, bf)
+    for bt, r in ((1, (1 << 30) + 16), (3, 1 << 30)):  # token rows past the int32 TMA coordinates (views, no memory)
+        a, b = torch.zeros(1, 1, 128, dtype=bf).expand(bt, r, 128), torch.zeros(1, 1, 128, dtype=bf).expand(bt, r, 128)
+        with pytest.raises(NotImplementedError, match="token rows"):
+            Prepared(a, b, 2, bf)
 
 
 def test_ragged_view_addresses_and_clips_at_the_group_end():

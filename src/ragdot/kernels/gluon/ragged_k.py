@@ -292,8 +292,9 @@ class Prepared:
         views = (_rows_view(a), _rows_view(b))
         if None in views or (n * out_bytes) % 16:
             raise NotImplementedError("gluon ragged_k: operands are not row views with 16-byte aligned rows")
-        if r > RAGGED_BASE.value:
-            raise NotImplementedError(f"gluon ragged_k: {r} token rows (at most {RAGGED_BASE.value})")
+        if r > RAGGED_BASE.value or bt * r >= _RAGGED_OUTER:  # TMA coordinates are int32
+            raise NotImplementedError(f"gluon ragged_k: {bt} x {r} token rows (at most {RAGGED_BASE.value} a batch "
+                                      f"entry, {_RAGGED_OUTER - 1} in all)")
         self.ragged = (_ragged_view(m, views[0][1]), _ragged_view(n, views[1][1]))  # built once: the bound
         self.scalars = (r, m, n, g, bt)  # launch compares a call's descriptor layouts by identity first
         in_dt, out_dt = _gl_dtype(a.dtype), _gl_dtype(out_dtype)
