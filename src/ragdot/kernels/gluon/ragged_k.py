@@ -22,8 +22,9 @@ a group straddles its end, and its rows of the next group (or past ends[-1], NaN
 memory: the consumer's main loop has no edge work. An empty group has no chunks: its tiles store exact zeros.
 
 Layout requirements (checked by the host side): a and b are viewed [Bt*R, M] and [Bt*R, N] (last dim
-contiguous, 16-byte aligned rows, R <= 2^30), c is [G*Bt, M, N]: its TMA store clips each tile at M and N of
-its own (group, batch) slab, so M need not be a multiple of BLOCK_M (a's tiles past M are zero-filled by TMA).
+contiguous, 16-byte aligned rows, R <= 2^30, Bt*R < 0x7FFF0000), c is [G*Bt, M, N]: its TMA store clips each
+tile at M and N of its own (group, batch) slab, so M need not be a multiple of BLOCK_M (a's tiles past M are
+zero-filled by TMA).
 """
 
 from __future__ import annotations
