@@ -91,9 +91,11 @@ def run_cell(shape, cls: str, routing: str, mods: dict, problem: str, backend: s
             try:
                 p = prepared(mod, problem, ops, e, cfg)
             except NotImplementedError as exc:
-                rows.append(dict(shape=name, cls=cls, routing=routing, system=f"{tag}:{cfg}", status=f"refused: {exc}"))
+                label = "default" if cfg is None else cfg.short()
+                rows.append(dict(shape=name, cls=cls, routing=routing, system=f"{tag}:{label}",
+                                 status=f"refused: {exc}"))
                 continue
-            label = f"{tag}:{p.cfg.short() if hasattr(p.cfg, 'short') else p.cfg}"
+            label = f"{tag}:{p.cfg.short()}"  # TileConfig and GluonConfig both label themselves
             call = (lambda p=p: p(a, b, ends)[0])
             outs[label] = call()
             systems.append(Timed(label, [call]))
