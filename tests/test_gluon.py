@@ -135,19 +135,26 @@ def test_prepared_refuses_what_it_does_not_serve():
         Prepared(torch.zeros(1, 128, 64, dtype=bf).transpose(1, 2), torch.zeros(1, 64, 128, dtype=bf), 2, bf)
     for bt, r in ((1, (1 << 30) + 16), (3, 1 << 30)):  # token rows past the int32 TMA coordinates (views, no memory)
         a, b = torch.zeros(1, 1, 128, dtype=bf).expand(bt, r, 128), torch.zeros(1, 1, 128, dtype=bf).expand(bt, r, 128)
-        with pytest.raises(NotImplementedError, match="token rows"):
+        with pytest.raises(NotImplementedError, match=r"rows \(at most"):
             Prepared(a, b, 2, bf)
+    from ragdot.kernels.gluon.ragged_m import Prepared as PreparedM
+
+    for bt, m in ((1, (1 << 30) + 128), (3, 1 << 30)):  # output rows past the ragged store view's coordinates
+        a = torch.zeros(1, 1, 128, dtype=bf).expand(bt, m, 128)
+        with pytest.raises(NotImplementedError, match=r"gluon ragged_m: .* rows \(at most"):
+            PreparedM(a, torch.zeros(bt, 2, 128, 128, dtype=bf), bf)
 
 
 def test_ragged_view_addresses_and_clips_at_the_group_end():
     """The 4-D view's address arithmetic (64-bit wrap-around, as TMA computes it) lands on the group's own rows,
     and the third coordinate's extent ends every box at the group's end row; stride bytes stay 16-byte
-    aligned and below TMA's 2^40 limit."""
+    aligned and below TMA's 2^40 limit. The loads of ragged_k and the stores of ragged_m use the same
+    coordinates: [BASE, end, BASE - (end - first row) + k, column]."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from ragdot.kernels.gluon.ragged_k import RAGGED_BASE, _ragged_view
 
     base = RAGGED_BASE.value
-    for cols, row_stride, elem in ((1536, 1536, 2), (192, 320, 2), (2880, 2880, 2)):
+    for cols, row_stride, elem in ((1536, 1536, 2), (192, 320, 2), (2880, 2880, 2), (264, 264, 4)):
         shape, strides = _ragged_view(cols, row_stride)
         assert shape[2:] == [base, cols] and strides[2:] == [row_stride, 1]
         assert all(s * elem % 16 == 0 and s * elem < 1 << 40 for s in strides[:3])

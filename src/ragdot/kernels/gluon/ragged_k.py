@@ -48,7 +48,7 @@ from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_co
 from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_k import schedule
 
-__all__ = ["Prepared", "ragged_k", "ragged_k_ws_kernel"]
+__all__ = ["Prepared", "check_ragged_rows", "ragged_k", "ragged_k_ws_kernel"]
 
 #: the ragged views' row extent and the row coordinate that stands for a group's end (`_ragged_view`)
 RAGGED_BASE = gl.constexpr(1 << 30)
@@ -293,9 +293,7 @@ class Prepared:
         views = (_rows_view(a), _rows_view(b))
         if None in views or (n * out_bytes) % 16:
             raise NotImplementedError("gluon ragged_k: operands are not row views with 16-byte aligned rows")
-        if r > RAGGED_BASE.value or bt * r >= _RAGGED_OUTER:  # TMA coordinates are int32
-            raise NotImplementedError(f"gluon ragged_k: {bt} x {r} token rows (at most {RAGGED_BASE.value} a batch "
-                                      f"entry, {_RAGGED_OUTER - 1} in all)")
+        check_ragged_rows("gluon ragged_k", bt, r)
         self.ragged = (_ragged_view(m, views[0][1]), _ragged_view(n, views[1][1]))  # built once: the bound
         self.scalars = (r, m, n, g, bt)  # launch compares a call's descriptor layouts by identity first
         in_dt, out_dt = _gl_dtype(a.dtype), _gl_dtype(out_dtype)
@@ -333,6 +331,14 @@ class Prepared:
         if sched is None:
             sched = schedule(ends, self.sizes_extent, self.scale)
         return c, self.launch(*self.descriptors(a, b, c), sched, *self.scalars)
+
+
+def check_ragged_rows(kernel: str, bt: int, rows: int) -> None:
+    """NotImplementedError unless `bt` batch entries of `rows` rows each fit the ragged views' int32 TMA
+    coordinates (at most RAGGED_BASE rows an entry, fewer than _RAGGED_OUTER in all)."""
+    if rows > RAGGED_BASE.value or bt * rows >= _RAGGED_OUTER:
+        raise NotImplementedError(f"{kernel}: {bt} x {rows} rows (at most {RAGGED_BASE.value} a batch entry, "
+                                  f"{_RAGGED_OUTER - 1} in all)")
 
 
 def _ragged_view(cols: int, row_stride: int) -> tuple[list[int], list[int]]:

@@ -16,10 +16,11 @@ MMA retired; or two one-warpgroup consumers on alternate items (ping-pong), so t
 the other's main loop.
 
 Rows of a from the next group (or the NaN tail) may be loaded into a tile, but each output row depends only on
-its own a row, and only the tile's own rows are stored: a full tile through shared memory and a TMA store
-(waited for only before the next full tile reuses the buffer), a tile at a group's edge by a masked store
-from registers. K must be a multiple of BLOCK_K (a chunk of b never reaches into the next group's matrix);
-TMA zero-fills past K, N and the tensor ends.
+its own a row, and only the tile's own rows are stored: every tile goes through shared memory to a TMA store
+(waited for only before the next tile reuses the buffer) into a "ragged" view of c (gluon/ragged_k.py's
+`_ragged_view`) whose row bound is the tile's group end, so the hardware clips a group's last tile at that
+end and the epilogue is the same for every tile. K must be a multiple of BLOCK_K (a chunk of b never reaches
+into the next group's matrix); TMA zero-fills past K, N and the tensor ends.
 """
 
 from __future__ import annotations
@@ -43,13 +44,16 @@ from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, pr
 from ragdot.kernels.gluon.common import consumer_regs, maxnreg_for, mma_layout
 from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_m_config
 from ragdot.kernels.gluon.ragged_k import (
+    RAGGED_BASE,
     _descriptor,
     _free_stage,
     _gl_dtype,
     _pass_turn,
+    _ragged_view,
     _ready_stage,
     _release_before,
     _take_turn,
+    check_ragged_rows,
 )
 from ragdot.kernels.launch import BoundLaunch
 
@@ -164,7 +168,7 @@ def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N
 
 
 @gluon.jit
-def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt,
+def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt,
                 GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, MMA_LAYOUT: gl.constexpr,
                 PARITY: gl.constexpr, NCONS: gl.constexpr):
     """A consumer partition: wgmma over the K chunks of this program's items number PARITY, PARITY + NCONS, ...,
@@ -172,13 +176,12 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T,
     place in the shared ring and they take turns at the ring (gluon/ragged_k.py's `_take_turn`)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[3]
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_LAYOUT))
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_LAYOUT))
+    C_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], c_desc.dtype)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], C_LAYOUT)
     it = 0  # ring position of the item's first chunk (every consumer's chunks counted)
     j = 0  # the item's number among this program's items
     for item in range(pid, Bt * T * gl.cdiv(N, BLOCK_N), nprog):
@@ -200,18 +203,13 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T,
             _pass_turn(turn, PARITY, NCONS)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
-            if g >= 0:
-                out = acc.to(c_desc.dtype)
-                if row0 + BLOCK_M <= end:  # a full tile of the group's rows: through shared memory and TMA
-                    tma.store_wait(pendings=0)
-                    c_smem.store(out)
-                    fence_async_shared()
-                    tma.async_copy_shared_to_global(c_desc, [bt * M + row0, pid_n * BLOCK_N], c_smem)
-                else:  # the group's last tile: its own rows only
-                    r = gl.expand_dims(row0 + rows, 1)
-                    n = gl.expand_dims(pid_n * BLOCK_N + cols, 0)
-                    offs = (bt * M + r).to(gl.int64) * N + n
-                    gl.store(c_ptr + offs, out, mask=(r < end) & (n < N))
+            if g >= 0:  # the ragged view clips the store at the group's end row (stop)
+                stop = bt * M + end
+                tma.store_wait(pendings=0)  # this consumer's previous tile's store has read c_smem
+                c_smem.store(acc.to(c_desc.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(c_desc, [RAGGED_BASE, stop, RAGGED_BASE - (end - row0),
+                                                         pid_n * BLOCK_N], c_smem.reshape([1, 1, BLOCK_M, BLOCK_N]))
         it += n_k
         j += 1  # noqa: SIM113 (a Gluon loop over a range with a step: no enumerate)
     tma.store_wait(pendings=0)
@@ -221,8 +219,7 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T,
 def ragged_m_ws_kernel(
     a_desc,  # TMA descriptor of a viewed [Bt*M, K] (K contiguous), block [BLOCK_M, BLOCK_K]
     b_desc,  # TMA descriptor of b viewed [Bt*G*K, N], block [BLOCK_K, BLOCK_N]; B_KMAJOR: [Bt*G*N, K], [BN, BK]
-    c_desc,  # TMA descriptor of c viewed [Bt*M, N] (out dtype), block [BLOCK_M, BLOCK_N]
-    c_ptr,  # c [Bt, M, N] contiguous: the masked stores of a group's last tile
+    c_desc,  # ragged TMA descriptor (`_ragged_view`) of c viewed [Bt*M, N] (out dtype), box [1, 1, BLOCK_M, BLOCK_N]
     table_ptr,  # [3, T] int32 from _m_tile_table_kernel: per row-tile slot group / first row / end row
     T, M, N, K, G, Bt,  # scalars: slots, rows, output columns, contraction (% BLOCK_K == 0), groups, batch
     STAGES: gl.constexpr,  # shared-memory ring depth (>= 2)
@@ -245,16 +242,16 @@ def ragged_m_ws_kernel(
         mbarrier.init(turn.index(i), count=1)
     if NCONS == 2:
         gl.warp_specialize([
-            (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt, GROUP_M,
+            (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
                            B_KMAJOR, MMA_LAYOUT, 0, NCONS)),
-            (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt, GROUP_M,
+            (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
                            B_KMAJOR, MMA_LAYOUT, 1, NCONS)),
             (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt, GROUP_M,
                            B_KMAJOR)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, c_ptr, table_ptr, T, M, N, K, G, Bt, GROUP_M,
+            (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
                            B_KMAJOR, MMA_LAYOUT, 0, NCONS)),
             (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt, GROUP_M,
                            B_KMAJOR)),
@@ -320,10 +317,12 @@ class Prepared:
         views = (_flat_rows(a), _flat_rows(bv))
         if None in views or (n * out_bytes) % 16:
             raise NotImplementedError("gluon ragged_m: operands are not row views with 16-byte aligned rows")
+        check_ragged_rows("gluon ragged_m", bt, m)
         self.views, self.g, self.k = views, g, k
+        self.c_view = _ragged_view(n, n)  # c [Bt*M, N] contiguous, stores clipped at each tile's group end
         in_dt, out_dt = _gl_dtype(a.dtype), _gl_dtype(out_dtype)
         b_block = [cfg.block_n, cfg.block_k] if self.kmajor else [cfg.block_k, cfg.block_n]
-        self.blocks = ([cfg.block_m, cfg.block_k], b_block, [cfg.block_m, cfg.block_n])
+        self.blocks = ([cfg.block_m, cfg.block_k], b_block, [1, 1, cfg.block_m, cfg.block_n])
         self.layouts = tuple(gl.NVMMASharedLayout.get_default_for(blk, dt)
                              for blk, dt in zip(self.blocks, (in_dt, in_dt, out_dt)))
         self.t = -(-m // cfg.block_m) + g + 1
@@ -341,11 +340,10 @@ class Prepared:
 
     def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:
         (ra, sa), (rb, sb) = self.views
-        bt, m, n = self.shape
-        b_cols = self.k if self.kmajor else n
+        b_cols = self.k if self.kmajor else self.shape[2]
         return (_descriptor(a, [ra, self.k], [sa, 1], self.blocks[0], self.layouts[0]),
                 _descriptor(b, [rb, b_cols], [sb, 1], self.blocks[1], self.layouts[1]),
-                _descriptor(c, [bt * m, n], [n, 1], self.blocks[2], self.layouts[2]))
+                _descriptor(c, *self.c_view, self.blocks[2], self.layouts[2]))
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, object]:
@@ -357,7 +355,7 @@ class Prepared:
             return self.fallback(a, b, ends, c)
         bt, m, n = self.shape
         table = tile_table(ends, m, self.cfg.block_m, self.from_sizes, self.scale, self.table_launch)
-        return c, self.launch(*self.descriptors(a, b, c), c, table, self.t, m, n, self.k, self.g, bt)
+        return c, self.launch(*self.descriptors(a, b, c), table, self.t, m, n, self.k, self.g, bt)
 
 
 def ragged_m(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype | None = None,
