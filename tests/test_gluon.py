@@ -188,18 +188,25 @@ def test_misaligned_operands_run_the_triton_kernel():
     assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
 
 
-def _table_reference(sizes: list[int], m: int, block_m: int) -> list[tuple[int, int, int]]:
+def _table_reference(sizes: list[int], m: int, block_m: int) -> list[tuple[int, int, int, int, int]]:
+    """Per slot: group, first row, end row, the group's first slot and tile count."""
     out, start = [], 0
     for g, end in enumerate([*torch.tensor(sizes).clamp(min=0).cumsum(0).clamp(max=m).tolist(), m]):
         end = max(end, start)
-        out += [(g, r, end) for r in range(start, end, block_m)]
+        rows = range(start, end, block_m)
+        out += [(g, r, end, len(out), len(rows)) for r in rows]
         start = end
     return out
 
 
-@pytest.mark.parametrize("sizes, m", [([5, 0, 130, 64], 300), ([0, 0], 10), ([400, 7], 300), ([-3, 64, 1], 65)])
+_SKEWED_130 = [(i * 7) % 23 for i in range(130)]  # 130 groups: the slot-to-group tile is cut into slot chunks
+
+
+@pytest.mark.parametrize("sizes, m", [([5, 0, 130, 64], 300), ([0, 0], 10), ([400, 7], 300), ([-3, 64, 1], 65),
+                                      ([64, 64], 128), (_SKEWED_130, 1500), (_SKEWED_130, 3000)])
 def test_ragged_m_tile_table(sizes, m):
-    """Row tiles per group from the raw sizes (clamped, negatives as 0), the tail group G last, -1 after."""
+    """Row tiles per group from the raw sizes (clamped, negatives as 0), the tail group G last, unused slots
+    after (group -1, themselves as their first slot, one tile); the same table from clamped ends."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from ragdot.kernels.gluon.ragged_m import tile_table
 
@@ -207,12 +214,17 @@ def test_ragged_m_tile_table(sizes, m):
     raw = torch.tensor(sizes, device=dev)
     table = tile_table(raw, m, 64, from_sizes=True).cpu()
     want = _table_reference(sizes, m, 64)
-    assert table.shape == (3, -(-m // 64) + len(sizes) + 1)
-    got = [tuple(col) for col in table.T.tolist()]
-    assert got[: len(want)] == want and all(g == -1 for g, _, _ in got[len(want):])
+    slots = -(-m // 64) + len(sizes) + 1
+    assert table.shape == (5, slots)
+    unused = [(-1, 0, 0, t, 1) for t in range(len(want), slots)]
+    assert [tuple(col) for col in table.T.tolist()] == want + unused
     ends = raw.clamp(min=0).cumsum(0).clamp(max=m).to(torch.int32)
     again = [tuple(col) for col in tile_table(ends, m, 64, from_sizes=False).cpu().T.tolist()]
-    assert again[: len(want)] == want
+    assert again == want + unused
+    ends[len(sizes) // 2] = 0  # ends that fall back are held at the running maximum, as the rows' order is
+    sizes_held = [max(e - s, 0) for s, e in zip([0, *ends.cummax(0).values.tolist()], ends.cummax(0).values.tolist())]
+    held = [tuple(col) for col in tile_table(ends, m, 64, from_sizes=False).cpu().T.tolist()]
+    assert held[: len(_table_reference(sizes_held, m, 64))] == _table_reference(sizes_held, m, 64)
 
 
 def test_ragged_m_misaligned_operands_run_the_triton_kernel():

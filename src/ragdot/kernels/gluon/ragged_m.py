@@ -5,11 +5,13 @@
 Row tiles. Group g owns rows [ends[g-1], ends[g]) and is cut into ceil(size / BLOCK_M) row tiles starting at
 its first row, so a tile never spans two groups' outputs; rows from ends[-1] to M form a "tail group" (G)
 whose tiles store zeros without contracting. A one-program Triton kernel (`_m_tile_table_kernel`, no host
-sync) writes the table of row tiles: per slot its group (G: tail, -1: unused slot), first row and end row;
-the slot count cdiv(M, BLOCK_M) + G + 1 bounds the tiles of any routing.
+sync, prefix sums over all groups at once) writes the table of row tiles: per slot its group (G: tail, -1:
+unused slot), first row, end row, and its group's first slot and tile count; the slot count
+cdiv(M, BLOCK_M) + G + 1 bounds the tiles of any routing.
 
-Work items are (slot, column tile, batch entry), walked in bands of GROUP_M slots; program p of the
-persistent grid takes items p, p + P, ... The partitions are those of the weight gradient (gluon/ragged_k.py):
+Work items are (slot, column tile, batch entry), a group's items contiguous and walked in bands of GROUP_M of
+its own slots (the tiles that share a column of the group's matrix run together, so that column is read from
+DRAM about once); program p of the persistent grid takes items p, p + P, ... The partitions are those of the weight gradient (gluon/ragged_k.py):
 a one-warp TMA producer filling a ring of (a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N] or [BLOCK_N, BLOCK_K])
 stages, and the wgmma consumer (one or two warpgroups cooperating on a tile) that releases each stage once its
 MMA retired; or two one-warpgroup consumers on alternate items (ping-pong), so that one's epilogue runs under
@@ -61,76 +63,99 @@ __all__ = ["Prepared", "ragged_m", "ragged_m_ws_kernel", "tile_table"]
 
 
 @triton.jit
+def _max_combine(x, y):
+    return tl.maximum(x, y)
+
+
+@triton.jit
 def _m_tile_table_kernel(
     groups_ptr,  # [G] inclusive clamped group ends (int32/int64); FROM_SIZES: raw group sizes, any integer dtype
-    table_ptr,  # [3, T] int32 output: per row-tile slot its group (G = tail, -1 = unused), first row, end row
+    table_ptr,  # [5, T] int32 output: per row-tile slot its group (G = tail, -1 = unused), first row, end row,
+    #             its group's first slot and tile count (an unused slot: itself and 1)
     M,  # scalar: rows of a (the ragged extent the ends are clamped to)
     G,  # scalar: number of groups
     size_scale,  # scalar: rows per unit of group size (FROM_SIZES only)
     T,  # scalar: slots, cdiv(M, BLOCK_M) + G + 1
     BLOCK_M: tl.constexpr,  # rows per tile
+    BLOCK_G: tl.constexpr,  # power of two > G: the groups and the tail group at once
     BLOCK_T: tl.constexpr,  # slots written per step (power of two)
     FROM_SIZES: tl.constexpr,  # form the clamped ends from the raw sizes (negatives count as 0, int64 sums)
 ):
-    offs = tl.arange(0, BLOCK_T)
+    gi = tl.arange(0, BLOCK_G)  # group index; G is the tail group, beyond it nothing (zero tiles)
+    real = gi < G
+    if FROM_SIZES:
+        size = tl.load(groups_ptr + gi, mask=real, other=0).to(tl.int64)
+        size = tl.minimum(tl.maximum(size, 0), M // size_scale)
+        carry = tl.cumsum(size, 0)
+        end = tl.minimum(carry * size_scale, M).to(tl.int32)
+        start = tl.minimum((carry - size) * size_scale, M).to(tl.int32)
+    else:  # a running maximum makes the ends non-decreasing, as the rows' order does
+        end = tl.associative_scan(tl.load(groups_ptr + gi, mask=real, other=0).to(tl.int32), 0, _max_combine)
+        prev = tl.load(groups_ptr + gi - 1, mask=real & (gi > 0), other=0).to(tl.int32)
+        start = tl.associative_scan(prev, 0, _max_combine)
+    end = tl.where(real, tl.maximum(end, 0), M)
+    start = tl.where(gi <= G, tl.maximum(start, 0), M)
+    start = tl.where(gi == G, tl.max(tl.where(real, end, 0), 0), start)  # the tail starts at the last end
+    ntiles = (end - start + BLOCK_M - 1) // BLOCK_M
+    stop = tl.cumsum(ntiles, 0)  # one past each group's last slot
+    first = stop - ntiles
     for t0 in range(0, T, BLOCK_T):
-        tl.store(table_ptr + t0 + offs, tl.full((BLOCK_T,), -1, tl.int32), mask=t0 + offs < T)
-    tl.debug_barrier()  # the group loop below overwrites some of these slots from other threads
-    carry = tl.full([], 0, tl.int64)
-    first = tl.full([], 0, tl.int32)
-    start = tl.full([], 0, tl.int32)
-    for g in range(0, G + 1):
-        end = tl.full([], M, tl.int32)
-        if g < G:
-            if FROM_SIZES:
-                size = tl.load(groups_ptr + g).to(tl.int64)
-                carry += tl.minimum(tl.maximum(size, 0), M // size_scale)
-                end = tl.minimum(carry * size_scale, M).to(tl.int32)
-            else:
-                end = tl.load(groups_ptr + g).to(tl.int32)
-        end = tl.maximum(end, start)
-        ntiles = (end - start + BLOCK_M - 1) // BLOCK_M
-        for j0 in range(0, ntiles, BLOCK_T):
-            j = j0 + offs
-            ok = j < ntiles
-            tl.store(table_ptr + first + j, tl.full((BLOCK_T,), 0, tl.int32) + g, mask=ok)
-            tl.store(table_ptr + T + first + j, start + j * BLOCK_M, mask=ok)
-            tl.store(table_ptr + 2 * T + first + j, tl.full((BLOCK_T,), 0, tl.int32) + end, mask=ok)
-        first += ntiles
-        start = end
+        t = t0 + tl.arange(0, BLOCK_T)
+        g = tl.sum((stop[None, :] <= t[:, None]).to(tl.int32), 1)  # groups whose slots all come before t
+        pick = gi[None, :] == g[:, None]  # [BLOCK_T, BLOCK_G]: slot t's group
+        g_first = tl.sum(tl.where(pick, first[None, :], 0), 1)
+        g_tiles = tl.sum(tl.where(pick, ntiles[None, :], 0), 1)
+        g_start = tl.sum(tl.where(pick, start[None, :], 0), 1)
+        g_end = tl.sum(tl.where(pick, end[None, :], 0), 1)
+        used = g <= G
+        ok = t < T
+        tl.store(table_ptr + t, tl.where(used, g, -1), mask=ok)
+        tl.store(table_ptr + T + t, tl.where(used, g_start + (t - g_first) * BLOCK_M, 0), mask=ok)
+        tl.store(table_ptr + 2 * T + t, tl.where(used, g_end, 0), mask=ok)
+        tl.store(table_ptr + 3 * T + t, tl.where(used, g_first, t), mask=ok)
+        tl.store(table_ptr + 4 * T + t, tl.where(used, g_tiles, 1), mask=ok)
 
 
 def tile_table(groups: torch.Tensor, m: int, block_m: int, from_sizes: bool, scale: int = 1,
                launch: BoundLaunch | None = None) -> torch.Tensor:
-    """int32 [3, T] row-tile table (see `_m_tile_table_kernel`); one launch of one program, no host sync.
+    """int32 [5, T] row-tile table (see `_m_tile_table_kernel`); one launch of one program, no host sync.
     `launch`: the kernel bound for these arguments (a Prepared's), else an ordinary launch."""
     g = groups.shape[0]
     t = -(-m // block_m) + g + 1
-    table = torch.empty((3, t), dtype=torch.int32, device=groups.device)
+    table = torch.empty((5, t), dtype=torch.int32, device=groups.device)
     if launch is not None:
         launch(groups, table, m, g, scale, t)
     else:
-        run_kernel(_m_tile_table_kernel, (1,), groups, table, m, g, scale, t, **_table_consts(block_m, from_sizes),
+        run_kernel(_m_tile_table_kernel, (1,), groups, table, m, g, scale, t, **_table_consts(block_m, g, from_sizes),
                    num_warps=4)
     return table
 
 
-def _table_consts(block_m: int, from_sizes: bool) -> dict[str, Any]:
-    return {"BLOCK_M": block_m, "BLOCK_T": 128, "FROM_SIZES": from_sizes}
+def _table_consts(block_m: int, groups: int, from_sizes: bool) -> dict[str, Any]:
+    block_g = triton.next_power_of_2(groups + 1)
+    # the slot-to-group comparison is a [BLOCK_T, BLOCK_G] tile: keep it near 8192 elements
+    return {"BLOCK_M": block_m, "BLOCK_G": block_g, "BLOCK_T": max(1, min(128, 8192 // block_g)),
+            "FROM_SIZES": from_sizes}
 
 
 @gluon.jit
 def _m_item(item, table_ptr, T, N, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """Item -> (group, first row, end row, batch index, column tile): slots walked in bands of GROUP_M."""
+    """Item -> (group, first row, end row, batch index, column tile). A group's items are contiguous (its slots
+    times the column tiles) and walked in bands of GROUP_M of its own slots, so the slots that share a column
+    of the group's matrix run together whatever the other groups' sizes."""
     num_n = gl.cdiv(N, BLOCK_N)
     tiles = T * num_n
     bt = item // tiles
     tile = item % tiles
+    some = tile // num_n  # a slot of the item's group: the group's items start at its first slot times num_n
+    first = gl.load(table_ptr + 3 * T + some)
+    count = gl.load(table_ptr + 4 * T + some)
+    local = tile - first * num_n
     width = GROUP_M * num_n
-    band_m = (tile // width) * GROUP_M
-    band_h = gl.minimum(T - band_m, GROUP_M)
-    slot = band_m + (tile % width) % band_h
-    pid_n = (tile % width) // band_h
+    band_m = (local // width) * GROUP_M
+    band_h = gl.minimum(count - band_m, GROUP_M)
+    slot = first + band_m + (local % width) % band_h
+    pid_n = (local % width) // band_h
     g = gl.load(table_ptr + slot)
     row0 = gl.load(table_ptr + T + slot)
     end = gl.load(table_ptr + 2 * T + slot)
@@ -220,7 +245,7 @@ def ragged_m_ws_kernel(
     a_desc,  # TMA descriptor of a viewed [Bt*M, K] (K contiguous), block [BLOCK_M, BLOCK_K]
     b_desc,  # TMA descriptor of b viewed [Bt*G*K, N], block [BLOCK_K, BLOCK_N]; B_KMAJOR: [Bt*G*N, K], [BN, BK]
     c_desc,  # ragged TMA descriptor (`_ragged_view`) of c viewed [Bt*M, N] (out dtype), box [1, 1, BLOCK_M, BLOCK_N]
-    table_ptr,  # [3, T] int32 from _m_tile_table_kernel: per row-tile slot group / first row / end row
+    table_ptr,  # [5, T] int32 from _m_tile_table_kernel: per slot group / first row / end row / group's slots
     T, M, N, K, G, Bt,  # scalars: slots, rows, output columns, contraction (% BLOCK_K == 0), groups, batch
     STAGES: gl.constexpr,  # shared-memory ring depth (>= 2)
     GROUP_M: gl.constexpr,  # row-tile slots walked together (L2 reuse of the group's b tiles)
@@ -332,7 +357,7 @@ class Prepared:
                        cfg.producer_regs, cfg.consumers, consumer_regs(cfg))
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
         self.launch = BoundLaunch.in_order(ragged_m_ws_kernel, self.grid, self.consts, self.options, a.device)
-        self.table_launch = BoundLaunch(_m_tile_table_kernel, (1,), _table_consts(cfg.block_m, from_sizes),
+        self.table_launch = BoundLaunch(_m_tile_table_kernel, (1,), _table_consts(cfg.block_m, g, from_sizes),
                                         {"num_warps": 4}, a.device)
         from ragdot.kernels.ragged_m import Prepared as TritonPrepared  # for operands TMA cannot address
 
