@@ -11,10 +11,9 @@ cdiv(M, BLOCK_M) + G + 1 bounds the tiles of any routing.
 
 Work items are (slot, column tile, batch entry), a group's items contiguous and walked in bands of GROUP_M of
 its own slots (the tiles that share a column of the group's matrix run together, so that column is read from
-DRAM about once); program p of the persistent grid takes items p, p + P, ..., each one's table lookups issued
-one item ahead. The partitions are those of the weight gradient (gluon/ragged_k.py): a one-warp TMA
-producer filling a ring of (a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N] or [BLOCK_N, BLOCK_K]) stages, and the
-wgmma consumer (one or two warpgroups cooperating on a tile) that releases each stage once its
+DRAM about once); program p of the persistent grid takes items p, p + P, ... The partitions are those of the weight gradient (gluon/ragged_k.py):
+a one-warp TMA producer filling a ring of (a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N] or [BLOCK_N, BLOCK_K])
+stages, and the wgmma consumer (one or two warpgroups cooperating on a tile) that releases each stage once its
 MMA retired; or two one-warpgroup consumers on alternate items (ping-pong), so that one's epilogue runs under
 the other's main loop.
 
@@ -176,38 +175,21 @@ def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N
     NBYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    total = Bt * T * gl.cdiv(N, BLOCK_N)
-    # each item's table lookups (two dependent loads) are issued one item ahead, under the current item's loads
-    a_row, b_row, b_col, n_k = _m_load_coords(pid, table_ptr, T, M, N, K, G, BLOCK_N, BLOCK_K, GROUP_M, B_KMAJOR)
     it = 0
-    for item in range(pid, total, nprog):
-        a_nxt, b_nxt, c_nxt, n_nxt = _m_load_coords(gl.minimum(item + nprog, total - 1), table_ptr, T, M, N, K, G,
-                                                    BLOCK_N, BLOCK_K, GROUP_M, B_KMAJOR)
+    for item in range(pid, Bt * T * gl.cdiv(N, BLOCK_N), nprog):
+        g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_N, GROUP_M)
+        n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
         for kk in range(n_k):
             s = _free_stage(empty, it, STAGES)
             mbarrier.expect(ready.index(s), NBYTES)
-            tma.async_copy_global_to_shared(a_desc, [a_row, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
+            tma.async_copy_global_to_shared(a_desc, [bt * M + row0, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
             if B_KMAJOR:  # b[bt, g] stored [N, K]: rows of the group's matrix are columns of c
-                tma.async_copy_global_to_shared(b_desc, [b_row, kk * BLOCK_K], ready.index(s), b_bufs.index(s))
+                tma.async_copy_global_to_shared(b_desc, [(bt * G + g) * N + pid_n * BLOCK_N, kk * BLOCK_K],
+                                                ready.index(s), b_bufs.index(s))
             else:
-                tma.async_copy_global_to_shared(b_desc, [b_row + kk * BLOCK_K, b_col], ready.index(s),
-                                                b_bufs.index(s))
+                tma.async_copy_global_to_shared(b_desc, [(bt * G + g) * K + kk * BLOCK_K, pid_n * BLOCK_N],
+                                                ready.index(s), b_bufs.index(s))
             it += 1
-        a_row, b_row, b_col, n_k = a_nxt, b_nxt, c_nxt, n_nxt
-
-
-@gluon.jit
-def _m_load_coords(item, table_ptr, T, M, N, K, G, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                   GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr):
-    """The producer's view of an item: a's first row, b's first row and column (chunk 0), and its K chunks
-    (0 for tail and unused slots)."""
-    g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_N, GROUP_M)
-    n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
-    if B_KMAJOR:
-        b_row = (bt * G + g) * N + pid_n * BLOCK_N
-    else:
-        b_row = (bt * G + g) * K
-    return bt * M + row0, b_row, pid_n * BLOCK_N, n_k
 
 
 @gluon.jit
@@ -225,13 +207,10 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, 
     nprog = gl.num_programs(0)
     C_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], c_desc.dtype)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], C_LAYOUT)
-    total = Bt * T * gl.cdiv(N, BLOCK_N)
     it = 0  # ring position of the item's first chunk (every consumer's chunks counted)
     j = 0  # the item's number among this program's items
-    g, row0, end, bt, pid_n = _m_item(pid, table_ptr, T, N, BLOCK_N, GROUP_M)  # then one item ahead, as the producer
-    for item in range(pid, total, nprog):
-        g_nxt, row0_nxt, end_nxt, bt_nxt, pid_n_nxt = _m_item(gl.minimum(item + nprog, total - 1), table_ptr, T, N,
-                                                             BLOCK_N, GROUP_M)
+    for item in range(pid, Bt * T * gl.cdiv(N, BLOCK_N), nprog):
+        g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_N, GROUP_M)
         n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
         if j % NCONS == PARITY:
             _take_turn(turn, j // NCONS, PARITY, NCONS)
@@ -258,7 +237,6 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, 
                                                          pid_n * BLOCK_N], c_smem.reshape([1, 1, BLOCK_M, BLOCK_N]))
         it += n_k
         j += 1  # noqa: SIM113 (a Gluon loop over a range with a step: no enumerate)
-        g, row0, end, bt, pid_n = g_nxt, row0_nxt, end_nxt, bt_nxt, pid_n_nxt
     tma.store_wait(pendings=0)
 
 
