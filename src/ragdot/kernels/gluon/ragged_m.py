@@ -11,11 +11,11 @@ cdiv(M, BLOCK_M) + G + 1 bounds the tiles of any routing.
 
 Work items are (slot, column tile, batch entry), a group's items contiguous and walked in bands of GROUP_M of
 its own slots (the tiles that share a column of the group's matrix run together, so that column is read from
-DRAM about once); program p of the persistent grid takes items p, p + P, ... The partitions are those of the weight gradient (gluon/ragged_k.py):
-a one-warp TMA producer filling a ring of (a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N] or [BLOCK_N, BLOCK_K])
-stages, and the wgmma consumer (one or two warpgroups cooperating on a tile) that releases each stage once its
-MMA retired; or two one-warpgroup consumers on alternate items (ping-pong), so that one's epilogue runs under
-the other's main loop.
+DRAM about once); program p of the persistent grid takes items p, p + P, ... The partitions are those of the
+weight gradient (gluon/ragged_k.py): a one-warp TMA producer filling a ring of (a [BLOCK_M, BLOCK_K],
+b [BLOCK_K, BLOCK_N] or [BLOCK_N, BLOCK_K]) stages, and the wgmma consumer (one or two warpgroups cooperating
+on a tile) that releases each stage once its MMA retired; or two one-warpgroup consumers on alternate items
+(ping-pong), so that one's epilogue runs under the other's main loop.
 
 Rows of a from the next group (or the NaN tail) may be loaded into a tile, but each output row depends only on
 its own a row, and only the tile's own rows are stored: every tile goes through shared memory to a TMA store
