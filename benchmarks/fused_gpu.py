@@ -23,9 +23,7 @@ hangs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -36,6 +34,7 @@ from ragdot.catalog import get_model
 from ragdot.measure.checks import normalised_error
 from ragdot.measure.records import RowWriter, run_meta
 from ragdot.measure.timing import free_memory, median_ms
+from ragdot.measure.watchdog import Watchdog
 from ragdot.moe import MoELayer
 from ragdot.moe.peer import peer_moe
 
@@ -127,15 +126,6 @@ def _rows_for(layer, name, tokens, device, peak, reps):
         free_memory(device)
 
 
-def _watchdog(seconds: float, writer: RowWriter) -> None:
-    def fire() -> None:
-        time.sleep(seconds)
-        print(f"fused_gpu: watchdog after {seconds:.0f} s; rows so far are in {writer.csv}", flush=True)
-        os._exit(3)
-
-    threading.Thread(target=fire, daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     if not torch.cuda.is_available():
@@ -147,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = measure_ceilings(device, torch.bfloat16)
     meta = {**run_meta(device, torch.bfloat16, with_triton=True), "bf16_matmul_tflops": ceilings.peak_tflops}
     writer = RowWriter(args.out, "fused-gpu", meta, COLUMNS)
-    _watchdog(args.budget_s + 60, writer)
+    Watchdog("fused_gpu", writer.files).arm("the run", args.budget_s + 60)
     token_counts = [int(t) for t in args.tokens.split(",")]
     for i, tokens in enumerate(token_counts):
         if i and time.monotonic() - start > args.budget_s / 2:

@@ -126,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", nargs="+", default=["anchor"], help="shape names, 'M,K,N,E' or tags (default: anchor)")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (a dry run: fp32, Triton's interpreter)")
     ap.add_argument("--seconds", type=float, default=0.2, help="time budget per system and cell")
+    ap.add_argument("--cell-timeout", type=float, default=120.0,
+                    help="seconds a cell may take, compiles included, before the run counts it as hung: the cell is "
+                         "named and the run ends with exit status 3, its rows so far kept (default 120)")
     args = ap.parse_args(argv)
+    if not args.cell_timeout > 0:
+        ap.error(f"--cell-timeout: must be > 0, got {args.cell_timeout}")
     problem, backend = MODULES[args.module]
     classes = args.classes or list(CLASSES[problem])
     bad = [c for c in classes if c not in CLASSES[problem]]
@@ -138,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ragdot.cli_common import UsageError, parse_shape_args
     from ragdot.measure.records import RowWriter, run_meta
+    from ragdot.measure.watchdog import Watchdog
 
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -152,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     meta = run_meta(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, with_triton=True)
     meta.update(module=args.module, old=str(args.old), clock="graph: CUDA-graph replays, CUDA events, median")
     writer = RowWriter(args.out, "kernel-ab", meta, COLUMNS)
+    dog = Watchdog("kernel_ab.py", writer.files)
     for shape in shapes:
         for cls in classes:
             for routing in args.routing:
-                rows = run_cell(shape, cls, routing, mods, problem, backend, args.configs, args.seconds, dev)
+                with dog.cell(f"cell {shape.name} {cls} {routing}", args.cell_timeout):
+                    rows = run_cell(shape, cls, routing, mods, problem, backend, args.configs, args.seconds, dev)
                 for row in rows:
                     writer.add(row)
                 print(f"{shape.name:24s} {cls:9s} {routing:8s} " + "  ".join(

@@ -44,6 +44,7 @@ def test_a_module_against_a_copy_of_itself_is_bitwise_equal(tmp_path, capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--classes", "fwd_wi"], "--classes: fwd_wi are not ragged_k classes"),
     (["--shapes", "no-such-shape"], "--shapes"),
+    (["--cell-timeout", "0"], "--cell-timeout: must be > 0"),
 ])
 def test_bad_arguments_exit_2_naming_the_argument(tmp_path, capsys, extra, message):
     old = tmp_path / "old.py"
