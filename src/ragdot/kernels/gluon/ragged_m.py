@@ -139,20 +139,15 @@ def _table_consts(block_m: int, groups: int, from_sizes: bool) -> dict[str, Any]
 
 
 @gluon.jit
-def _m_item(item, table_ptr, T, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+def _m_item(item, table_ptr, T, N, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
     """Item -> (group, first row, end row, batch index, column tile). A group's items are contiguous (its slots
     times the column tiles) and walked in bands of GROUP_M of its own slots, so the slots that share a column
-    of the group's matrix run together whatever the other groups' sizes. Every value comes from the table row
-    of one slot of the group (`some`; the item's own slot's first row is BLOCK_M per slot away): five
-    independent loads, one memory latency per item."""
+    of the group's matrix run together whatever the other groups' sizes."""
     num_n = gl.cdiv(N, BLOCK_N)
     tiles = T * num_n
     bt = item // tiles
     tile = item % tiles
     some = tile // num_n  # a slot of the item's group: the group's items start at its first slot times num_n
-    g = gl.load(table_ptr + some)
-    row_some = gl.load(table_ptr + T + some)
-    end = gl.load(table_ptr + 2 * T + some)
     first = gl.load(table_ptr + 3 * T + some)
     count = gl.load(table_ptr + 4 * T + some)
     local = tile - first * num_n
@@ -161,7 +156,10 @@ def _m_item(item, table_ptr, T, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     band_h = gl.minimum(count - band_m, GROUP_M)
     slot = first + band_m + (local % width) % band_h
     pid_n = (local % width) // band_h
-    return g, row_some + (slot - some) * BLOCK_M, end, bt, pid_n
+    g = gl.load(table_ptr + slot)
+    row0 = gl.load(table_ptr + T + slot)
+    end = gl.load(table_ptr + 2 * T + slot)
+    return g, row0, end, bt, pid_n
 
 
 @gluon.jit
@@ -169,7 +167,6 @@ def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N
                 GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr):
     """Worker partition (1 warp): TMA loads of every K chunk of this program's items into the ring."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     if B_KMAJOR:
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -180,7 +177,7 @@ def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N
     nprog = gl.num_programs(0)
     it = 0
     for item in range(pid, Bt * T * gl.cdiv(N, BLOCK_N), nprog):
-        g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_M, BLOCK_N, GROUP_M)
+        g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_N, GROUP_M)
         n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
         for kk in range(n_k):
             s = _free_stage(empty, it, STAGES)
@@ -213,7 +210,7 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, 
     it = 0  # ring position of the item's first chunk (every consumer's chunks counted)
     j = 0  # the item's number among this program's items
     for item in range(pid, Bt * T * gl.cdiv(N, BLOCK_N), nprog):
-        g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_M, BLOCK_N, GROUP_M)
+        g, row0, end, bt, pid_n = _m_item(item, table_ptr, T, N, BLOCK_N, GROUP_M)
         n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
         if j % NCONS == PARITY:
             _take_turn(turn, j // NCONS, PARITY, NCONS)
