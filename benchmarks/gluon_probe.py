@@ -9,7 +9,10 @@ Steps (src/ragdot/kernels/gluon):
 - ragged_k: the persistent warp-specialized weight-gradient kernel on a small skewed case with empty
   groups, a NaN-poisoned tail and group edges inside chunks, against a float64 reference;
 - ragged_m: the persistent warp-specialized forward kernel (and its data-gradient layout) on the same groups:
-  rows past the last group must be exact zeros.
+  rows past the last group must be exact zeros;
+- carry24, carry48, plain24: benchmarks/gluon_carry.py, the reproducer of the ragged-M prefetch's hang: a
+  one-warp producer carrying eight table values from one item to the next across its mbarrier loop (24 or 48
+  registers), and the same producer loading them per item (plain), about 8 items a program.
 
 Each step compiles, runs, checks against torch.matmul on float32 copies (normalised error within the bf16
 bound of ragdot.measure.checks) and times bf16 4096^3 and M=8192,N=2048,K=512 next to torch.mm: CUDA events
@@ -29,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("pipelined", "ws4", "ws8", "ragged_k", "ragged_m")
+STEPS = ("pipelined", "ws4", "ws8", "ragged_k", "ragged_m", "carry24", "carry48", "plain24")
 SHAPES = ((4096, 4096, 4096), (8192, 2048, 512))  # (M, N, K)
 KERNEL_ARGS = {
     "pipelined": dict(warp_specialized=False, block=(128, 128, 64), stages=4, num_warps=4),
@@ -128,7 +131,15 @@ def _ragged_m_step() -> dict:
     return {"rows": rows, "ok": all(r["ok"] for r in rows)}
 
 
-STEP_FUNCTIONS = {"ragged_k": _ragged_k_step, "ragged_m": _ragged_m_step}
+def _carry_step(variant: str) -> dict:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gluon_carry import variant_results
+
+    return variant_results(variant)
+
+
+STEP_FUNCTIONS = {"ragged_k": _ragged_k_step, "ragged_m": _ragged_m_step,
+                  **{v: (lambda v=v: _carry_step(v)) for v in ("carry24", "carry48", "plain24")}}
 
 
 def child(step: str) -> int:
@@ -181,6 +192,8 @@ def _line(res: dict) -> str:
         if "tflops" in r:
             parts.append(f"{r['m']}x{r['n']}x{r['k']} err {r['error']:.1e} {r['tflops']:.0f} TFLOP/s "
                          f"(torch.mm {r['torch_mm_tflops']:.0f}, {r['vs_torch_mm']:.2f}x)")
+        elif "variant" in r:
+            parts.append(f"{r['items']} items on {r['programs']} programs, max relative error {r['max_rel_error']:.1e}")
         elif "tail_zero" in r:
             parts.append(f"{r['layout']} err {r['error']:.1e} tail rows zero {r['tail_zero']} "
                          f"bitwise repeat {r['bitwise_repeat']}")
