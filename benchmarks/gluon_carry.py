@@ -21,6 +21,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+from ragdot.kernels.gluon.matmul import ring_barriers
+
 #: (carry the next item's values, producer registers) per variant
 VARIANTS = {"carry24": (True, 24), "carry48": (True, 48), "plain24": (False, 24)}
 BLOCK = 64  # rows and columns of a chunk
@@ -88,11 +90,7 @@ def carry_kernel(
     PRODUCER_REGS: gl.constexpr,  # registers per thread of the producer warp
 ):
     bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (_consumer, (bufs, ready, empty, info_ptr, out_ptr, total, LAYOUT)),
         (_producer, (a_desc, bufs, ready, empty, info_ptr, total, CARRY)),

@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ragdot.kernels.gluon.common import descriptor, maxnreg_for, mma_layout
 
-__all__ = ["matmul", "matmul_pipelined_kernel", "matmul_ws_kernel"]
+__all__ = ["matmul", "matmul_pipelined_kernel", "matmul_ws_kernel", "ring_barriers"]
 
 
 @gluon.jit
@@ -37,6 +37,17 @@ def _store_tile(c_desc, acc, off_m, off_n):
     fence_async_shared()
     tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
     tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def ring_barriers(STAGES: gl.constexpr):
+    """The `ready` and `empty` mbarriers (one of each per stage, count 1) of a producer/consumer ring."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return ready, empty
 
 
 @gluon.jit
@@ -131,11 +142,7 @@ def matmul_ws_kernel(
     off_n = gl.program_id(1) * BLOCK_N
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (_mm_consumer, (a_bufs, b_bufs, ready, empty, c_desc, off_m, off_n, K, MMA_LAYOUT)),
         (_mm_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, K)),
