@@ -45,6 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, prepared_output
 from ragdot.kernels.gluon.common import consumer_regs, maxnreg_for, mma_layout
 from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_config
+from ragdot.kernels.gluon.matmul import ring_barriers
 from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_k import schedule
 
@@ -129,6 +130,17 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, 
 
 
 @gluon.jit
+def _ring_and_turn_barriers(STAGES: gl.constexpr):
+    """The ring's `ready` / `empty` mbarriers (`matmul.ring_barriers`) and the ping-pong consumers' two `turn`
+    mbarriers (`_take_turn`), each with count 1."""
+    ready, empty = ring_barriers(STAGES)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    return ready, empty, turn
+
+
+@gluon.jit
 def _take_turn(turn, mine, PARITY: gl.constexpr, NCONS: gl.constexpr):
     """Ping-pong: before the `mine`-th main loop of consumer PARITY, wait until the other consumer has passed
     the ready barriers of its previous item (consumer 0's first item waits for nobody). Strict alternation
@@ -210,14 +222,7 @@ def ragged_k_ws_kernel(
                                        gl.NVMMASharedLayout.get_default_for(A_BLOCK, a_desc.dtype))
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + B_BLOCK,
                                        gl.NVMMASharedLayout.get_default_for(B_BLOCK, b_desc.dtype))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
+    ready, empty, turn = _ring_and_turn_barriers(STAGES)
     if NCONS == 2:
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, GROUP_M, MMA_LAYOUT, 0,

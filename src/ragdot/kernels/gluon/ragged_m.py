@@ -54,6 +54,7 @@ from ragdot.kernels.gluon.ragged_k import (
     _ragged_view,
     _ready_stage,
     _release_before,
+    _ring_and_turn_barriers,
     _take_turn,
     check_ragged_rows,
 )
@@ -257,14 +258,7 @@ def ragged_m_ws_kernel(
 ):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
+    ready, empty, turn = _ring_and_turn_barriers(STAGES)
     if NCONS == 2:
         gl.warp_specialize([
             (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
