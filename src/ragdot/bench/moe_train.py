@@ -43,9 +43,12 @@ def _time_steps(model, opt, tokens, args, device) -> tuple[list[float], float | 
     """
     if device.type != "cuda":
         return _timed_steps(lambda: _train_step(model, opt, tokens), args, device), None, None, "eager"
-    side = torch.cuda.Stream(device)
+    # Warm-up off the default stream where a capture follows (as capture wants); eager steps warm up on the
+    # stream they run on, as a training loop does: parameters' gradient-accumulation nodes keep the stream of
+    # the step that made them, and a later step on another stream pays a cross-stream wait per parameter.
+    side = torch.cuda.current_stream(device) if args.eager else torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):  # warm-up off the default stream, as capture wants
+    with torch.cuda.stream(side):
         for _ in range(2):
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
