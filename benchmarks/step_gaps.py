@@ -69,6 +69,8 @@ def _syncs(model, opt, tokens) -> list[str]:
     found: list[str] = []
 
     def show(message, category, filename, lineno, file=None, line=None):
+        if str(message).startswith("Synchronization debug mode is a prototype"):  # the mode's own notice
+            return
         frames = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename]
         where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[-6:][::-1])
         found.append(f"{str(message).splitlines()[0][:80]} at {where}")
