@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -48,7 +49,7 @@ def _step(model, opt, tokens, ranges: bool = False, clock: list | None = None) -
     """One train step; `ranges`: each phase in a profiler range; `clock`: appends each phase's host seconds."""
     from torch.profiler import record_function
 
-    ctx = record_function if ranges else (lambda _name: _Null())
+    ctx = record_function if ranges else (lambda _name: contextlib.nullcontext())
     t0 = time.perf_counter()
     with ctx("fwd"):
         loss = model.loss(tokens)
@@ -76,29 +77,16 @@ def _syncs(model, opt, tokens) -> list[str]:
         found.append(f"{str(message).splitlines()[0][:80]} at {where}")
 
     torch.cuda.synchronize()
-    old = warnings.showwarning
-    warnings.showwarning = show
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = show
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                _step(model, opt, tokens)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-    finally:
-        warnings.showwarning = old
+    with warnings.catch_warnings():  # restores showwarning and the filters on exit
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _step(model, opt, tokens)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     return found
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -150,7 +138,8 @@ def gaps_of_trace(events: list[dict], min_gap_us: float = 2.0) -> dict:
                 break
         return best["name"] if best is not None else "?"
 
-    first = min(launches[e["args"]["correlation"]]["ts"] for e in gpu if e["args"].get("correlation") in launches)
+    first = min((launches[e["args"]["correlation"]]["ts"] for e in gpu if e["args"].get("correlation") in launches),
+                default=gpu[0]["ts"])
     start = min(first, gpu[0]["ts"])
     busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
     end = busy[-1][1]
@@ -183,13 +172,8 @@ def gaps_of_trace(events: list[dict], min_gap_us: float = 2.0) -> dict:
                 h[0] += own
                 h[1] += 1
     runtime: dict = collections.defaultdict(lambda: [0.0, 0, 0.0])
-    for e in launches.values():  # CUDA runtime and driver calls: a slow one (a malloc, a sync) stands out here
-        r = runtime[e["name"]]
-        r[0] += e.get("dur", 0.0)
-        r[1] += 1
-        r[2] = max(r[2], e.get("dur", 0.0))
-    for e in events:
-        if e.get("cat") in LAUNCH_CATS and "correlation" not in e.get("args", {}):
+    for e in events:  # CUDA runtime and driver calls: a slow one (a malloc, a sync) stands out here
+        if e.get("cat") in LAUNCH_CATS:
             r = runtime[e["name"]]
             r[0] += e.get("dur", 0.0)
             r[1] += 1
@@ -210,8 +194,8 @@ def gaps_of_trace(events: list[dict], min_gap_us: float = 2.0) -> dict:
     }
 
 
-def _self_times(ops: list[dict]) -> list[tuple[dict, float]]:
-    """(op, its duration less that of the ops nested directly inside it) for one thread's ops sorted by start."""
+def _self_times(ops: list[dict]) -> list[list]:
+    """[op, its duration less that of the ops nested directly inside it] for one thread's ops sorted by start."""
     out: list[list] = []
     stack: list[list] = []
     for op in ops:
@@ -223,7 +207,7 @@ def _self_times(ops: list[dict]) -> list[tuple[dict, float]]:
             stack[-1][1] -= op["dur"]
         stack.append(entry)
         out.append(entry)
-    return [(op, own) for op, own in out]
+    return out
 
 
 def _profiled(model, opt, tokens) -> dict:
@@ -238,6 +222,13 @@ def _profiled(model, opt, tokens) -> dict:
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text())["traceEvents"]
     return gaps_of_trace(events)
+
+
+def _drop_losses(model) -> None:
+    """Release the router losses the MoE layers keep, and with them the autograd graph of the last step (whose
+    gradient-accumulation nodes would carry that step's stream into the next one)."""
+    for layer in model.moe_layers:
+        layer.aux_loss = layer.z_loss = None
 
 
 def run(cfg_name: str, variants: list[str], steps: int) -> list[dict]:
@@ -258,15 +249,13 @@ def run(cfg_name: str, variants: list[str], steps: int) -> list[dict]:
         host = [statistics.median(c[i] for c in clock) * 1e3 for i in range(3)]
         syncs = _syncs(model, opt, tokens)
         gaps = _profiled(model, opt, tokens)
-        for layer in model.moe_layers:  # drop the last step's graph before the capture's own warm-up
-            layer.aux_loss = layer.z_loss = None
+        _drop_losses(model)  # the last step's graph goes before the capture's own warm-up
         warm_off_stream(lambda: _step(model, opt, tokens), device)
         torch.cuda.empty_cache()
         replay = capture_graph(lambda: _step(model, opt, tokens))
         graph = [event_ms(replay, device) for _ in range(steps)]
         del replay
-        for layer in model.moe_layers:
-            layer.aux_loss = layer.z_loss = None
+        _drop_losses(model)
         free_memory(device)
         row = {"config": cfg_name, "variant": name, "tokens": cfg.tokens, "layers": cfg.layers,
                "eager_ms": statistics.median(eager), "graph_ms": statistics.median(graph),
