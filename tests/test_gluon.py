@@ -150,12 +150,11 @@ def test_ragged_view_addresses_and_clips_at_the_group_end():
     and the third coordinate's extent ends every box at the group's end row; stride bytes stay 16-byte
     aligned and below TMA's 2^40 limit. The loads of ragged_k and the stores of ragged_m use the same
     coordinates: [BASE, end, BASE - (end - first row) + k, column]."""
-    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    from ragdot.kernels.gluon.ragged_k import RAGGED_BASE, _ragged_view
+    from ragdot.kernels.ragged_view import RAGGED_BASE, ragged_view
 
     base = RAGGED_BASE.value
     for cols, row_stride, elem in ((1536, 1536, 2), (192, 320, 2), (2880, 2880, 2), (264, 264, 4)):
-        shape, strides = _ragged_view(cols, row_stride)
+        shape, strides = ragged_view(cols, row_stride)
         assert shape[2:] == [base, cols] and strides[2:] == [row_stride, 1]
         assert all(s * elem % 16 == 0 and s * elem < 1 << 40 for s in strides[:3])
         for start, end, k in ((0, 37, 32), (300, 700, 0), (5, 6, 0), (1 << 20, (1 << 20) + 96, 64)):

@@ -220,6 +220,42 @@ def test_ragged_k_transposed_views(a_t: bool, b_t: bool, cfg: TileConfig) -> Non
     assert rel_err(c, ref_ragged_k(a, b, ends)) < TOL[torch.float32]
 
 
+TMA_LOADS_K = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2, persistent=True, tma=True, flat=True)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("sizes", [[7, 0, 20, 13, 1], [0, 0, 0], [50, 30]])
+def test_ragged_k_tma_loads(batch: int, sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The persistent kernel reading a and b through ragged TMA views (on the CPU through the interpreter):
+    empty groups exactly zero, NaN / inf rows past the last group (and, with sizes summing past R, ends
+    clamped to R) never leak, batch entries do not read each other's rows, and the result equals the
+    pointer-load kernel's with the same tile; a misaligned operand runs the pointer loads."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
+    r, m, n = 50, 24, 40
+    a = operand((batch * r * m + m,), torch.float16, False)[m:].view(batch, r, m)  # the first row stays outside
+    b = operand((batch, r, n), torch.float16, False)
+    ends = ends_of(sizes, r)
+    a[:, int(ends[-1]) :] = float("nan")
+    b[:, int(ends[-1]) :] = float("inf")
+    prepared = rk_mod.Prepared(a, b, len(sizes), torch.float16, TMA_LOADS_K)
+    assert prepared.tma_load
+    c = prepared(a, b, ends)[0]
+    ref = ref_ragged_k(a.nan_to_num(0), b.nan_to_num(0, 0, 0), ends)
+    assert not c.isnan().any()
+    for g in range(len(sizes)):
+        if ends[g] == (ends[g - 1] if g else 0):
+            assert (c[g] == 0).all(), f"empty group {g} must be exactly zero"
+    if ref.norm() > 0:
+        assert rel_err(c, ref) < TOL[torch.float16]
+    pointer = TileConfig(**{**TMA_LOADS_K.__dict__, "flat": False})
+    c_ptr = rk_mod.ragged_k(a, b, ends, config=pointer)
+    assert torch.equal(c, c_ptr) if DEVICE == "cpu" else rel_err(c, c_ptr.double()) < TOL[torch.float16]
+    a_odd = operand((batch * r * m + 1,), torch.float16, False)[1:].view(batch, r, m)  # same strides, 2-byte aligned
+    a_odd.copy_(a)
+    assert torch.equal(prepared(a_odd, b, ends)[0], c_ptr)
+
+
 def test_ragged_k_reproducible_and_default_config() -> None:
     r, m, n, sizes = 50, 24, 40, [20, 3, 0, 27]
     a = operand((1, r, m), torch.float16, False)
@@ -347,10 +383,11 @@ _COMPILE_SCRIPT = textwrap.dedent(
                             ("dgrad", torch.empty(1, g, n, k, dtype=bf).transpose(-1, -2))):
                 h = rm.launch(a, b, torch.zeros(g, dtype=torch.int32), config=cfg)[1]
                 out[f"ragged_m {name} {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
-            cfg = pick_config("ragged_k", k, m, n, g, bf)
-            h = rk.launch(a, torch.empty(1, m, n, dtype=bf), torch.zeros(g, dtype=torch.int32), config=cfg,
-                          sched=torch.zeros(3, g, dtype=torch.int32))[1]
-            out[f"ragged_k {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
+            for device in (None, "cpu"):  # the pointer-load tile, and the sm_90 target's TMA-load tile
+                cfg = pick_config("ragged_k", k, m, n, g, bf, device)
+                h = rk.launch(a, torch.empty(1, m, n, dtype=bf), torch.zeros(g, dtype=torch.int32), config=cfg,
+                              sched=torch.zeros(3, g, dtype=torch.int32))[1]
+                out[f"ragged_k {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
     print(json.dumps(out))
     """
 )
@@ -369,7 +406,7 @@ def test_sm90_code_uses_wgmma_without_spills() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     usage = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(usage) == 15
+    assert len(usage) == 20 and sum(" flat" in name and name.startswith("ragged_k") for name in usage) == 5
     for name, info in usage.items():
         if " 32x" not in name:  # tiles of 32 rows fall back to mma.sync (small groups, memory bound)
             assert info["wgmma"], name
@@ -476,6 +513,36 @@ def test_gpu_flat_persistent(cfg: TileConfig) -> None:
         assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
         assert rel_err(c, ref_ragged_m(x.float(), b.float(), ends)) < TOL[torch.bfloat16]
         assert handle.n_spills == 0 and "wgmma" in handle.asm["ptx"]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("cfg", [
+    TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True, flat=True),
+    TileConfig(128, 128, 64, 8, 4, 4, True, 1, tma=True, flat=True),
+    TileConfig(128, 128, 32, 8, 4, 4, True, 2, tma=True, flat=True),
+])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_gpu_ragged_k_tma_loads(cfg: TileConfig, batch: int) -> None:
+    """bf16 weight gradients read through ragged TMA views: uneven groups (empty, 1 row, chunk multiples, long),
+    M and N not multiples of the tile, NaN / inf rows past the last group, poisoned output; against the
+    reference and the pointer-load kernel of the same tile, no spills, wgmma."""
+    r, m, n = 2600, 1000, 744
+    sizes = [160, 0, 129, 64, 65, 300, 1, 256, 192, 1200]  # sum 2367: 233 rows past the last group
+    ends = ends_of(sizes, r)
+    a = torch.randn(batch, r, m, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(batch, r, n, device="cuda", dtype=torch.bfloat16)
+    a[:, int(ends[-1]) :] = float("nan")
+    b[:, int(ends[-1]) :] = float("inf")
+    out = torch.full((len(sizes), batch, m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    prepared = rk_mod.Prepared(a, b, len(sizes), torch.bfloat16, cfg)
+    assert prepared.tma_load
+    c, handle = prepared(a, b, ends, out)
+    assert not c.isnan().any() and (c[1] == 0).all()
+    assert rel_err(c, ref_ragged_k(a.float().nan_to_num(0), b.float().nan_to_num(0, 0, 0), ends)) < TOL[torch.bfloat16]
+    c_ptr = rk_mod.ragged_k(a, b, ends, config=TileConfig(**{**cfg.__dict__, "flat": False}))
+    assert rel_err(c, c_ptr.double()) < 1e-2
+    assert handle.n_spills == 0 and "wgmma" in handle.asm["ptx"]
 
 
 @gpu

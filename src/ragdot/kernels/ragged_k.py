@@ -14,7 +14,10 @@ Two schedules:
 - persistent (`ragged_k_persistent_kernel`): each program walks its (slot, batch, tile) items round-robin in
   ONE loop over token chunks (the tile loop and the chunk loop flattened by hand), so the software pipeline
   prefetches the next tile's rows while the current tile's epilogue runs. Groups hold tens to hundreds of
-  tokens, so without this the epilogue and load latency of every tile would be exposed.
+  tokens, so without this the epilogue and load latency of every tile would be exposed. With `TMA_LOAD`
+  (config `flat`, sm_90, row-major operands) its a and b rows come through ragged TMA views
+  (`ragdot.kernels.ragged_view`) clipped at each group's end instead of masked pointer loads: the hardware
+  zero-fills the rows past the end, so the same zeros enter the same MMAs.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from ragdot.kernels.configs import (
     tma_capable,
 )
 from ragdot.kernels.launch import BoundLaunch
+from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_view, rows_view
 from ragdot.kernels.record import scratch
 
 
@@ -125,6 +129,18 @@ def _load_chunk(
 
 
 @triton.jit
+def _load_chunk_tma(a_desc, b_desc, bt, R, k, end, pid_m, pid_n,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`_load_chunk` through the ragged views of a and b: rows [k, k + BLOCK_K) of batch entry bt, rows >= end
+    zero-filled by TMA (out of the view's bounds), columns past M / N likewise."""
+    stop = bt * R + end
+    row = RAGGED_BASE - end + k
+    a = a_desc.load([RAGGED_BASE, stop, row, pid_m * BLOCK_M]).reshape(BLOCK_K, BLOCK_M)
+    b = b_desc.load([RAGGED_BASE, stop, row, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
+    return a, b
+
+
+@triton.jit
 def _store_tile(
     c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr,
@@ -179,8 +195,10 @@ def ragged_k_persistent_kernel(
     b_ptr,  # [Bt, R, N] rhs, any strides
     c_ptr,  # [G, Bt, M, N] output, contiguous
     c_desc,  # TMA descriptor of c viewed [G*Bt, M, N], block [1, BLOCK_M, BLOCK_N] (None without TMA_STORE)
+    a_desc,  # ragged view (`ragged_view`) of a as [Bt*R, M], block [1, 1, BLOCK_K, BLOCK_M] (None w/o TMA_LOAD)
+    b_desc,  # ragged view of b as [Bt*R, N], block [1, 1, BLOCK_K, BLOCK_N] (None without TMA_LOAD)
     sched_ptr,  # [3, G] int32 from _schedule_kernel: per slot, group / first token row / end token row
-    M, N, G, Bt,  # scalars: output sizes, groups, batch count
+    M, N, G, Bt, R,  # scalars: output sizes, groups, batch count, token rows per batch entry
     stride_ab, stride_ar, stride_am,  # scalars: strides of a, in elements
     stride_bb, stride_br, stride_bn,  # scalars: strides of b, in elements
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -189,6 +207,7 @@ def ragged_k_persistent_kernel(
     EVEN_M: tl.constexpr,  # M % BLOCK_M == 0
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
     TMA_STORE: tl.constexpr,  # store the output tile through c_desc
+    TMA_LOAD: tl.constexpr,  # read a and b through a_desc / b_desc
     PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32" (used for float32 inputs)
 ):
     pid = tl.program_id(0)
@@ -201,8 +220,8 @@ def ragged_k_persistent_kernel(
     for i0 in range(0, mine, BLOCK_I):
         ii = i0 + tl.arange(0, BLOCK_I)
         slots = (pid + ii * nprog) // per_slot
-        s_v = tl.load(sched_ptr + G + slots, mask=ii < mine, other=0)
-        e_v = tl.load(sched_ptr + 2 * G + slots, mask=ii < mine, other=0)
+        s_v = tl.minimum(tl.load(sched_ptr + G + slots, mask=ii < mine, other=0), R)
+        e_v = tl.minimum(tl.load(sched_ptr + 2 * G + slots, mask=ii < mine, other=0), R)
         total += tl.sum(tl.where(ii < mine, tl.maximum(tl.cdiv(e_v - s_v, BLOCK_K), 1), 0), 0)
 
     item = pid - nprog  # current item (int32 scalar, loop-carried)
@@ -220,15 +239,19 @@ def ragged_k_persistent_kernel(
             item += nprog
             slot = item // per_slot
             g = tl.load(sched_ptr + slot)
-            start = tl.load(sched_ptr + G + slot)
-            end = tl.load(sched_ptr + 2 * G + slot)
+            start = tl.minimum(tl.load(sched_ptr + G + slot), R)  # rows end with the batch entry
+            end = tl.minimum(tl.load(sched_ptr + 2 * G + slot), R)
             n_i = tl.maximum(tl.cdiv(end - start, BLOCK_K), 1)  # an empty group: one zero step
             rest = item % per_slot
             bt = rest // tiles
             pid_m, pid_n = _tile_of(rest % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        a, b = _load_chunk(a_ptr, b_ptr, bt, start + kk * BLOCK_K, end, pid_m, pid_n, M, N,
-                           stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
-                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N)
+        if TMA_LOAD:
+            a, b = _load_chunk_tma(a_desc, b_desc, bt, R, start + kk * BLOCK_K, end, pid_m, pid_n,
+                                   BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            a, b = _load_chunk(a_ptr, b_ptr, bt, start + kk * BLOCK_K, end, pid_m, pid_n, M, N,
+                               stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
+                               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N)
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
         kk += 1
         if kk == n_i:  # last chunk: write the tile and start the next one from zero
@@ -299,14 +322,24 @@ class Prepared:
             EVEN_M=m % cfg.block_m == 0, EVEN_N=n % cfg.block_n == 0, PRECISION=dot_precision(a.dtype),
         )
         opts = launch_options(cfg, a.device)
-        self.scalars = (m, n, g, bt, *a.stride(), *b.stride())
+        self.persistent = cfg.persistent
+        self.tma_load = False
         if cfg.persistent:
+            views = (rows_view(a), rows_view(b))
+            self.tma_load = bool(cfg.flat and tma_capable(a.device) and None not in views and fits_ragged_rows(bt, r))
+            if self.tma_load:  # built once: a bound launch compares later calls' descriptor layouts by identity
+                self.views = ((*ragged_view(m, views[0][1]), [1, 1, cfg.block_k, cfg.block_m]),
+                              (*ragged_view(n, views[1][1]), [1, 1, cfg.block_k, cfg.block_n]))
+            self.scalars = (m, n, g, bt, r, *a.stride(), *b.stride())
             kernel, grid, consts = ragged_k_persistent_kernel, (min(g * bt * tiles, num_sms(a.device) *
                                                                       cfg.programs_per_sm),), {**consts, "BLOCK_I": 128}
         else:
+            self.scalars = (m, n, g, bt, *a.stride(), *b.stride())
             kernel, grid = ragged_k_kernel, (tiles, g, bt)
         self.launches = {
-            tma: BoundLaunch(kernel, grid, {**consts, "TMA_STORE": tma}, opts, a.device) for tma in {False, self.tma}
+            (store, load): BoundLaunch(kernel, grid, {**consts, "TMA_STORE": store, **({"TMA_LOAD": load}
+                                       if cfg.persistent else {})}, opts, a.device)
+            for store in {False, self.tma} for load in {False, self.tma_load}
         }
 
     def __call__(
@@ -321,7 +354,11 @@ class Prepared:
             sched = schedule(ends, self.sizes_extent, self.scale)
         tma = self.tma and c.data_ptr() % 16 == 0
         c_desc = host_descriptor(c, *self.c_desc) if tma else None
-        return c, self.launches[tma](a, b, c, c_desc, sched, *self.scalars)
+        if not self.persistent:
+            return c, self.launches[tma, False](a, b, c, c_desc, sched, *self.scalars)
+        load = self.tma_load and (a.data_ptr() | b.data_ptr()) % 16 == 0
+        descs = (host_descriptor(a, *self.views[0]), host_descriptor(b, *self.views[1])) if load else (None, None)
+        return c, self.launches[tma, load](a, b, c, c_desc, *descs, sched, *self.scalars)
 
 
 def launch(

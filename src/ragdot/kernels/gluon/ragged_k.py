@@ -15,7 +15,7 @@ Partitions (gl.warp_specialize):
   group in flight, releases each stage once its MMA retired, then the epilogue: the tile goes through shared
   memory to a TMA store that is only waited for before the next tile's epilogue reuses the buffer.
 
-Group edges: the a and b operands are read through "ragged" TMA descriptors (`_ragged_view`): two leading
+Group edges: the a and b operands are read through "ragged" TMA descriptors (`ragged_view`): two leading
 dimensions whose strides cancel modulo 2^64 let the third coordinate count rows from a group's end, so the
 hardware's bounds check clips every load at that end and zero-fills the rows past it. Only the last chunk of
 a group straddles its end, and its rows of the next group (or past ends[-1], NaN possibly) never reach shared
@@ -48,12 +48,10 @@ from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_co
 from ragdot.kernels.gluon.matmul import ring_barriers
 from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_k import schedule
+from ragdot.kernels.ragged_view import RAGGED_BASE, check_ragged_rows, ragged_view, rows_view
 
-__all__ = ["Prepared", "check_ragged_rows", "ragged_k", "ragged_k_ws_kernel"]
+__all__ = ["Prepared", "ragged_k", "ragged_k_ws_kernel"]
 
-#: the ragged views' row extent and the row coordinate that stands for a group's end (`_ragged_view`)
-RAGGED_BASE = gl.constexpr(1 << 30)
-_RAGGED_OUTER = 0x7FFF0000  # extent of the two leading dimensions: any coordinate used fits below it
 
 
 @gluon.jit
@@ -204,7 +202,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G,
 
 @gluon.jit
 def ragged_k_ws_kernel(
-    a_desc,  # ragged TMA descriptor (`_ragged_view`) of a viewed [Bt*R, M], M contiguous; box [1, 1, BLOCK_K, BLOCK_M]
+    a_desc,  # ragged TMA descriptor (`ragged_view`) of a viewed [Bt*R, M], M contiguous; box [1, 1, BLOCK_K, BLOCK_M]
     b_desc,  # ragged TMA descriptor of b viewed [Bt*R, N], block [1, 1, BLOCK_K, BLOCK_N]
     c_desc,  # TMA descriptor of c viewed [G*Bt, M, N] (out dtype), block [1, BLOCK_M, BLOCK_N]
     sched_ptr,  # [3, G] int32 from ragged_k._schedule_kernel: per slot (longest first) group / start / end
@@ -248,19 +246,6 @@ def _gl_dtype(dtype: torch.dtype):
     return getattr(gl, _GL_DTYPES[str(dtype).removeprefix("torch.")])
 
 
-def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
-    """(rows, row stride) of [Bt, R, X] `t` seen as [Bt*R, X] with X contiguous; None if it cannot be."""
-    bt, r, x = t.shape
-    if t.stride(2) != 1 and x > 1:
-        return None
-    if bt > 1 and t.stride(0) != r * t.stride(1):
-        return None
-    stride = t.stride(1) if r > 1 else (t.stride(0) if bt > 1 else x)
-    if (stride * t.element_size()) % 16 or (x * t.element_size()) % 16:
-        return None
-    return bt * r, stride
-
-
 class Prepared:
     """The Gluon ragged_k for one static signature: checks, config, layouts, grid and the bound launch
     (`kernels.launch.BoundLaunch`) resolved once; a call ranks the groups (one small Triton launch), builds
@@ -295,11 +280,11 @@ class Prepared:
         self.cfg = cfg
         if self.empty or self.zero:
             return
-        views = (_rows_view(a), _rows_view(b))
+        views = (rows_view(a), rows_view(b))
         if None in views or (n * out_bytes) % 16:
             raise NotImplementedError("gluon ragged_k: operands are not row views with 16-byte aligned rows")
         check_ragged_rows("gluon ragged_k", bt, r)
-        self.ragged = (_ragged_view(m, views[0][1]), _ragged_view(n, views[1][1]))  # built once: the bound
+        self.ragged = (ragged_view(m, views[0][1]), ragged_view(n, views[1][1]))  # built once: the bound
         self.scalars = (r, m, n, g, bt)  # launch compares a call's descriptor layouts by identity first
         in_dt, out_dt = _gl_dtype(a.dtype), _gl_dtype(out_dtype)
         blocks = ([1, 1, cfg.block_k, cfg.block_m], [1, 1, cfg.block_k, cfg.block_n], [1, cfg.block_m, cfg.block_n])
@@ -336,24 +321,6 @@ class Prepared:
         if sched is None:
             sched = schedule(ends, self.sizes_extent, self.scale)
         return c, self.launch(*self.descriptors(a, b, c), sched, *self.scalars)
-
-
-def check_ragged_rows(kernel: str, bt: int, rows: int) -> None:
-    """NotImplementedError unless `bt` batch entries of `rows` rows each fit the ragged views' int32 TMA
-    coordinates (at most RAGGED_BASE rows an entry, fewer than _RAGGED_OUTER in all)."""
-    if rows > RAGGED_BASE.value or bt * rows >= _RAGGED_OUTER:
-        raise NotImplementedError(f"{kernel}: {bt} x {rows} rows (at most {RAGGED_BASE.value} a batch entry, "
-                                  f"{_RAGGED_OUTER - 1} in all)")
-
-
-def _ragged_view(cols: int, row_stride: int) -> tuple[list[int], list[int]]:
-    """Shape and strides (elements) of a 4-D TMA view of a [rows, cols] row-major operand in which a load at
-    [RAGGED_BASE, stop, RAGGED_BASE - size + k, col] reads rows stop - size + k, ... and sees the rows from
-    `stop` on as out of bounds (zero-filled): the two leading strides sum to 2^34 and RAGGED_BASE * 2^34 wraps
-    to 0 in the 64-bit address, leaving (stop + k - size) * row_stride, while the third coordinate's extent
-    RAGGED_BASE ends the box at `stop`. Needs rows <= RAGGED_BASE (checked by Prepared)."""
-    outer = (1 << 34) - row_stride
-    return ([_RAGGED_OUTER, _RAGGED_OUTER, RAGGED_BASE.value, cols], [outer, row_stride, row_stride, 1])
 
 
 def _descriptor(base: torch.Tensor, shape: list[int], strides: list[int], block: list[int], layout: Any) -> Any:

@@ -20,7 +20,7 @@ on a tile) that releases each stage once its MMA retired; or two one-warpgroup c
 Rows of a from the next group (or the NaN tail) may be loaded into a tile, but each output row depends only on
 its own a row, and only the tile's own rows are stored: every tile goes through shared memory to a TMA store
 (waited for only before the next tile reuses the buffer) into a "ragged" view of c (gluon/ragged_k.py's
-`_ragged_view`) whose row bound is the tile's group end, so the hardware clips a group's last tile at that
+`ragged_view`) whose row bound is the tile's group end, so the hardware clips a group's last tile at that
 end and the epilogue is the same for every tile. K must be a multiple of BLOCK_K (a chunk of b never reaches
 into the next group's matrix); TMA zero-fills past K, N and the tensor ends.
 """
@@ -46,19 +46,17 @@ from ragdot.kernels.configs import check_group_ends, check_operands, num_sms, pr
 from ragdot.kernels.gluon.common import consumer_regs, maxnreg_for, mma_layout
 from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_m_config
 from ragdot.kernels.gluon.ragged_k import (
-    RAGGED_BASE,
     _descriptor,
     _free_stage,
     _gl_dtype,
     _pass_turn,
-    _ragged_view,
     _ready_stage,
     _release_before,
     _ring_and_turn_barriers,
     _take_turn,
-    check_ragged_rows,
 )
 from ragdot.kernels.launch import BoundLaunch
+from ragdot.kernels.ragged_view import RAGGED_BASE, check_ragged_rows, ragged_view
 
 __all__ = ["Prepared", "ragged_m", "ragged_m_ws_kernel", "tile_table"]
 
@@ -245,7 +243,7 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, 
 def ragged_m_ws_kernel(
     a_desc,  # TMA descriptor of a viewed [Bt*M, K] (K contiguous), block [BLOCK_M, BLOCK_K]
     b_desc,  # TMA descriptor of b viewed [Bt*G*K, N], block [BLOCK_K, BLOCK_N]; B_KMAJOR: [Bt*G*N, K], [BN, BK]
-    c_desc,  # ragged TMA descriptor (`_ragged_view`) of c viewed [Bt*M, N] (out dtype), box [1, 1, BLOCK_M, BLOCK_N]
+    c_desc,  # ragged TMA descriptor (`ragged_view`) of c viewed [Bt*M, N] (out dtype), box [1, 1, BLOCK_M, BLOCK_N]
     table_ptr,  # [5, T] int32 from _m_tile_table_kernel: per slot group / first row / end row / group's slots
     T, M, N, K, G, Bt,  # scalars: slots, rows, output columns, contraction (% BLOCK_K == 0), groups, batch
     STAGES: gl.constexpr,  # shared-memory ring depth (>= 2)
@@ -338,7 +336,7 @@ class Prepared:
             raise NotImplementedError("gluon ragged_m: operands are not row views with 16-byte aligned rows")
         check_ragged_rows("gluon ragged_m", bt, m)
         self.views, self.g, self.k = views, g, k
-        self.c_view = _ragged_view(n, n)  # c [Bt*M, N] contiguous, stores clipped at each tile's group end
+        self.c_view = ragged_view(n, n)  # c [Bt*M, N] contiguous, stores clipped at each tile's group end
         in_dt, out_dt = _gl_dtype(a.dtype), _gl_dtype(out_dtype)
         b_block = [cfg.block_n, cfg.block_k] if self.kmajor else [cfg.block_k, cfg.block_n]
         self.blocks = ([cfg.block_m, cfg.block_k], b_block, [1, 1, cfg.block_m, cfg.block_n])
