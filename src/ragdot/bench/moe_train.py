@@ -3,29 +3,72 @@
 A config's decoder is built once and every variant (a compute path and a ragdot backend, see
 `ragdot.moe.variants`) is timed on it: step times, peak and temporary memory, and, in a separate profiled
 forward+backward of one MoE layer, the split of its kernel time into routing, grouped GEMMs and the rest.
-On CUDA the step is captured in a CUDA graph and the replays are timed (``--eager``: Python-driven steps);
-each config may run in a spawned process of its own (`run_config_in_subprocess`).
+On CUDA the step is captured in a CUDA graph and the replays are timed, one variant after another.
+
+``--eager`` times Python-driven steps instead, whose host-bound time drifts on a shared host (up to 1.5x between
+minutes on the benchmark host), so two or more available variants are timed interleaved: each is warmed up
+(two steps, their memory measured), then rounds visit every variant in turn, the first one rotating from round
+to round; a visit switches the model to the variant, runs one untimed step (the first step after a switch pays
+allocator and autotune-cache effects) and times STEPS_PER_VISIT steps. Rounds go on until every variant has
+``--steps`` timed steps or ``--max-seconds`` per variant (summed over the variants) are spent, with at least
+MIN_STEPS timed steps each; a variant that fails leaves the rotation. Their rows say mode "eager (interleaved)".
+Each config may run in a spawned process of its own (`run_config_in_subprocess`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
 from ragdot.cli_common import quiet_native_stderr
 from ragdot.measure.checks import failure_status
 from ragdot.measure.timing import capture_graph, event_ms, free_memory, synchronize
-from ragdot.moe.variants import VARIANTS
+from ragdot.moe.variants import VARIANTS, Variant
 
 __all__ = ["ROUTING_OPS", "run_config", "run_config_in_subprocess"]
 
 ROUTING_OPS = frozenset({"ragdot::moe_permute", "ragdot::moe_combine", "ragdot::moe_combine_backward"})
 Row = dict[str, Any]
+STEPS_PER_VISIT = 2  # timed steps of a variant per round of the interleaved eager timing
+MIN_STEPS = 3  # timed steps of every variant whatever the time budget (or --steps, if fewer)
+INTERLEAVED = "eager (interleaved)"
+SKIPPED: Row = {"status": "skipped", "note": "the run's --budget was spent"}
+Timed = tuple[list[float], float | None, float | None, str]  # step seconds, peak GB, temporary GB, mode
+
+
+class _Setup(NamedTuple):
+    """What every variant of a config is timed with: one decoder, its AdamW, one batch."""
+
+    model: Any
+    opt: torch.optim.Optimizer
+    tokens: torch.Tensor
+    cfg: Any
+    args: argparse.Namespace
+    device: torch.device
+    dtype: torch.dtype
+
+
+@dataclass
+class _Lane:
+    """One variant in the interleaved eager timing: its row (a status once it has failed), warm-up memory, steps."""
+
+    variant: Variant
+    row: Row
+    peak: float | None = None
+    temp: float | None = None
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def live(self) -> bool:
+        return "status" not in self.row
 
 
 def _train_step(model, opt, tokens) -> None:
@@ -34,12 +77,32 @@ def _train_step(model, opt, tokens) -> None:
     opt.zero_grad(set_to_none=True)  # gradients count as the step's temporary memory
 
 
-def _time_steps(model, opt, tokens, args, device) -> tuple[list[float], float | None, float | None, str]:
-    """Seconds of steps 1..n, the peak and temporary memory of an eager step (GB; None off CUDA), the mode.
+def _warm_up(model, opt, tokens, device: torch.device) -> tuple[float | None, float | None]:
+    """Two eager steps on the current stream; the peak and temporary memory of the second (GB; None off CUDA)."""
+    cuda = device.type == "cuda"
+    peak_bytes = before = 0
+    for _ in range(2):
+        synchronize(device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+        _train_step(model, opt, tokens)
+        synchronize(device)
+        if cuda:
+            peak_bytes = torch.cuda.max_memory_allocated(device)
+    return (peak_bytes / 1e9, (peak_bytes - before) / 1e9) if cuda else (None, None)
+
+
+def _time_steps(model, opt, tokens, args, device) -> Timed:
+    """Seconds of steps 1..n of one variant, the peak and temporary memory of an eager step (GB; None off
+    CUDA), the mode.
 
     On CUDA the step is captured once in a CUDA graph (forward, backward and optimizer step) after two eager
     steps, and the replays are timed: no Python or launch overhead, like a compiled (XLA) train step. A step
-    that cannot be captured is timed eagerly instead, and the mode says so.
+    that cannot be captured is timed eagerly instead, and the mode says so. With args.eager the steps after
+    the two warm-up steps (on the current stream) are timed eagerly, back to back: `run_config` takes this
+    path for a single available variant only and times several interleaved (`_run_interleaved`). Off CUDA
+    the steps are timed at once, without warm-up.
     """
     if device.type != "cuda":
         return _timed_steps(lambda: _train_step(model, opt, tokens), args, device), None, None, "eager"
@@ -49,15 +112,8 @@ def _time_steps(model, opt, tokens, args, device) -> tuple[list[float], float | 
     side = torch.cuda.current_stream(device) if args.eager else torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
-        for _ in range(2):
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            before = torch.cuda.memory_allocated(device)
-            _train_step(model, opt, tokens)
-            torch.cuda.synchronize(device)
-            peak_bytes = torch.cuda.max_memory_allocated(device)
+        peak, temp = _warm_up(model, opt, tokens, device)
     torch.cuda.current_stream(device).wait_stream(side)
-    peak, temp = peak_bytes / 1e9, (peak_bytes - before) / 1e9
     step, mode = (lambda: _train_step(model, opt, tokens)), "eager"
     if not args.eager:
         torch.cuda.empty_cache()  # the graph's private pool cannot reuse blocks cached by the eager steps
@@ -76,7 +132,7 @@ def _timed_steps(step: Callable[[], None], args: argparse.Namespace, device: tor
     start = time.perf_counter()
     for _ in range(args.steps):
         times.append(event_ms(step, device) / 1e3)
-        if len(times) >= 3 and time.perf_counter() - start > args.max_seconds:
+        if len(times) >= MIN_STEPS and time.perf_counter() - start > args.max_seconds:
             break
     return times
 
@@ -142,47 +198,141 @@ def _persistent_gb(cfg, itemsize: int) -> float:
     return cfg.params() * itemsize * 4 / 1e9
 
 
-def _run_variant(model, opt, tokens, cfg, name, args, device, dtype) -> Row:
+def _variant_row(name: str) -> tuple[Variant, Row]:
+    variant = VARIANTS[name]
+    return variant, {"variant": name, "path": variant.path, "backend": variant.backend or ""}
+
+
+def _available(variant: Variant) -> bool:
     import ragdot
 
-    variant = VARIANTS[name]
-    path, backend = variant.path, variant.backend
-    row: dict[str, Any] = {"variant": name, "path": path, "backend": backend or ""}
-    if backend not in (None, "auto") and backend not in ragdot.backends():
-        return {**row, "status": "unavailable"}
+    return variant.backend in (None, "auto") or variant.backend in ragdot.backends()
+
+
+def _use(model, variant: Variant, args: argparse.Namespace) -> None:
     model.set_moe(**variant._asdict(), capacity_factor=1.25, routing_impl=args.routing_impl)
+
+
+def _attempt(row: Row, opt: torch.optim.Optimizer, work: Callable[[], None]) -> bool:
+    """work(); whether it went well. A failure (OOM, a backend that cannot serve) becomes row's status and
+    note instead of ending the run, and clears the AdamW state, which a step cut short can leave half made."""
     try:
-        times, peak, temp, mode = _time_steps(model, opt, tokens, args, device)
-        window = times[min(args.measure_from, len(times)) - 1 :]
-        step = statistics.median(window)
-        row.update(
-            status="ok",
-            step_s=step,
-            steps=len(times),
-            tokens_per_s=cfg.tokens / step,
-            tflops=cfg.train_flops() / step / 1e12,
-            peak_gb=peak,
-            temp_gb=temp,
-            mode=mode,
-        )
-        if not args.no_profile:
-            with quiet_native_stderr(device.type == "cpu"):  # the CPU profiler logs its start and stop there
-                row.update(_profile_layer(model.moe_layers[0], cfg, dtype, device, share=path == "sparse"))
-    except Exception as exc:  # one variant's failure (OOM, a backend that cannot serve) must not end the run
+        work()
+        return True
+    except Exception as exc:
         status, note = failure_status(exc)
         row.update(status=status, note=note)
-        opt.state.clear()  # a step cut short can leave AdamW state half made; the next variant starts afresh
+        opt.state.clear()  # the next variant starts afresh
+        return False
     finally:
         opt.zero_grad(set_to_none=True)
+
+
+def _finish(s: _Setup, row: Row, variant: Variant, timed: Timed) -> None:
+    """A timed variant's row: the median step of its steps from args.measure_from on, throughput, memory, mode,
+    and (unless args.no_profile) the kernel split of the model's first MoE layer as it is set now."""
+    times, peak, temp, mode = timed
+    step = statistics.median(times[min(s.args.measure_from, len(times)) - 1 :])
+    row.update(
+        status="ok",
+        step_s=step,
+        steps=len(times),
+        tokens_per_s=s.cfg.tokens / step,
+        tflops=s.cfg.train_flops() / step / 1e12,
+        peak_gb=peak,
+        temp_gb=temp,
+        mode=mode,
+    )
+    if not s.args.no_profile:
+        with quiet_native_stderr(s.device.type == "cpu"):  # the CPU profiler logs its start and stop there
+            row.update(_profile_layer(s.model.moe_layers[0], s.cfg, s.dtype, s.device, share=variant.path == "sparse"))
+
+
+def _run_variant(model, opt, tokens, cfg, name, args, device, dtype) -> Row:
+    """One variant timed on its own (`_time_steps`)."""
+    s = _Setup(model, opt, tokens, cfg, args, device, dtype)
+    variant, row = _variant_row(name)
+    if not _available(variant):
+        return {**row, "status": "unavailable"}
+    _use(model, variant, args)
+    _attempt(row, opt, lambda: _finish(s, row, variant, _time_steps(model, opt, tokens, args, device)))
     return row
+
+
+def _interleaves(args: argparse.Namespace) -> bool:
+    """Whether run_config times the variants interleaved: eager steps of two or more available variants."""
+    return bool(args.eager) and sum(_available(VARIANTS[name]) for name in args.variants) >= 2
+
+
+def _run_interleaved(s: _Setup, stop: Callable[[], bool] | None) -> list[Row]:
+    """The rows of args.variants, their eager steps timed in interleaved rounds (see the module docstring).
+    Once `stop()` says so, the variants not yet warmed up are skipped."""
+    lanes = [_Lane(*_variant_row(name)) for name in s.args.variants]
+    for lane in lanes:
+        if not _available(lane.variant):
+            lane.row["status"] = "unavailable"
+        elif stop is not None and stop():
+            lane.row.update(SKIPPED)
+        elif not _attempt(lane.row, s.opt, functools.partial(_warm_lane, s, lane)):
+            free_memory(s.device)
+    _rounds(s, [lane for lane in lanes if lane.live])
+    for lane in lanes:
+        if lane.live:
+            _use(s.model, lane.variant, s.args)  # the profiled layer runs as this variant
+            _attempt(lane.row, s.opt, functools.partial(_finish, s, lane.row, lane.variant, _lane_timed(lane)))
+    return [lane.row for lane in lanes]
+
+
+def _warm_lane(s: _Setup, lane: _Lane) -> None:
+    _use(s.model, lane.variant, s.args)
+    lane.peak, lane.temp = _warm_up(s.model, s.opt, s.tokens, s.device)
+
+
+def _lane_timed(lane: _Lane) -> Timed:
+    return lane.times, lane.peak, lane.temp, INTERLEAVED
+
+
+def _rounds(s: _Setup, lanes: list[_Lane]) -> None:
+    """Rounds of visits (`_visit`) to the live lanes, the first lane rotating, until no lane wants more steps."""
+    deadline = time.perf_counter() + s.args.max_seconds * len(lanes)
+    for r in itertools.count():
+        live = [lane for lane in lanes if lane.live]
+        if not live:
+            return
+        visited = False
+        for lane in live[r % len(live) :] + live[: r % len(live)]:
+            n = _visit_steps(len(lane.times), s.args.steps, time.perf_counter() > deadline)
+            if n > 0:
+                visited = True
+                if not _attempt(lane.row, s.opt, functools.partial(_visit, s, lane, n)):
+                    free_memory(s.device)
+        if not visited:
+            return
+
+
+def _visit_steps(done: int, steps: int, spent: bool) -> int:
+    """Timed steps of a lane's next visit: up to STEPS_PER_VISIT towards `steps`, towards MIN_STEPS only once
+    the time budget is spent."""
+    goal = min(MIN_STEPS, steps) if spent else steps
+    return max(0, min(STEPS_PER_VISIT, goal - done))
+
+
+def _visit(s: _Setup, lane: _Lane, n: int) -> None:
+    """Switch the model to the lane's variant, run one untimed step (the first step after a switch pays
+    allocator and autotune-cache effects), then time n steps."""
+    _use(s.model, lane.variant, s.args)
+    _train_step(s.model, s.opt, s.tokens)
+    for _ in range(n):
+        lane.times.append(event_ms(lambda: _train_step(s.model, s.opt, s.tokens), s.device) / 1e3)
 
 
 def run_config(
     cfg, args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
     emit: Callable[[Row], None] | None = None, stop: Callable[[], bool] | None = None,
 ) -> list[Row]:
-    """Every variant of args.variants on config `cfg`; each row is passed to `emit` as it finishes. Once
-    `stop()` says so (a spent budget), the variants not yet run are rows of status "skipped"."""
+    """Every variant of args.variants on config `cfg`; each row is passed to `emit` as it finishes (eager
+    steps of several variants: all rows after the interleaved timing, in args.variants order). Once `stop()`
+    says so (a spent budget), the variants not yet run are rows of status "skipped"."""
     rows: list[Row] = []
 
     def done(row: Row) -> None:
@@ -216,12 +366,16 @@ def run_config(
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **fused)
     gen = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=gen, device=device)
-    for name in args.variants:
-        if stop is not None and stop():
-            done({**base, "variant": name, "status": "skipped", "note": "the run's --budget was spent"})
-            continue
-        done({**base, **_run_variant(model, opt, tokens, cfg, name, args, device, dtype)})
-        free_memory(device)
+    if _interleaves(args):
+        for row in _run_interleaved(_Setup(model, opt, tokens, cfg, args, device, dtype), stop):
+            done({**base, **row})
+    else:
+        for name in args.variants:
+            if stop is not None and stop():
+                done({**base, "variant": name, **SKIPPED})
+                continue
+            done({**base, **_run_variant(model, opt, tokens, cfg, name, args, device, dtype)})
+            free_memory(device)
     del model, opt
     free_memory(device)
     return rows
