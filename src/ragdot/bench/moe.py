@@ -11,7 +11,8 @@ peak and temporary memory of a step (temporary = peak minus what was allocated b
 i.e. gradients and activations), and, in a separate profiled forward+backward of one MoE layer, the split of
 its kernel time into routing (permute + unpermute), grouped GEMMs (ragdot's ops) and the rest.
 On CUDA the whole step (forward, backward, AdamW) is captured in a CUDA graph and the replays are timed, as a
-compiled step runs (``--eager`` times Python-driven steps instead; the ``mode`` column says which was used).
+compiled step runs (``--eager`` times Python-driven steps instead, two or more variants interleaved; the ``mode``
+column says which was used).
 Writes new files per run under --out: moe-bench-<gpu>-<date>.json and .csv (rewritten after every variant,
 so a run cut short by ``--budget`` or Ctrl-C keeps its rows) and PNG figures named like them; each finished
 variant prints a progress line with the time left. ``--routing-only`` writes moe-routing-<gpu>-<date>.*
@@ -85,7 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--routing-impl", choices=["triton", "torch"], help="permute/unpermute implementation"
     )
-    parser.add_argument("--eager", action="store_true", help="time eager steps, not CUDA-graph replays")
+    parser.add_argument("--eager", action="store_true",
+                        help="time eager steps, not CUDA-graph replays (variants interleaved round by round)")
     parser.add_argument(
         "--no-profile", action="store_true", help="skip the routing/GEMM split of the MoE layer"
     )
