@@ -48,7 +48,8 @@ from ragdot.moe import routing_kernels
 from ragdot.moe.fused import fused_experts, sort_experts
 from ragdot.moe.permute import IMPLS, combine_rows, permute_rows, resolve_impl
 from ragdot.moe.recompute import remade
-from ragdot.moe.router import Router, RouterOutput, expert_counts, load_balancing_loss, router_z_loss
+from ragdot.moe.router import Router, RouterOutput, expert_counts
+from ragdot.moe.router_losses import router_losses
 
 __all__ = ["MoELayer", "SwiGLU", "PATHS"]
 
@@ -322,8 +323,9 @@ class MoELayer(nn.Module):
             y = y + self.shared_expert(x2)
         self.expert_counts = counts.detach()
         total = routed.experts.numel() if self.ep is None else None  # every assignment counted once
-        self.aux_loss = self.aux_loss_coef * load_balancing_loss(routed.probs, counts, total)
-        self.z_loss = self.z_loss_coef * router_z_loss(routed.logits)
+        self.aux_loss, self.z_loss = router_losses(
+            routed.logits, routed.probs, counts, total, self.aux_loss_coef, self.z_loss_coef
+        )
         return y.reshape(x.shape)
 
     def _empty(self, x: torch.Tensor) -> torch.Tensor:

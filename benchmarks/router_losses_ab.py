@@ -1,0 +1,68 @@
+"""In-process A/B of the router losses' kernels (`ragdot.moe.router_losses`) in eager MoE train steps.
+
+    PYTHONPATH=src python3 benchmarks/router_losses_ab.py [--configs deepseek3-test deepseek2-16b] [--rounds 6]
+
+The decoder and step of `ragdot moe-bench` (forward, backward, fused AdamW) per config and variant, timed
+eagerly (CUDA events around each step, host time included) with the losses' kernels on (`fused`) and off
+(`torch`: the PyTorch form), interleaved round by round in one process: eager steps are host-bound on small
+configs and the host's speed differs between processes and machines by up to 1.7x, so only an in-process
+comparison tells the change apart. Each round runs one untimed step after the switch, then two timed ones.
+Prints the median step per arm and their ratio. CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+from unittest import mock
+
+import torch
+
+from ragdot.bench.moe_train import _train_step
+from ragdot.measure.timing import event_ms
+from ragdot.moe import router_losses
+from ragdot.moe.model import MoEDecoder, get_config
+from ragdot.moe.variants import VARIANTS
+
+
+def _arm(fused: bool):
+    real = router_losses._fused_applies
+    return mock.patch.object(router_losses, "_fused_applies", real if fused else (lambda logits: False))
+
+
+def _config(name: str, variants: list[str], rounds: int, dev: torch.device) -> None:
+    cfg = get_config(name)
+    torch.manual_seed(0)
+    model = MoEDecoder(cfg, dtype=torch.bfloat16, device=dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True, capturable=True)
+    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), device=dev)
+    step = functools.partial(_train_step, model, opt, tokens)
+    for variant in variants:
+        model.set_moe(**VARIANTS[variant]._asdict(), capacity_factor=1.25)
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(2):
+            step()
+        for r in range(rounds):
+            for fused in ((True, False) if r % 2 == 0 else (False, True)):
+                with _arm(fused):
+                    step()
+                    times[fused] += [event_ms(step, dev) for _ in range(2)]
+        on, off = statistics.median(times[True]), statistics.median(times[False])
+        print(f"{name:16s} {variant:12s} eager step: losses fused {on:7.2f} ms, torch {off:7.2f} ms "
+              f"(torch / fused {off / on:.3f}; {len(times[True])} steps each)", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", nargs="+", default=["deepseek3-test", "deepseek2-16b"])
+    p.add_argument("--variants", nargs="+", default=["sparse-auto", "dense_drop"])
+    p.add_argument("--rounds", type=int, default=6)
+    args = p.parse_args()
+    for name in args.configs:
+        _config(name, args.variants, args.rounds, torch.device("cuda"))
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
