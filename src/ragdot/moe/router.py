@@ -4,7 +4,8 @@
     probs  = softmax(logits)
     weights, experts = top_k(probs)         (weights renormalised to sum to 1 unless normalize=False)
 
-Losses (returned unscaled; the layer multiplies them by its coefficients):
+Losses (returned unscaled; the layer multiplies them by its coefficients, and on CUDA in eager mode computes
+both with the same results in three kernels instead, `ragdot.moe.router_losses`):
     load balancing  E * sum_e f_e * P_e     f_e: share of the T*k assignments routed to e (no gradient)
                                             P_e: mean router probability of e over the tokens
     router z-loss   mean_t logsumexp(logits_t)^2
