@@ -27,6 +27,7 @@ from ragdot.kernels import TileConfig, candidate_configs, pick_config, zero_tail
 from ragdot.kernels import batch as batch_mod  # noqa: E402
 from ragdot.kernels import ragged_k as rk_mod  # noqa: E402
 from ragdot.kernels import ragged_m as rm_mod  # noqa: E402
+from ragdot.kernels.configs import tuning_configs  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -517,11 +518,8 @@ def test_gpu_flat_persistent(cfg: TileConfig) -> None:
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("cfg", [
-    TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True, flat=True),
-    TileConfig(128, 128, 64, 8, 4, 4, True, 1, tma=True, flat=True),
-    TileConfig(128, 128, 32, 8, 4, 4, True, 2, tma=True, flat=True),
-])
+@pytest.mark.parametrize("cfg", [c for c in candidate_configs("ragged_k") if c.flat and c in
+                                 tuning_configs("ragged_k", 4096, 4096, 4096, 32, torch.bfloat16, limit=99)])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_gpu_ragged_k_tma_loads(cfg: TileConfig, batch: int) -> None:
     """bf16 weight gradients read through ragged TMA views: uneven groups (empty, 1 row, chunk multiples, long),
