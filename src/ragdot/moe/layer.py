@@ -50,6 +50,7 @@ from ragdot.moe.permute import IMPLS, combine_rows, permute_rows, resolve_impl
 from ragdot.moe.recompute import remade
 from ragdot.moe.router import Router, RouterOutput, expert_counts
 from ragdot.moe.router_losses import router_losses
+from ragdot.ops import _transformed
 
 __all__ = ["MoELayer", "SwiGLU", "PATHS"]
 
@@ -110,10 +111,6 @@ def _swiglu_rows(h: torch.Tensor) -> torch.Tensor:
     ):
         return swiglu(h)
     return _SwiGLU.apply(h)
-
-
-def _transformed() -> bool:
-    return torch._C._are_functorch_transforms_active() or torch.autograd.forward_ad._current_level >= 0
 
 
 class SwiGLU(nn.Module):

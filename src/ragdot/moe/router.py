@@ -4,6 +4,9 @@
     probs  = softmax(logits)
     weights, experts = top_k(probs)         (weights renormalised to sum to 1 unless normalize=False)
 
+On CUDA in eager mode the softmax and top-k run as one kernel forward and one backward
+(`ragdot.moe.router_topk`; ties to the lower expert index), elsewhere as the PyTorch ops.
+
 Losses (returned unscaled; the layer multiplies them by its coefficients, and on CUDA in eager mode computes
 both with the same results in three kernels instead, `ragdot.moe.router_losses`):
     load balancing  E * sum_e f_e * P_e     f_e: share of the T*k assignments routed to e (no gradient)
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ragdot.moe.router_topk import softmax_topk
 
 __all__ = ["Router", "RouterOutput", "load_balancing_loss", "router_z_loss", "expert_counts"]
 
@@ -57,10 +62,7 @@ class Router(nn.Module):
         """x [T, dim] -> RouterOutput."""
         dt = torch.promote_types(x.dtype, torch.float32)
         logits = F.linear(x.to(dt), self.weight.to(dt))
-        probs = torch.softmax(logits, dim=-1)
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)
-        if self.normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        probs, weights, experts = softmax_topk(logits, self.top_k, self.normalize)
         return RouterOutput(weights=weights, experts=experts, logits=logits, probs=probs)
 
 

@@ -16,7 +16,7 @@ time, once per MoE layer. Here:
 The sums run in a fixed order (no atomics), so repeats are bitwise equal; the values differ from the PyTorch
 form only by float32 rounding. `router_losses` takes this path for float32 logits on CUDA in eager mode and
 the PyTorch form everywhere else (CPU, float64, torch.compile, which fuses those ops itself, functorch
-transforms, more than MAX_EXPERTS experts). No host synchronisation: `total` is a Python int.
+transforms, more than `router_rows.MAX_EXPERTS` experts). No host synchronisation: `total` is a Python int.
 """
 
 from __future__ import annotations
@@ -24,30 +24,16 @@ from __future__ import annotations
 import torch
 
 from ragdot.moe.router import load_balancing_loss, router_z_loss
+from ragdot.moe.router_rows import _ROW_ELEMS, _fused_applies, _geometry
 from ragdot.moe.routing_kernels import HAS_TRITON, _launch, _pow2
 
-__all__ = ["MAX_EXPERTS", "router_losses", "fused_router_losses"]
-
-MAX_EXPERTS = 1024  # a row of logits is one block of the kernels
-_ROW_ELEMS = 8192  # logits per program (BLOCK_T x E_POW2)
+__all__ = ["router_losses", "fused_router_losses"]
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def _softmax_rows(logits_ptr, pid, T, E, stride_t, BLOCK_T: tl.constexpr, E_POW2: tl.constexpr):
-        """Rows pid*BLOCK_T.. of the logits: (softmax [BLOCK_T, E_POW2], lse [BLOCK_T], row mask, col mask)."""
-        rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-        cols = tl.arange(0, E_POW2)
-        row_ok = rows < T
-        col_ok = cols < E
-        ptrs = logits_ptr + rows.to(tl.int64)[:, None] * stride_t + cols[None, :]
-        x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=float("-inf"))
-        m = tl.where(row_ok, tl.max(x, axis=1), 0.0)
-        ex = tl.exp(x - m[:, None])  # 0 in the padding columns and rows
-        s = tl.where(row_ok, tl.sum(ex, axis=1), 1.0)
-        return ex / s[:, None], m + tl.log(s), row_ok, col_ok
+    from ragdot.moe.router_rows import _softmax_rows
 
     @triton.jit
     def _partials_kernel(
@@ -114,13 +100,6 @@ if HAS_TRITON:
         tl.store(grad_ptr + rows.to(tl.int64)[:, None] * E + cols[None, :], g, mask=row_ok[:, None] & col_ok[None, :])
 
 
-def _geometry(t: int, e: int) -> tuple[int, int, int]:
-    """(E_POW2, BLOCK_T, NB) for t tokens and e experts."""
-    e_pow2 = _pow2(max(e, 2))
-    block_t = max(1, min(_pow2(t), _ROW_ELEMS // e_pow2))
-    return e_pow2, block_t, -(-t // block_t)
-
-
 class _RouterLosses(torch.autograd.Function):
     """(logits [T, E] float32, counts [E]) -> float32 [2] = (aux_coef * aux, z_coef * z); see the module."""
 
@@ -162,14 +141,6 @@ def fused_router_losses(
         raise ValueError(f"counts: expected int32/int64 [{logits.shape[1]}], got {counts.dtype} "
                          f"{tuple(counts.shape)}")
     return _RouterLosses.apply(logits, counts.contiguous(), max(int(total), 1), float(aux_coef), float(z_coef))
-
-
-def _fused_applies(logits: torch.Tensor) -> bool:
-    from ragdot.moe.layer import _transformed
-
-    return (HAS_TRITON and logits.is_cuda and logits.dtype == torch.float32 and logits.dim() == 2
-            and logits.stride(1) == 1 and logits.shape[0] > 0 and logits.shape[1] <= MAX_EXPERTS
-            and not torch.compiler.is_compiling() and not _transformed())
 
 
 def router_losses(
