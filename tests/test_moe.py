@@ -114,14 +114,16 @@ def test_one_expert_top1_is_a_dense_swiglu_ffn(path):
 
 @pytest.mark.parametrize("backend", ragdot.backends())
 def test_every_backend_gives_the_same_layer_output(backend):
-    layer = _layer(dim=32, hidden=16, experts=5, top_k=2, dtype=torch.float32, backend="reference")
-    x = _input((2, 10, 32), torch.float32)
+    # gluon's weight-gradient kernel takes 16-bit operands only: its layer runs in bfloat16 (both sides)
+    dtype, tol = (torch.bfloat16, 2e-2) if backend == "gluon" else (torch.float32, 1e-5)
+    layer = _layer(dim=32, hidden=16, experts=5, top_k=2, dtype=dtype, backend="reference")
+    x = _input((2, 10, 32), dtype)
     y_ref, g_ref = _run(layer, x)
     layer.backend = backend
     y, g = _run(layer, x)
-    assert nerr(y, y_ref) <= 1e-5
+    assert nerr(y, y_ref) <= tol
     for name in ("x", "w_gate_up", "w_down", "router.weight"):
-        assert nerr(g[name], g_ref[name]) <= 1e-5, name
+        assert nerr(g[name], g_ref[name]) <= tol, name
 
 
 def test_torch_compile_fullgraph_matches_eager():
