@@ -180,3 +180,14 @@ def test_no_plot_without_data(tmp_path):
     only_vendor = summary.plot(timed[:1], tmp_path / "y", "t")  # nothing to compare: no speedup figure
     assert [p.name for p in only_vendor] == ["y-sol-balanced-graph.png"]
 
+
+
+def test_sol_is_the_arithmetic_mean_over_cells_and_rates_the_geometric_mean():
+    """The summaries' `mean % SOL` is the plain mean over the timed cells (what the targets name), the TFLOP/s
+    and the ratios are geometric means; untimed cells count in neither."""
+    base = summary.Row("s", "4,4,4,2", "fwd_wi", "balanced", "triton", "graph", "ok", 1.0, 1.0, 10.0, 1.0, None)
+    rows = [base, dataclasses.replace(base, cls="dgrad_wi", ms=0.25, tflops=4.0, pct_sol=40.0),
+            dataclasses.replace(base, cls="wgrad_wi", status="OOM", ms=None, tflops=None, pct_sol=None)]
+    s = summary.stats(rows, {})
+    assert s.pct_sol == 25.0 and s.tflops == 2.0 and s.timed == 2
+    assert "mean % SOL" in "\n".join(summary.markdown(rows, "t").splitlines())

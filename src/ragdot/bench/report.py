@@ -204,11 +204,12 @@ def print_tables(
 
 def _summary_table(results: Sequence[Result], rows: list[summary.Row], shown: Sequence[str]) -> Table:
     table = Table(
-        title=f"per system and clock ({', '.join(shown)}): geometric means over the timed cells; x B = B's time "
+        title=f"per system and clock ({', '.join(shown)}): geometric means over the timed cells (mean % SOL: the "
+        f"arithmetic mean); x B = B's time "
         f"over the system's, same cell and clock; host-bound: host time per call >= {HOST_BOUND_SHARE:g} x the "
         "measured time"
     )
-    cols = ("system", "clock", "timed", "not timed", "TFLOP/s", "% SOL", f"x {summary.BASELINE}",
+    cols = ("system", "clock", "timed", "not timed", "TFLOP/s", "mean % SOL", f"x {summary.BASELINE}",
             f"min x {summary.BASELINE}", "x torch", "x padded", "peak MB (max)", "host-bound")
     for col in cols:
         table.add_column(col, justify="left" if col in ("system", "clock") else "right")

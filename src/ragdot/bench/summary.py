@@ -130,8 +130,8 @@ class Stats:
 
     timed: int
     not_timed: dict[str, int]
-    tflops: float | None
-    pct_sol: float | None
+    tflops: float | None  # geometric mean over the cells
+    pct_sol: float | None  # arithmetic mean over the cells (the "mean % of speed of light" the targets name)
     ratio: float | None  # geometric mean over the cells
     min_ratio: float | None
     min_cell: str
@@ -150,12 +150,16 @@ def stats(rows: Sequence[Row], ratio_of: Mapping[tuple[str, ...], float]) -> Sta
         timed=len(timed),
         not_timed=dict(sorted(not_timed.items())),
         tflops=geomean(r.tflops for r in timed),
-        pct_sol=geomean(r.pct_sol for r in timed),
+        pct_sol=_mean([r.pct_sol for r in timed if r.pct_sol is not None]),
         ratio=geomean(v for v, _ in mine),
         min_ratio=low[0],
         min_cell=low[1],
         host_bound=sum(r.host_bound for r in timed),
     )
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def views(rows: Sequence[Row]) -> list[str]:
@@ -194,7 +198,7 @@ def _system_table(rows: Sequence[Row], shown: Sequence[str], baseline: str) -> l
     ratio_of = ratios(rows, baseline)
     header = ["system"]
     for v in shown:
-        header += [f"{v} {name}" for name in ("timed", "not timed", "TFLOP/s", "% SOL", f"x {baseline}",
+        header += [f"{v} {name}" for name in ("timed", "not timed", "TFLOP/s", "mean % SOL", f"x {baseline}",
                                                 f"min x {baseline} (cell)", "host-bound")]
     body = []
     for system in _systems(rows):
@@ -213,7 +217,7 @@ def _pass_table(rows: Sequence[Row], shown: Sequence[str], baseline: str) -> lis
     ratio_of = ratios(rows, baseline)
     header = ["system", "pass"]
     for v in shown:
-        header += [f"{v} {name}" for name in ("TFLOP/s", "% SOL", f"x {baseline}", f"min x {baseline}")]
+        header += [f"{v} {name}" for name in ("TFLOP/s", "mean % SOL", f"x {baseline}", f"min x {baseline}")]
     body = []
     for system in _systems(rows):
         for name, classes in PASSES.items():
