@@ -181,6 +181,17 @@ def _suites() -> dict[str, Suite]:
             Step("tokamax", ("{py}", "benchmarks/tokamax_check.py", "--out", "{out}/tokamax_check.jsonl"), 90,
                  tail=12),
         )),
+        "router": Suite("the router's kernels: GPU tests, then eager train steps with them on and off (one process)", (
+            Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+                               "tests/test_router_losses.py", "tests/test_router_topk.py", "tests/test_moe.py"), 150,
+                 tail=8),
+            Step("ab-topk", ("{py}", "benchmarks/router_kernels_ab.py", "--kernels", "topk", "--rounds", "8",
+                             "--configs", "deepseek3-test", "deepseek2-16b", "qwen3-30b-a3b", "gemma4-26b"), 180,
+                 tail=10),
+            Step("ab-both", ("{py}", "benchmarks/router_kernels_ab.py", "--kernels", "losses", "topk", "--rounds", "8",
+                             "--configs", "deepseek3-test", "deepseek2-16b", "qwen3-30b-a3b", "gemma4-26b"), 180,
+                 tail=10),
+        )),
         "probes": Suite("diagnosis probes: graph capture, host time under GPU load, the MoE layer host time", (
             Step("capture", ("{py}", "benchmarks/capture_probe.py"), 240, tail=12),
             Step("host-load", ("{py}", "benchmarks/host_load_probe.py"), 240, tail=30),
