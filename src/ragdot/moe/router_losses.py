@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ragdot.moe.router import load_balancing_loss, router_z_loss
-from ragdot.moe.router_rows import _ROW_ELEMS, _fused_applies, _geometry
+from ragdot.moe.router_rows import _ROW_ELEMS, _fused_applies, _geometry, check_logits
 from ragdot.moe.routing_kernels import HAS_TRITON, _launch, _pow2
 
 __all__ = ["router_losses", "fused_router_losses"]
@@ -132,11 +132,10 @@ class _RouterLosses(torch.autograd.Function):
 def fused_router_losses(
     logits: torch.Tensor, counts: torch.Tensor, total: int, aux_coef: float, z_coef: float
 ) -> torch.Tensor:
-    """float32 [2]: (aux_coef * load-balancing loss, z_coef * z-loss) of float32 logits [T, E] (row-major rows)
-    and assignment counts [E] (int32/int64) of `total` assignments, through the kernels above."""
-    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError(f"logits: expected a float32 [T, E] tensor with contiguous rows, got {logits.dtype} "
-                         f"{tuple(logits.shape)} strides {logits.stride()}")
+    """float32 [2]: (aux_coef * load-balancing loss, z_coef * z-loss) of float32 logits [T, E] (T >= 1,
+    E <= MAX_EXPERTS, row-major rows) and assignment counts [E] (int32/int64) of `total` assignments, through
+    the kernels above."""
+    check_logits(logits)
     if counts.shape != (logits.shape[1],) or counts.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"counts: expected int32/int64 [{logits.shape[1]}], got {counts.dtype} "
                          f"{tuple(counts.shape)}")

@@ -6,12 +6,14 @@ the router's float32 logits [T, E], one row per block row of E_POW2 columns, BLO
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ragdot.moe.routing_kernels import HAS_TRITON, _pow2
 from ragdot.ops import _transformed
 
-__all__ = ["MAX_EXPERTS"]
+__all__ = ["MAX_EXPERTS", "check_logits"]
 
 MAX_EXPERTS = 1024  # a row of logits is one block of the kernels
 _ROW_ELEMS = 8192  # logits per program (BLOCK_T x E_POW2)
@@ -35,6 +37,7 @@ if HAS_TRITON:
         return ex / s[:, None], m + tl.log(s), row_ok, col_ok
 
 
+@functools.lru_cache(maxsize=256)
 def _geometry(t: int, e: int) -> tuple[int, int, int]:
     """(E_POW2, BLOCK_T, NB) for t tokens and e experts."""
     e_pow2 = _pow2(max(e, 2))
@@ -48,3 +51,12 @@ def _fused_applies(logits: torch.Tensor) -> bool:
     return (HAS_TRITON and logits.is_cuda and logits.dtype == torch.float32 and logits.dim() == 2
             and logits.stride(1) == 1 and logits.shape[0] > 0 and logits.shape[1] <= MAX_EXPERTS
             and not torch.compiler.is_compiling() and not _transformed())
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """ValueError unless the kernels can take `logits`: float32 [T >= 1, E <= MAX_EXPERTS] with contiguous rows."""
+    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1 or logits.shape[0] == 0:
+        raise ValueError(f"logits: expected a float32 [T, E] tensor with T >= 1 and contiguous rows, got "
+                         f"{logits.dtype} {tuple(logits.shape)} strides {logits.stride()}")
+    if logits.shape[1] > MAX_EXPERTS:
+        raise ValueError(f"logits: at most {MAX_EXPERTS} experts, got {logits.shape[1]}")

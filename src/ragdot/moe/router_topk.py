@@ -29,7 +29,7 @@ import functools
 
 import torch
 
-from ragdot.moe.router_rows import MAX_EXPERTS, _fused_applies, _geometry
+from ragdot.moe.router_rows import _fused_applies, _geometry, check_logits
 from ragdot.moe.routing_kernels import HAS_TRITON, _launch, _pow2
 
 __all__ = ["softmax_topk", "fused_softmax_topk"]
@@ -183,11 +183,7 @@ def fused_softmax_topk(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(probs float32 [T, E], weights float32 [T, k], experts int64 [T, k]) of float32 logits [T, E] (T >= 1,
     E <= MAX_EXPERTS, row-major rows) through the kernels above; ties to the lower expert index."""
-    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1 or logits.shape[0] == 0:
-        raise ValueError(f"logits: expected a float32 [T, E] tensor with T >= 1 and contiguous rows, got "
-                         f"{logits.dtype} {tuple(logits.shape)} strides {logits.stride()}")
-    if logits.shape[1] > MAX_EXPERTS:
-        raise ValueError(f"logits: at most {MAX_EXPERTS} experts, got {logits.shape[1]}")
+    check_logits(logits)
     if not 1 <= k <= logits.shape[1]:
         raise ValueError(f"k must be in [1, {logits.shape[1]}], got {k}")
     return _SoftmaxTopK.apply(logits, int(k), bool(normalize))
