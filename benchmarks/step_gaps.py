@@ -7,7 +7,8 @@ Per config and variant (the decoder and step of `ragdot moe-bench`: forward, bac
 - ``eager_ms``: CUDA events around each eager step, median of ``--steps``, every step issued on the default stream
   after warm-up steps on that same stream (what a training loop does);
 - ``graph_ms``: the same step captured in a CUDA graph and replayed, median (device time);
-- from torch.profiler's trace of one more eager step: the step's span on the GPU (first launch to last kernel end),
+- from torch.profiler's trace of one more eager step: the device time of its kernels by name and phase; the
+  step's span on the GPU (first launch to last kernel end),
   the union of its GPU activity (``busy_ms``) and the rest (``idle_ms``), split by phase (``fwd``, ``bwd``,
   ``opt``: the phase in which the kernel that ended the gap was launched) and by the innermost host op around
   that launch; ``host_ms`` per phase is the wall time of the phase on the calling thread.
@@ -159,9 +160,14 @@ def gaps_of_trace(events: list[dict], min_gap_us: float = 2.0) -> dict:
             o[0] += gap
             o[1] += 1
         cursor = e
+    device_by_name: dict = collections.defaultdict(lambda: [0.0, 0])
     for e in gpu:
         launch = launches.get(e["args"].get("correlation"))
-        kernels_by_phase[phase_of(launch["ts"]) if launch is not None else "other"] += 1
+        where = phase_of(launch["ts"]) if launch is not None else "other"
+        kernels_by_phase[where] += 1
+        d = device_by_name[f"{where}: {_short(e['name'])}"]
+        d[0] += e["dur"]
+        d[1] += 1
     busy_us = sum(e - s for s, e in busy)
     host: dict = collections.defaultdict(lambda: [0.0, 0])
     for ops in ops_by_tid.values():
@@ -191,7 +197,15 @@ def gaps_of_trace(events: list[dict], min_gap_us: float = 2.0) -> dict:
         },
         "owners": sorted(([k, v[0] / 1e3, v[1]] for k, v in owners.items()), key=lambda r: -r[1])[:15],
         "host_ops": sorted(([k, v[0] / 1e3, v[1]] for k, v in host.items()), key=lambda r: -r[1])[:25],
+        "device_ops": sorted(([k, v[0] / 1e3, v[1]] for k, v in device_by_name.items()), key=lambda r: -r[1])[:30],
     }
+
+
+def _short(name: str) -> str:
+    """A kernel's name without its template arguments and parameter list (CUTLASS names run to kilobytes)."""
+    for cut in ("<", "("):
+        name = name.split(cut, 1)[0]
+    return name[:90]
 
 
 def _self_times(ops: list[dict]) -> list[list]:
@@ -286,6 +300,9 @@ def _summary(row: dict) -> str:
     lines.append("  host time by op (self, profiled step):")
     for name, ms, n in row.get("host_ops", []):
         lines.append(f"    {ms:7.3f} ms in {n:4d} calls of {name}")
+    lines.append("  device time by kernel (profiled step; phase of its launch):")
+    for name, ms, n in row.get("device_ops", []):
+        lines.append(f"    {ms:7.3f} ms in {n:4d} runs of {name}")
     return "\n".join(lines)
 
 
