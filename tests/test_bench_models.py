@@ -32,6 +32,43 @@ def test_tiny_run_writes_rows_with_times_memory_and_ratios(tmp_path):
     assert rows[0]["tokens"] == 32 and rows[2]["tokens"] == 2
     assert all("vs_grouped_mm" in r for r in rows if r["impl"] == "ragdot")
     assert "wall clock" in json.dumps(meta)
+    assert all(r["timing"] == "interleaved" for r in rows)
+    assert [r["steps"] for r in rows] == [1, 1, 4, 4]  # decode: four times --steps
+
+
+def test_interleaved_rounds_visit_each_implementation_and_a_failure_ends_only_its_lane(tmp_path, monkeypatch):
+    """Eager implementations of one (model, phase, batch) take turns; one that fails gets its status, the others
+    finish their steps. --sequential times them one after the other."""
+    visits = []
+    real = bm._step_fn
+
+    def step_fn(item, model, run, device):
+        for fn in real(item, model, run, device):
+            def step(fn=fn, impl=item.impl):
+                visits.append(impl)
+                if impl == "ragdot" and visits.count("ragdot") > 1:  # its warm-up passes, then it fails
+                    raise RuntimeError("broken implementation")
+                fn()
+            yield step
+
+    monkeypatch.setattr(bm, "_step_fn", step_fn)
+    code = main(["bench-models", "--tiny", "--impls", "grouped_mm", "ragdot", "ragdot_torch", "--phases", "train",
+                 "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "a"), "-q"])
+    assert code == 0
+    _, rows = _rows(tmp_path / "a")
+    by = {r["impl"]: r for r in rows}
+    assert by["ragdot"]["status"] == "error" and "broken implementation" in by["ragdot"]["note"]
+    assert by["grouped_mm"]["status"] == by["ragdot_torch"]["status"] == "ok"
+    assert by["grouped_mm"]["steps"] == by["ragdot_torch"]["steps"] == 2
+    # a warm-up step each, then a visit each: one untimed step and two timed ones (ragdot's first one fails)
+    assert visits == ["grouped_mm", "ragdot", "ragdot_torch"] + ["grouped_mm"] * 3 + ["ragdot"] + ["ragdot_torch"] * 3
+    visits.clear()
+    code = main(["bench-models", "--tiny", "--impls", "grouped_mm", "ragdot_torch", "--phases", "train",
+                 "--steps", "2", "--warmup", "1", "--sequential", "--out", str(tmp_path / "b"), "-q"])
+    assert code == 0
+    _, rows = _rows(tmp_path / "b")
+    assert [r["timing"] for r in rows] == ["sequential", "sequential"]
+    assert visits == ["grouped_mm"] * 3 + ["ragdot_torch"] * 3
 
 
 def test_profile_adds_kernel_time_and_top_kernels(tmp_path):

@@ -14,7 +14,14 @@ token per sequence on a cache of ``prefill_len`` tokens, batch 1, 8 and 64 by de
 ``compile`` (``torch.compile`` of the whole model, ``--compile-backend``, default inductor).
 
 Clock: CUDA events around each eager Python call of a step (a compiled model is called the same way; no CUDA
-graphs), the median over ``--steps`` steps after ``--warmup`` ones; the wall clock on a CPU. Peak memory:
+graphs), the median over ``--steps`` steps after ``--warmup`` ones; the wall clock on a CPU. In eager mode the
+implementations of one (model, phase, batch) are timed interleaved (rows say ``timing: interleaved``): after
+each one's warm-up, rounds visit every implementation in turn (the first rotating), each visit switching the
+model to it, running one untimed step (decode: a fresh prompt's prefill, then one step), then timing
+``STEPS_PER_VISIT`` steps (decode: ``DECODE_STEPS_PER_VISIT``). Decode and small prefill steps are host-bound,
+and the host's speed drifts by 10-50% over minutes, so timing implementations one after the other compares
+hosts as much as code; ``--sequential`` times them one after the other instead. Compiled rows are always
+sequential (one compiled model at a time). Peak memory:
 ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` at the start of the timed steps (weights,
 gradients and cache included). A run that does not fit is a row with status OOM; items that the ``--budget``
 leaves out are rows with status "budget". Writes bench-models-<gpu>-<date>.csv and .json under --out, rows as
@@ -25,7 +32,9 @@ they finish, and prints a table with each ragdot implementation's time and peak 
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
+import itertools
 import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -55,6 +64,8 @@ PHASES: tuple[str, ...] = ("train", "prefill", "decode")
 RAGDOT_IMPLS: tuple[str, ...] = ("ragdot", "ragdot_fused", *PINNED)
 CLOCK_CUDA = "CUDA events around each eager call, median"
 CLOCK_CPU = "wall clock around each call, median"
+STEPS_PER_VISIT = 2  # timed train or prefill steps per visit of an implementation (interleaved timing)
+DECODE_STEPS_PER_VISIT = 4  # timed decode steps per visit
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="profile one more step per row: kernel time and the top kernels (CPU: top ops)")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    parser.add_argument("--sequential", action="store_true",
+                        help="eager mode: time the implementations one after the other, not interleaved")
     parser.add_argument(
         "--budget", type=float, default=0.0, metavar="SECONDS",
         help="time budget of the whole run: once spent, the remaining rows are written with status 'budget'",
@@ -262,30 +275,108 @@ def _cache_of(out: Any) -> Any:
     return cache if cache is not None else out.past_key_values
 
 
-def measure_item(item: Item, model: torch.nn.Module, device: torch.device, args: argparse.Namespace) -> dict:
-    from ragdot.measure.timing import synchronize, timed_call
-
+def _prepare(item: Item, model: torch.nn.Module, args: argparse.Namespace) -> Callable:
+    """Switch the model to the item's implementation and train/eval mode; returns what runs a step."""
     model.set_experts_implementation(item.impl)
     model.train(item.phase == "train")
-    run: Callable = model
     if item.mode == "compile":
         torch._dynamo.reset()
-        run = torch.compile(model, backend=args.compile_backend)
+        return torch.compile(model, backend=args.compile_backend)
+    return model
+
+
+def _counts(item: Item, args: argparse.Namespace) -> tuple[int, int]:
+    """(warm-up steps, timed steps) of the item: decode steps are short, so four times as many."""
     scale = 4 if item.phase == "decode" else 1
-    warmup, steps = scale * args.warmup, scale * args.steps
-    fns = _step_fn(item, model, run, device)
-    for _ in range(warmup):
-        next(fns)()
+    return scale * args.warmup, scale * args.steps
+
+
+def _row(item: Item, times: list[float], peak: float | None, timing: str) -> dict:
+    ms = statistics.median(times)
+    return dict(ms=ms, tokens_per_s=item.tokens() / (ms / 1e3), peak_gib=peak, steps=len(times), timing=timing)
+
+
+def _peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def _reset_peak(device: torch.device) -> None:
+    from ragdot.measure.timing import synchronize
+
     synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def measure_item(item: Item, model: torch.nn.Module, device: torch.device, args: argparse.Namespace) -> dict:
+    """The row of one item timed on its own: warm-up, then the timed steps."""
+    from ragdot.measure.timing import timed_call
+
+    run = _prepare(item, model, args)
+    warmup, steps = _counts(item, args)
+    fns = _step_fn(item, model, run, device)
+    for _ in range(warmup):
+        next(fns)()
+    _reset_peak(device)
     times = [timed_call(next(fns), device)[0] for _ in range(steps)]
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    ms = statistics.median(times)
-    row = dict(ms=ms, tokens_per_s=item.tokens() / (ms / 1e3), peak_gib=peak, steps=steps)
+    row = _row(item, times, _peak_gib(device), "sequential")
     if args.profile:
         row |= profile_step(next(fns), device)
     return row
+
+
+def measure_interleaved(
+    items: list[Item], model: torch.nn.Module, device: torch.device, args: argparse.Namespace
+) -> list[dict]:
+    """The rows of one eager (model, phase, batch), its implementations timed in interleaved rounds (see the
+    module docstring). An implementation that fails gets its failure's status; the others go on."""
+    from ragdot.measure.checks import failure_status
+    from ragdot.measure.timing import timed_call
+
+    rows: list[dict] = [{} for _ in items]
+    times: list[list[float]] = [[] for _ in items]
+    peaks: list[float | None] = [None for _ in items]
+    warmup, steps = _counts(items[0], args)
+    per_visit = DECODE_STEPS_PER_VISIT if items[0].phase == "decode" else STEPS_PER_VISIT
+
+    def attempt(i: int, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Exception as exc:  # OOM and anything an implementation cannot do end only its lane
+            status, note = failure_status(exc)
+            rows[i] = {"status": status, "note": note}
+            _cleanup(model, device)
+
+    def warm(i: int) -> None:
+        fns = _step_fn(items[i], model, _prepare(items[i], model, args), device)
+        for _ in range(max(warmup, 1)):
+            next(fns)()
+
+    def visit(i: int) -> None:
+        fns = _step_fn(items[i], model, _prepare(items[i], model, args), device)
+        next(fns)()  # untimed: the first step after a switch (decode: after its prompt's prefill)
+        _reset_peak(device)
+        n = min(per_visit, steps - len(times[i]))
+        times[i].extend(timed_call(next(fns), device)[0] for _ in range(n))
+        peak = _peak_gib(device)
+        peaks[i] = peak if peaks[i] is None or peak is None else max(peaks[i], peak)
+
+    for i in range(len(items)):
+        attempt(i, functools.partial(warm, i))
+    for r in itertools.count():
+        live = [i for i in range(len(items)) if not rows[i] and len(times[i]) < steps]
+        if not live:
+            break
+        for i in live[r % len(live):] + live[: r % len(live)]:
+            attempt(i, functools.partial(visit, i))
+    for i, item in enumerate(items):
+        if not rows[i]:
+            rows[i] = _row(item, times[i], peaks[i], "interleaved")
+            if args.profile:
+                fns = _step_fn(item, model, _prepare(item, model, args), device)
+                next(fns)()
+                rows[i] |= profile_step(next(fns), device)
+    return rows
 
 
 def profile_step(fn: Callable[[], Any], device: torch.device, top: int = 12) -> dict[str, Any]:
@@ -435,37 +526,62 @@ def run(args: argparse.Namespace) -> int:
     return kept.status
 
 
+def _groups(items: list[Item], sequential: bool) -> Iterator[list[Item]]:
+    """The items in order, the implementations of one eager (model, phase, batch) together (unless
+    `sequential`); compiled items one by one."""
+    group: list[Item] = []
+    for item in items:
+        first = group[0] if group else None
+        if first is not None and (sequential or item.mode != "eager" or first.mode != "eager"
+                                  or (item.model.name, item.phase, item.batch)
+                                  != (first.model.name, first.phase, first.batch)):
+            yield group
+            group = []
+        group.append(item)
+    if group:
+        yield group
+
+
 def _run_items(items: list[Item], device, dtype, args, writer, progress) -> None:
     """Every item in order, one model built at a time; after the budget, the rest are 'budget' rows."""
     from ragdot.measure.checks import failure_status
 
-    model, built, oom = None, None, set()
-    for n, item in enumerate(items):
+    model, built, oom, left = None, None, set(), list(items)
+    for group in _groups(items, getattr(args, "sequential", False)):
         if progress.spent():
-            for rest in items[n:]:
+            for rest in left:
                 writer.add(rest.key() | {"status": "budget"})
             return
-        row, where = item.key(), (item.model.name, item.phase, item.batch, item.impl)
-        if item.mode == "compile" and where in oom:
-            writer.add(row | {"status": "OOM", "note": "out of memory in eager mode; not compiled"})
-            progress.done(f"{item.mode} {item.model.name} {item.phase} b{item.batch} {item.impl}: OOM (eager)")
-            continue
+        left = left[len(group):]
+        head = group[0]
+        skip = [i.mode == "compile" and (i.model.name, i.phase, i.batch, i.impl) in oom for i in group]
+        todo = [i for i, s in zip(group, skip, strict=True) if not s]
+        done: list[dict] = []
         try:
-            if built is not item.model:
+            if todo and built is not head.model:
                 model = None
                 _free(device)
-                model, built = build_model(item.model, device, dtype), item.model
-            row |= measure_item(item, model, device, args) | {"status": "ok"}
-        except Exception as exc:  # OOM and anything an implementation cannot do become a row, the run goes on
+                model, built = build_model(head.model, device, dtype), head.model
+            if len(todo) > 1:
+                done = measure_interleaved(todo, model, device, args)
+            elif todo:
+                done = [measure_item(todo[0], model, device, args)]
+        except Exception as exc:  # OOM and anything an implementation cannot do become rows, the run goes on
             status, note = failure_status(exc)
-            row |= {"status": status, "note": note}
-            if status == "OOM":
-                oom.add(where)
+            done = [{"status": status, "note": note} for _ in todo]
         if model is not None:
             _cleanup(model, device)
-        writer.add(row)
-        result = f"{row['ms']:.2f} ms" if row["status"] == "ok" else row["status"]
-        progress.done(f"{item.mode} {item.model.name} {item.phase} b{item.batch} {item.impl}: {result}")
+        ran = iter(done)
+        results = [{"status": "OOM", "note": "out of memory in eager mode; not compiled"} if s else next(ran)
+                   for s in skip]
+        for item, result in zip(group, results, strict=True):
+            row = item.key() | result
+            row.setdefault("status", "ok")
+            if row["status"] == "OOM" and item.mode == "eager":
+                oom.add((item.model.name, item.phase, item.batch, item.impl))
+            writer.add(row)
+            said = f"{row['ms']:.2f} ms" if row["status"] == "ok" else row["status"]
+            progress.done(f"{item.mode} {item.model.name} {item.phase} b{item.batch} {item.impl}: {said}")
 
 
 def _free(device: torch.device) -> None:

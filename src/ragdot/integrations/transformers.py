@@ -27,7 +27,8 @@ Layout flags the decorator sets, and how they are honoured:
   (``is_concatenated=False``) is refused unless the class defines its own ``_apply_gate``.
 - ``has_post_expert_norm``: ``post_expert_norm`` is applied to each expert's output row.
 - expert parallelism (``_is_expert_parallel``): ids ``>= num_experts`` mark choices held by another rank; their
-  rows get no matmul work (and a zero bias), and they add nothing to the output or to any gradient. Releases
+  rows get no matmul work, their routing weights are zeroed, and they add nothing to the output or to any
+  gradient. Releases
   without the flag (5.17) may pass such ids at any time: they are always handled there.
 
 ``fused=True`` (``register("ragdot_fused", fused=True)``) runs ``ragdot.moe.fused`` instead where the layout is
@@ -179,10 +180,13 @@ def _forward(
     sizes = routing.group_sizes[:num_experts] if ep else routing.group_sizes
     row_experts = None
     if has_bias:
-        # Off-rank rows (expert id num_experts) get a zero bias row: they stay exactly zero, no masking needed.
-        row_experts = ids.reshape(-1).index_select(0, routing.order()).clamp(0, num_experts if ep else num_experts - 1)
+        # Each permuted row's expert: the choice's id scattered to the row it was permuted to (one launch).
+        # Off-rank rows (id num_experts) take expert num_experts - 1's bias; ragged_dot leaves their products at
+        # zero and their routing weights are zeroed below, so they add nothing to the output or to any gradient.
+        flat = ids.reshape(-1)
+        row_experts = flat.new_empty(flat.shape).index_put_((routing.slots,), flat)
         if ep:
-            b_up, b_down = _zero_row_below(b_up), _zero_row_below(b_down)
+            row_experts = row_experts.clamp(max=num_experts - 1)
 
     h = _linear(rows, w_up, is_transposed, b_up, sizes, row_experts, backend)
     h = _gate(module, h) if has_gate else module.act_fn(h)
@@ -192,19 +196,14 @@ def _forward(
 
     weights = top_k_weights
     if ep:
-        # Off-rank choices sort to the tail, whose rows ragged_dot leaves at zero (biases included, see above);
-        # a post-expert norm can make them non-zero again, so mask them then. Their weights are zeroed: no
-        # routing-weight gradient.
+        # Off-rank choices sort to the tail, whose products ragged_dot leaves at zero; a bias or a post-expert
+        # norm can make those rows non-zero, so their weights are zeroed (no routing-weight gradient either), and
+        # after a post-expert norm (which could turn them into NaN) the rows themselves are masked.
         weights = weights.masked_fill(top_k_index >= num_experts, 0.0)
         if _flag(module, "has_post_expert_norm", False):
             tail = torch.arange(out.shape[0], device=out.device) >= sizes.sum()
             out = out.masked_fill(tail.unsqueeze(-1), 0.0)
     return unpermute(out, routing, weights).to(hidden_states.dtype)
-
-
-def _zero_row_below(bias: torch.Tensor) -> torch.Tensor:
-    """[E, out] -> [E + 1, out]: the biases and one zero row for the off-rank group (a few KB copied)."""
-    return torch.cat([bias, bias.new_zeros((1, bias.shape[1]))])
 
 
 def fused_applies(module: torch.nn.Module, hidden_states: torch.Tensor) -> bool:
