@@ -1,6 +1,9 @@
-"""The torchtitan integration (`ragdot.integrations.torchtitan`) on a stand-in of torchtitan's experts.
+"""The torchtitan integration (`ragdot.integrations.torchtitan`) on a stand-in of torchtitan's experts, and on
+torchtitan's own MoE layer where torchtitan is installed.
 
-torchtitan is not needed: the stand-in has its GroupedExperts' layout and `_grouped_mm` seam (float32, CPU).
+The stand-in has its GroupedExperts' layout and `_grouped_mm` seam (float32, CPU). The last test builds
+torchtitan's `MoE` (router, local token dispatcher, GroupedExperts or gpt-oss's biased GptOssGroupedExperts),
+written against torchtitan 0.3.0, and runs it patched and unpatched.
 """
 
 from __future__ import annotations
@@ -94,3 +97,61 @@ def test_torchtitan_padding_rows_are_zero_and_bad_targets_are_refused():
     torch.testing.assert_close(out[:2], a[:2] @ b[0])
     with pytest.raises(ValueError, match="target="):
         tt.patch(object)
+
+
+@pytest.mark.parametrize("experts", ["GroupedExperts", "GptOssGroupedExperts"])
+def test_torchtitan_own_moe_layer_runs_ragdot(experts, monkeypatch):
+    """torchtitan's MoE layer (bfloat16: its experts cast to it) with ragdot's reference backend in the seam
+    (Triton's CPU interpreter has no bfloat16): output, input gradient and every parameter gradient match the
+    unpatched layer's torch._grouped_mm, and ragged_dot really ran (three calls forward for SwiGLU experts, two
+    for gpt-oss's)."""
+    titan = pytest.importorskip("torchtitan.models.common.moe")
+    from torchtitan.models.common.linear import Linear
+    from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
+    from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
+
+    import ragdot.integrations.torchtitan as tt
+
+    inner = {"GroupedExperts": titan.GroupedExperts, "GptOssGroupedExperts": GptOssGroupedExperts}[experts]
+    dim, hidden, num_experts, top_k = 32, 16, 4, 2
+    config = titan.MoE.Config(
+        num_experts=num_experts,
+        routed_experts=titan.RoutedExperts.Config(
+            inner_experts=inner.Config(dim=dim, hidden_dim=hidden, num_experts=num_experts),
+            token_dispatcher=LocalTokenDispatcher.Config(num_experts=num_experts, top_k=top_k)),
+        router=titan.TokenChoiceTopKRouter.Config(
+            num_experts=num_experts, gate=Linear.Config(in_features=dim, out_features=num_experts), top_k=top_k),
+        load_balance_coeff=None,
+    )  # fmt: skip
+    torch.manual_seed(16)
+    layer = config.build()
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    layer = layer.to(torch.bfloat16)
+    x = torch.randn(2, 12, dim, generator=torch.Generator().manual_seed(17)).to(torch.bfloat16)
+
+    def step():
+        layer.zero_grad(set_to_none=True)
+        xx = x.clone().requires_grad_(True)
+        y = layer(xx)
+        y.float().pow(2).sum().backward()
+        return y.detach().float(), xx.grad.float(), {n: p.grad.float() for n, p in layer.named_parameters()}
+
+    want = step()
+    calls = []
+    real = tt.ragged_dot
+    monkeypatch.setattr(tt, "ragged_dot", lambda *a, **k: calls.append(k.get("backend")) or real(*a, **k))
+    tt.patch(backend="reference")
+    try:
+        assert tt.is_patched() and tt.is_patched(GptOssGroupedExperts)
+        got = step()
+    finally:
+        tt.unpatch()
+    assert not tt.is_patched()
+    assert calls == ["reference"] * (2 if inner is GptOssGroupedExperts else 3)
+    tol = dict(rtol=2e-2, atol=2e-2)  # bfloat16 products, summed in another order than the vendor kernel's
+    torch.testing.assert_close(got[0], want[0], **tol)
+    torch.testing.assert_close(got[1], want[1], **tol)
+    assert got[2].keys() == want[2].keys()
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], **tol, msg=f"grad of {name}")
