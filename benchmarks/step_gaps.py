@@ -203,6 +203,7 @@ def gaps_of_trace(events: list[dict], min_gap_us: float = 2.0) -> dict:
 
 def _short(name: str) -> str:
     """A kernel's name without its template arguments and parameter list (CUTLASS names run to kilobytes)."""
+    name = name.replace("(anonymous namespace)::", "")
     for cut in ("<", "("):
         name = name.split(cut, 1)[0]
     return name[:90]
