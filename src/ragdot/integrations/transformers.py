@@ -20,7 +20,8 @@ ragdot's SwiGLU function, which keeps only the up projection's output for the ba
 Layout flags the decorator sets, and how they are honoured:
 
 - ``is_transposed``: weights [E, in, out] are used as they are; [E, out, in] through a transposed view.
-- ``has_bias``: the per-expert biases ``*_proj_bias`` [E, out] are added to each row of their expert.
+- ``has_bias``: the per-expert biases ``*_proj_bias`` [E, out] are added to each row of their expert; their
+  gradient sums each expert's rows (``ragdot.moe.group_bias``: no atomic scatter, deterministic).
 - ``has_gate``: ``gate_up_proj`` followed by the class's ``_apply_gate`` (the model's activation and its
   gate/up split); without it, ``up_proj`` followed by ``act_fn``.
 - ``is_concatenated``: the gate/up split is the class's ``_apply_gate``; an interleaved layout
@@ -50,6 +51,7 @@ import torch
 
 from ragdot.api import _check_backend, ragged_dot
 from ragdot.moe.fused import fused_experts, fused_supported, sort_experts
+from ragdot.moe.group_bias import add_group_bias
 from ragdot.moe.layer import _SwiGLU, _transformed
 from ragdot.moe.permute import permute, unpermute
 
@@ -141,8 +143,8 @@ def _linear(
     backend: str | None,
 ) -> torch.Tensor:
     out = _matmul(rows, weight, is_transposed, sizes, backend)
-    if bias is not None:
-        out = out + bias.index_select(0, row_experts)
+    if bias is not None:  # its gradient sums each expert's rows (ragdot.moe.group_bias), no atomic scatter
+        out = add_group_bias(out, bias, row_experts, sizes)
     return out
 
 
