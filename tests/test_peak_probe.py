@@ -1,0 +1,34 @@
+"""benchmarks/peak_probe.py's replay of allocator events (the GPU run itself needs CUDA)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+
+def _module():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "peak_probe.py"
+    spec = importlib.util.spec_from_file_location("peak_probe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_live_at_peak_replays_allocations_and_frees():
+    probe = _module()
+    frame = [{"filename": "/x/site-packages/torch/nn/f.py", "line": 1, "name": "inner"},
+             {"filename": "/w/src/ragdot/ops.py", "line": 262, "name": "vjp"}]
+    events = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": frame},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": []},
+        {"action": "free_requested", "addr": 1, "size": 100},  # not yet free
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "alloc", "addr": 3, "size": 120, "frames": frame},  # 170 alive: the peak
+        {"action": "free_completed", "addr": 3, "size": 120},
+        {"action": "free_completed", "addr": 99, "size": 7},  # allocated before the trace: ignored
+    ]
+    found = probe.live_at_peak(events, top=5)
+    assert found["peak_bytes"] == 170
+    assert [b["size"] for b in found["blocks"]] == [120, 50]
+    assert found["blocks"][0]["where"] == "ops.py:262 vjp"  # torch's own frames skipped
+    assert found["blocks"][1]["where"] == "(no Python frame)"
