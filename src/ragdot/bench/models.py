@@ -547,7 +547,7 @@ def _run_items(items: list[Item], device, dtype, args, writer, progress) -> None
     from ragdot.measure.checks import failure_status
 
     model, built, oom, left = None, None, set(), list(items)
-    for group in _groups(items, getattr(args, "sequential", False)):
+    for group in _groups(items, args.sequential):
         if progress.spent():
             for rest in left:
                 writer.add(rest.key() | {"status": "budget"})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ragdot.groups import group_ends_from_sizes
 from ragdot.ops import _transformed
 
 __all__ = ["add_group_bias", "group_sums"]
@@ -23,8 +24,9 @@ __all__ = ["add_group_bias", "group_sums"]
 def _torch_group_sums(x: torch.Tensor, sizes: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """The same sums with torch ops (CPU, or CUDA without Triton, where index_add_'s atomics reorder them)."""
     groups, rows = sizes.shape[0], x.shape[0]
-    ends = torch.cumsum(sizes.clamp_min(0).to(torch.int64), 0).clamp_max(rows)
-    group = torch.searchsorted(ends, torch.arange(rows, device=x.device), right=True)  # `groups` past the last
+    ends = group_ends_from_sizes(sizes, rows)  # negatives as 0, clamped to the rows
+    # each row's group; rows past the last group get `groups`, a slot dropped below
+    group = torch.searchsorted(ends, torch.arange(rows, device=x.device, dtype=ends.dtype), right=True)
     acc = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for float64 rows
     out = torch.zeros((groups + 1, x.shape[1]), dtype=acc, device=x.device)
     return out.index_add_(0, group, x.to(acc))[:groups].to(out_dtype)
