@@ -195,10 +195,15 @@ def gaps_of_trace(events: list[dict], min_gap_us: float = 2.0) -> dict:
                    "idle_ms": idle_by_phase.get(name, 0.0) / 1e3, "kernels": kernels_by_phase.get(name, 0)}
             for name in (*PHASES, "other")
         },
-        "owners": sorted(([k, v[0] / 1e3, v[1]] for k, v in owners.items()), key=lambda r: -r[1])[:15],
-        "host_ops": sorted(([k, v[0] / 1e3, v[1]] for k, v in host.items()), key=lambda r: -r[1])[:25],
-        "device_ops": sorted(([k, v[0] / 1e3, v[1]] for k, v in device_by_name.items()), key=lambda r: -r[1])[:30],
+        "owners": _ranked(owners, 15),
+        "host_ops": _ranked(host, 25),
+        "device_ops": _ranked(device_by_name, 30),
     }
+
+
+def _ranked(totals: dict, top: int) -> list[list]:
+    """[name, ms, count] of the `top` largest of {name: [µs, count]}, largest first."""
+    return sorted(([k, v[0] / 1e3, v[1]] for k, v in totals.items()), key=lambda r: -r[1])[:top]
 
 
 def _short(name: str) -> str:
