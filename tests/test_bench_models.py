@@ -71,12 +71,14 @@ def test_interleaved_rounds_visit_each_implementation_and_a_failure_ends_only_it
     assert visits == ["grouped_mm"] * 3 + ["ragdot_torch"] * 3
 
 
-def test_profile_adds_kernel_time_and_top_kernels(tmp_path):
-    code = main(["bench-models", "--tiny", "--impls", "ragdot", "--phases", "train", "--steps", "1", "--warmup",
+@pytest.mark.parametrize("impls", [["ragdot"], ["grouped_mm", "ragdot"]], ids=["alone", "interleaved"])
+def test_profile_adds_kernel_time_and_top_kernels(tmp_path, impls):
+    code = main(["bench-models", "--tiny", "--impls", *impls, "--phases", "train", "--steps", "1", "--warmup",
                  "0", "--profile", "--out", str(tmp_path), "-q"])
     assert code == 0
-    _, (row,) = _rows(tmp_path)
-    assert row["status"] == "ok" and row["kernel_ms"] > 0 and "=" in row["top_kernels"]
+    _, rows = _rows(tmp_path)
+    assert [r["impl"] for r in rows] == impls
+    assert all(r["status"] == "ok" and r["kernel_ms"] > 0 and "=" in r["top_kernels"] for r in rows)
 
 
 def test_compiled_train_step_runs(tmp_path):

@@ -352,9 +352,14 @@ def measure_interleaved(
         for _ in range(max(warmup, 1)):
             next(fns)()
 
-    def visit(i: int) -> None:
+    def switch(i: int) -> Iterator[Callable[[], Any]]:
+        """The model switched to item i, its first step run untimed (decode: after its prompt's prefill)."""
         fns = _step_fn(items[i], model, _prepare(items[i], model, args), device)
-        next(fns)()  # untimed: the first step after a switch (decode: after its prompt's prefill)
+        next(fns)()
+        return fns
+
+    def visit(i: int) -> None:
+        fns = switch(i)
         _reset_peak(device)
         n = min(per_visit, steps - len(times[i]))
         times[i].extend(timed_call(next(fns), device)[0] for _ in range(n))
@@ -373,9 +378,7 @@ def measure_interleaved(
         if not rows[i]:
             rows[i] = _row(item, times[i], peaks[i], "interleaved")
             if args.profile:
-                fns = _step_fn(item, model, _prepare(item, model, args), device)
-                next(fns)()
-                rows[i] |= profile_step(next(fns), device)
+                rows[i] |= profile_step(next(switch(i)), device)
     return rows
 
 
