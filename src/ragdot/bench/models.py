@@ -331,7 +331,7 @@ def measure_interleaved(
     """The rows of one eager (model, phase, batch), its implementations timed in interleaved rounds (see the
     module docstring). An implementation that fails gets its failure's status; the others go on."""
     from ragdot.measure.checks import failure_status
-    from ragdot.measure.timing import timed_call
+    from ragdot.measure.timing import rotated, timed_call
 
     rows: list[dict] = [{} for _ in items]
     times: list[list[float]] = [[] for _ in items]
@@ -372,7 +372,7 @@ def measure_interleaved(
         live = [i for i in range(len(items)) if not rows[i] and len(times[i]) < steps]
         if not live:
             break
-        for i in live[r % len(live):] + live[: r % len(live)]:
+        for i in rotated(live, r):
             attempt(i, functools.partial(visit, i))
     for i, item in enumerate(items):
         if not rows[i]:

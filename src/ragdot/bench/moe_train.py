@@ -30,7 +30,7 @@ import torch
 
 from ragdot.cli_common import quiet_native_stderr
 from ragdot.measure.checks import failure_status
-from ragdot.measure.timing import capture_graph, event_ms, free_memory, synchronize
+from ragdot.measure.timing import capture_graph, event_ms, free_memory, rotated, synchronize
 from ragdot.moe.variants import VARIANTS, Variant
 
 __all__ = ["ROUTING_OPS", "run_config", "run_config_in_subprocess"]
@@ -300,7 +300,7 @@ def _rounds(s: _Setup, lanes: list[_Lane]) -> None:
         if not live:
             return
         visited = False
-        for lane in live[r % len(live) :] + live[: r % len(live)]:
+        for lane in rotated(live, r):
             n = _visit_steps(len(lane.times), s.args.steps, time.perf_counter() > deadline)
             if n > 0:
                 visited = True

@@ -73,6 +73,7 @@ __all__ = [
     "spans_ms",
     "is_host_bound",
     "view_of",
+    "rotated",
     "parse_clocks",
     "DEFAULT_ROUNDS",
     "EAGER",
@@ -467,8 +468,7 @@ def measure_clocks(
         lanes += _lanes(system, device, clocks, warm, n_iter)
     n_rounds = max(1, min(rounds, max((lane.samples for lane in lanes), default=1)))
     for r in range(n_rounds):
-        shift = r % len(lanes) if lanes else 0
-        for lane in lanes[shift:] + lanes[:shift]:
+        for lane in rotated(lanes, r):
             count = _share(lane.samples, n_rounds, r)
             if count == 0:
                 continue
@@ -484,6 +484,13 @@ def measure_clocks(
             lane.timing.samples_ms += samples
             lane.timing.host_ms += hosts
     return {(lane.system.name, lane.clock): lane.timing for lane in lanes}
+
+
+def rotated(items: Sequence[Any], r: int) -> list[Any]:
+    """`items` starting at index r mod len (round r of interleaved timing visits them in this order, so that
+    each one goes first in turn); [] for no items."""
+    shift = r % len(items) if items else 0
+    return [*items[shift:], *items[:shift]]
 
 
 def measure(
