@@ -1,6 +1,7 @@
 """What is alive at the memory peak of one transformers train step, per experts implementation (CUDA).
 
     python benchmarks/peak_probe.py --model gpt-oss --impls grouped_mm ragdot --modes compile eager --layers 2
+    python benchmarks/peak_probe.py --modes compile --timeline 256    # and the large blocks in order
 
 Builds the `ragdot bench-models` model, runs warm-up train steps, then records the CUDA caching allocator's
 history (`torch.cuda.memory._record_memory_history`, Python stacks) over one more step, replays its
@@ -44,6 +45,27 @@ def live_at_peak(events: list[dict], top: int = 12) -> dict:
     return {"peak_bytes": peak, "blocks": [{"size": b["size"], "where": _where(b)} for b in peak_blocks]}
 
 
+def timeline(events: list[dict], min_bytes: int) -> list[dict]:
+    """The allocations and frees of blocks of at least `min_bytes` in trace order, each with the bytes allocated
+    during the trace just after it (all blocks counted) and where the block was allocated."""
+    live: dict[int, dict] = {}
+    now = 0
+    rows = []
+    for e in events:
+        action = e.get("action")
+        if action == "alloc":
+            live[e["addr"]] = e
+            now += e["size"]
+        elif action == "free_completed" and e["addr"] in live:
+            e = live.pop(e["addr"])
+            now -= e["size"]
+        else:
+            continue
+        if e["size"] >= min_bytes:
+            rows.append({"action": action, "mib": e["size"] / 2**20, "now_gib": now / 2**30, "where": _where(e, 2)})
+    return rows
+
+
 def _where(block: dict, frames: int = 4) -> str:
     """The innermost frames of a block's stack outside torch's own files, innermost first."""
     out = []
@@ -57,7 +79,7 @@ def _where(block: dict, frames: int = 4) -> str:
     return " <- ".join(out) or "(no Python frame)"
 
 
-def probe(model_name: str, impl: str, mode: str, layers: int, device: torch.device) -> dict:
+def probe(model_name: str, impl: str, mode: str, layers: int, device: torch.device, min_mib: float = 0) -> dict:
     from ragdot.bench.models import MODELS, _ids, build_model
     spec = MODELS[model_name]
     spec = dataclasses.replace(spec, config={**spec.config, "num_hidden_layers": layers})
@@ -89,7 +111,8 @@ def probe(model_name: str, impl: str, mode: str, layers: int, device: torch.devi
     found = live_at_peak(events)
     return {"model": model_name, "impl": impl, "mode": mode, "layers": layers, "before_gib": base / 2**30,
             "peak_gib": peak / 2**30, "step_peak_gib": found["peak_bytes"] / 2**30,
-            "blocks": [{"mib": b["size"] / 2**20, "where": b["where"]} for b in found["blocks"]]}
+            "blocks": [{"mib": b["size"] / 2**20, "where": b["where"]} for b in found["blocks"]],
+            "timeline": timeline(events, int(min_mib * 2**20)) if min_mib > 0 else []}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impls", nargs="+", default=["grouped_mm", "ragdot"])
     ap.add_argument("--modes", nargs="+", default=["compile", "eager"], choices=["compile", "eager"])
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--timeline", type=float, default=0, metavar="MIB",
+                    help="also print every allocation and free of a block of at least MIB MiB, in order")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -111,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for mode in args.modes:
         for impl in args.impls:
-            row = probe(args.model, impl, mode, args.layers, torch.device("cuda"))
+            row = probe(args.model, impl, mode, args.layers, torch.device("cuda"), args.timeline)
             torch._dynamo.reset()
             free_memory(torch.device("cuda"))
             rows.append(row)
@@ -120,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             for b in row["blocks"]:
                 print(f"  {b['mib']:9.1f} MiB  {b['where']}", flush=True)
+            if row["timeline"]:
+                print("  timeline (block, then GiB allocated during the step after it):")
+            for t in row["timeline"]:
+                print(f"    {t['action']:>14} {t['mib']:9.1f} MiB -> {t['now_gib']:6.2f}  {t['where']}", flush=True)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "peak-probe.json").write_text(json.dumps(rows, indent=1))

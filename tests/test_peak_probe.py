@@ -32,3 +32,16 @@ def test_live_at_peak_replays_allocations_and_frees():
     assert [b["size"] for b in found["blocks"]] == [120, 50]
     assert found["blocks"][0]["where"] == "ops.py:262 vjp"  # torch's own frames skipped
     assert found["blocks"][1]["where"] == "(no Python frame)"
+
+
+def test_timeline_lists_large_blocks_in_order_with_the_running_total():
+    probe = _module()
+    events = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": []},
+        {"action": "alloc", "addr": 2, "size": 5, "frames": []},  # small: counted, not listed
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "free_completed", "addr": 99, "size": 300},  # allocated before the trace: ignored
+    ]
+    rows = probe.timeline(events, min_bytes=50)
+    assert [(r["action"], r["mib"] * 2**20) for r in rows] == [("alloc", 100), ("free_completed", 100)]
+    assert [round(r["now_gib"] * 2**30) for r in rows] == [100, 5]
