@@ -155,6 +155,38 @@ def test_custom_ops_pass_opcheck():
     torch.library.opcheck(ops.batch_op, (a, torch.randn(1, 8, 4), torch.float32, "reference"))
 
 
+@pytest.mark.parametrize("backend", ragdot.backends())
+def test_out_variants_write_every_element_of_a_poisoned_buffer(backend, device):
+    gen = torch.Generator().manual_seed(3)
+    dtype = torch.float32 if backend != "gluon" else torch.bfloat16
+    a = torch.randn(1, 12, 8, generator=gen).to(device, dtype)
+    sizes = torch.tensor([4, 0, 6], dtype=torch.int32, device=device)  # rows 10, 11 outside every group
+    a[0, 10:] = float("nan")
+    cases = [
+        ("ragged_m", torch.ops.ragdot.ragged_m, (a, torch.randn(1, 3, 8, 5, generator=gen).to(device, dtype), sizes)),
+        ("ragged_k", torch.ops.ragdot.ragged_k, (a, torch.randn(1, 12, 6, generator=gen).to(device, dtype), sizes)),
+    ]
+    for name, op, (x, y, s) in cases:
+        want = op.default(x, y, s, dtype, backend, 1)
+        out = torch.full_like(want, float("nan"))  # what inductor hands over may hold anything
+        got = op.out(x, y, s, dtype, backend, 1, out=out)
+        assert got is out and torch.equal(out, want), name
+    x, y = torch.randn(2, 3, 4, generator=gen).to(device, dtype), torch.randn(2, 4, 5, generator=gen).to(device, dtype)
+    want = torch.ops.ragdot.batch.default(x, y, dtype, backend)
+    out = torch.full_like(want, float("nan"))
+    assert torch.equal(torch.ops.ragdot.batch.out(x, y, dtype, backend, out=out), want)
+    args = (*cases[0][2], dtype, backend, 1)
+    out = torch.empty(1, 12, 5, dtype=dtype, device=device)
+    torch.library.opcheck(torch.ops.ragdot.ragged_m.out, args, {"out": out})
+
+
+def test_inductor_finds_the_out_variants():
+    out_variant = pytest.importorskip("torch._library._out_variant")
+    for name in ("ragged_m", "ragged_k", "batch"):
+        packet = getattr(torch.ops.ragdot, name)
+        assert out_variant.to_out_variant(packet.default) is packet.out
+
+
 def test_torch_compile_fullgraph_traces_a_model():
     class Experts(torch.nn.Module):
         def __init__(self):

@@ -397,6 +397,46 @@ def apply_op(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor
     return op(a, b, sizes, out_dtype, backend, scale)
 
 
+# ---- out variants: inductor lowers a functional custom op that has a `.out` overload (same arguments, one
+# keyword `out`) to a call of that overload on a buffer it allocates itself (torch 2.11+: `ExternKernelOut`),
+# so its memory planning sees the output's size. As an opaque op whose kernel allocates, a weight gradient
+# counted as free in its peak-memory orders: inductor computed each one where its layer's backward ran instead
+# of at the end of the backward, and all of them were alive at the attention backward's peak.
+
+
+def run_into(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, out_dtype: torch.dtype,
+             backend: str, scale: int, out: torch.Tensor) -> torch.Tensor:
+    """One canonical problem written into `out` (its contiguous canonical output): the kernel writes there
+    where the chosen backend's prepared calls can (`writes_into`), else the result is copied."""
+    r = runner(problem, backend, a, b, 0 if sizes is None else sizes.shape[0], out_dtype, scale, into=True)
+    kernel = getattr(r.fn, "prepared", None)
+    if kernel is not None and out.is_contiguous() and tuple(out.shape) == r.out_shape and out.dtype == out_dtype:
+        try:
+            kernel(a, b, sizes, out)
+            return out
+        except NotImplementedError:
+            pass  # the runner's own call moves `auto` on to the next candidate
+    return out.copy_(r(a, b, sizes))
+
+
+_OUT_LIB = torch.library.Library(_LIB, "FRAGMENT")
+_OUT_TAGS = tuple(getattr(torch.Tag, t) for t in ("out", "out_variant") if hasattr(torch.Tag, t))
+
+
+def _define_out(name: str, args: str, impl: Callable[..., torch.Tensor]) -> None:
+    _OUT_LIB.define(f"{name}.out({args}, *, Tensor(a!) out) -> Tensor(a!)", tags=_OUT_TAGS)
+    _OUT_LIB.impl(f"{name}.out", impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{_LIB}::{name}.out", lambda *args, out: out, lib=_OUT_LIB)
+
+
+_RAGGED_ARGS = "Tensor a, Tensor b, Tensor group_sizes, ScalarType out_dtype, str backend, SymInt scale"
+for _name in ("ragged_m", "ragged_k"):
+    _define_out(_name, _RAGGED_ARGS, lambda a, b, group_sizes, out_dtype, backend, scale, *, out, _p=_name:
+                run_into(_p, a, b, group_sizes, out_dtype, backend, scale, out))
+_define_out("batch", "Tensor a, Tensor b, ScalarType out_dtype, str backend",
+            lambda a, b, out_dtype, backend, *, out: run_into("batch", a, b, None, out_dtype, backend, 1, out))
+
+
 def _setup(ctx, inputs, output):
     ctx.save_for_backward(*(t for t in inputs if isinstance(t, torch.Tensor)))
     ragged = len(inputs) == 6  # (a, b, sizes, out_dtype, backend, scale); batch: (a, b, out_dtype, backend)
