@@ -33,6 +33,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 
 from ragdot.backends import get_backend
+from ragdot.inductor_lowering import maybe_install
 from ragdot.tune.cache import CACHE
 from ragdot.tune.select import plan
 
@@ -361,6 +362,7 @@ def ragged_m_op(
 
 @ragged_m_op.register_fake
 def _(a, b, group_sizes, out_dtype, backend, scale):
+    maybe_install()
     return a.new_empty((a.shape[0], a.shape[1], b.shape[3]), dtype=out_dtype)
 
 
@@ -374,6 +376,7 @@ def ragged_k_op(
 
 @ragged_k_op.register_fake
 def _(a, b, group_sizes, out_dtype, backend, scale):
+    maybe_install()
     return a.new_empty((group_sizes.shape[0], a.shape[0], a.shape[2], b.shape[2]), dtype=out_dtype)
 
 
@@ -385,6 +388,7 @@ def batch_op(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, backend: 
 
 @batch_op.register_fake
 def _(a, b, out_dtype, backend):
+    maybe_install()
     return a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=out_dtype)
 
 
@@ -398,10 +402,9 @@ def apply_op(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor
 
 
 # ---- out variants: inductor lowers a functional custom op that has a `.out` overload (same arguments, one
-# keyword `out`) to a call of that overload on a buffer it allocates itself (torch 2.11+: `ExternKernelOut`),
-# so its memory planning sees the output's size. As an opaque op whose kernel allocates, a weight gradient
-# counted as free in its peak-memory orders: inductor computed each one where its layer's backward ran instead
-# of at the end of the backward, and all of them were alive at the attention backward's peak.
+# keyword `out`, nothing returned) to a call of that overload on a buffer it allocates and plans itself
+# (`ExternKernelOut`: natively in torch releases after 2.11, else through `ragdot.inductor_lowering`), so its
+# peak-memory ordering sees the output's size (why that matters: `ragdot.inductor_lowering`).
 
 
 def run_into(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, out_dtype: torch.dtype,
@@ -423,18 +426,23 @@ _OUT_LIB = torch.library.Library(_LIB, "FRAGMENT")
 _OUT_TAGS = tuple(getattr(torch.Tag, t) for t in ("out", "out_variant") if hasattr(torch.Tag, t))
 
 
-def _define_out(name: str, args: str, impl: Callable[..., torch.Tensor]) -> None:
+def _define_out(name: str, args: str, problem: str) -> None:
+    def impl(*call: Any, out: torch.Tensor) -> torch.Tensor:
+        a, b, *rest = call
+        sizes, (out_dtype, backend, scale) = (None, (*rest, 1)) if problem == "batch" else (rest[0], rest[1:])
+        return run_into(problem, a, b, sizes, out_dtype, backend, scale, out)
+
+    # returns `out` (torch requires an `out`-tagged overload to return its mutable argument); only inductor's
+    # generated code calls it, after functionalization (which cannot take custom ops returning aliases)
     _OUT_LIB.define(f"{name}.out({args}, *, Tensor(a!) out) -> Tensor(a!)", tags=_OUT_TAGS)
     _OUT_LIB.impl(f"{name}.out", impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{_LIB}::{name}.out", lambda *args, out: out, lib=_OUT_LIB)
 
 
 _RAGGED_ARGS = "Tensor a, Tensor b, Tensor group_sizes, ScalarType out_dtype, str backend, SymInt scale"
-for _name in ("ragged_m", "ragged_k"):
-    _define_out(_name, _RAGGED_ARGS, lambda a, b, group_sizes, out_dtype, backend, scale, *, out, _p=_name:
-                run_into(_p, a, b, group_sizes, out_dtype, backend, scale, out))
-_define_out("batch", "Tensor a, Tensor b, ScalarType out_dtype, str backend",
-            lambda a, b, out_dtype, backend, *, out: run_into("batch", a, b, None, out_dtype, backend, 1, out))
+_define_out("ragged_m", _RAGGED_ARGS, "ragged_m")
+_define_out("ragged_k", _RAGGED_ARGS, "ragged_k")
+_define_out("batch", "Tensor a, Tensor b, ScalarType out_dtype, str backend", "batch")
 
 
 def _setup(ctx, inputs, output):

@@ -1,0 +1,91 @@
+"""Inductor lowers ragdot's canonical custom ops to calls of their `.out` overloads on buffers it plans.
+
+A functional custom op reaches inductor as an opaque kernel that allocates its own output; inductor's
+peak-memory ordering then counts that output through a zero-size child node, and its depth-first order, which
+visits small nodes first, pulls every such op (and all it depends on) as early as it can run. In a compiled
+train step this put each layer's expert weight gradients where its backward ran, instead of at the end of the
+backward as for `torch._grouped_mm` (an op inductor knows), so all of them were alive at the attention
+backward's peak (gpt-oss-like, 2 layers: +3.4 GiB). Lowered to `ExternKernelOut`, the output is a buffer of
+known size that inductor allocates (and may reuse), and the weight gradients can move to the end.
+
+torch releases whose inductor does this for any custom op with a `.out` overload (`torch._library.
+_out_variant`, newer than 2.11) need nothing from here; for the others `install` registers the same lowering
+for ragdot's ops, through inductor's internal API. Anything that does not fit that API leaves the ops on
+inductor's default path (results are the same either way).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any
+
+import torch
+
+__all__ = ["install", "maybe_install", "native"]
+
+_OPS = ("ragged_m", "ragged_k", "batch")
+_state: dict[str, Any] = {"done": False, "lowered": 0}  # lowered: ops lowered here (a count, for tests)
+
+
+def native() -> bool:
+    """Whether this torch's inductor lowers custom ops with a `.out` overload by itself."""
+    try:
+        from torch._inductor import ir
+
+        return "to_out_variant" in inspect.getsource(ir.FallbackKernel.create)
+    except (ImportError, OSError, TypeError, AttributeError):
+        return False
+
+
+def maybe_install() -> None:
+    """Called while a ragdot op is traced: installs the lowerings once, when inductor is loaded (so tracing
+    for another backend never imports it) and does not lower `.out` overloads itself."""
+    if not _state["done"] and "torch._inductor.lowering" in sys.modules:
+        _state["done"] = True
+        if not native():
+            install()
+
+
+def install() -> bool:
+    """Registers the `.out` lowering of ragdot's canonical ops with inductor; False where its API differs.
+    Each op first gets inductor's own implicit fallback (the default layout constraint on its inputs and
+    realized inputs, as inductor gives any custom op), whose lowering is then replaced."""
+    try:
+        from torch._inductor import ir
+        from torch._inductor.lowering import (
+            fallback_handler,
+            make_fallback,
+            register_lowering,
+            tag_to_layout_constraint,
+        )
+        from torch._library.utils import get_layout_constraint_tag
+
+        for name in _OPS:
+            packet = getattr(torch.ops.ragdot, name)
+            constraint = tag_to_layout_constraint(get_layout_constraint_tag(packet.default, with_default=True))
+            make_fallback(packet.default, layout_constraint=constraint, warn=False)
+            register_lowering(packet.default, type_promotion_kind=None)(_lowering(ir, packet, fallback_handler))
+    except (ImportError, AttributeError, TypeError, AssertionError):
+        return False
+    return True
+
+
+def _lowering(ir: Any, packet: Any, fallback_handler: Any):
+    kernel, out_op = packet.default, packet.out
+    default = fallback_handler(kernel, add_to_fallback_set=False)
+
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        try:
+            example, tensor_args, constant_args = ir.FallbackKernel.process_kernel(kernel, *args, **kwargs)[:3]
+            layout = ir.FixedLayout(device=example.device, dtype=example.dtype, size=[*example.shape],
+                                    stride=[*example.stride()])
+            node = ir.ExternKernelOut(layout=layout, inputs=list(tensor_args), constant_args=list(constant_args),
+                                      kwargs=kwargs, python_kernel_name=f"torch.ops.ragdot.{packet.__name__}.out",
+                                      op_overload=out_op)
+        except Exception:  # noqa: BLE001 - an inductor whose IR differs: its default lowering
+            return default(*args, **kwargs)
+        _state["lowered"] += 1
+        return ir.TensorBox.create(node)
+
+    return lower

@@ -1,0 +1,50 @@
+"""ragdot.inductor_lowering: the canonical ops lowered to calls of their `.out` overloads on inductor's buffers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ragdot
+from ragdot import inductor_lowering
+
+
+def _step(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    h = torch.relu(ragdot.ragged_dot(x, w1, sizes, backend="reference"))
+    return (ragdot.ragged_dot(h, w2, sizes, backend="reference") ** 2).sum()
+
+
+def test_native_is_a_plain_answer():
+    assert inductor_lowering.native() in (True, False)
+
+
+def test_installed_lowering_calls_the_out_overloads_with_the_same_results():
+    pytest.importorskip("torch._inductor")
+    from torch._inductor.utils import run_and_get_code
+
+    assert inductor_lowering.install()  # also where this torch lowers .out overloads natively (it is replaced)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 8, generator=gen).requires_grad_()
+    w1 = torch.randn(3, 8, 16, generator=gen).requires_grad_()
+    w2 = torch.randn(3, 16, 8, generator=gen).requires_grad_()
+    sizes = torch.tensor([9, 0, 11])  # 4 rows past the last group: their products are zero
+    torch._dynamo.reset()
+    compiled = torch.compile(_step, fullgraph=True, backend="inductor")
+
+    def run():
+        loss = compiled(x, w1, w2, sizes)
+        loss.backward()
+        return loss
+
+    before = inductor_lowering._state["lowered"]
+    loss, codes = run_and_get_code(run)
+    assert inductor_lowering._state["lowered"] - before == 6  # 2 forward products, 2 data and 2 weight gradients
+    got = (loss.detach(), x.grad, w1.grad, w2.grad)
+    x.grad = w1.grad = w2.grad = None
+    want_loss = _step(x, w1, w2, sizes)
+    want_loss.backward()
+    for g, w in zip(got, (want_loss.detach(), x.grad, w1.grad, w2.grad)):
+        torch.testing.assert_close(g, w)
+    code = "\n".join(codes)
+    assert "torch.ops.ragdot.ragged_m.out(" in code and "torch.ops.ragdot.ragged_k.out(" in code
+    assert "ragged_k.default(" not in code and "ragged_m.default(" not in code
