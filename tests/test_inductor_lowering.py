@@ -48,3 +48,21 @@ def test_installed_lowering_calls_the_out_overloads_with_the_same_results():
     code = "\n".join(codes)
     assert "torch.ops.ragdot.ragged_m.out(" in code and "torch.ops.ragdot.ragged_k.out(" in code
     assert "ragged_k.default(" not in code and "ragged_m.default(" not in code
+
+
+@pytest.mark.parametrize("env, native, installs", [(None, False, False), ("1", False, True), ("1", True, False)])
+def test_maybe_install_needs_the_switch_and_an_inductor_without_its_own(env, native, installs, monkeypatch):
+    import sys
+
+    calls = []
+    monkeypatch.setitem(inductor_lowering._state, "done", False)
+    monkeypatch.setitem(sys.modules, "torch._inductor.lowering", sys.modules.get("torch._inductor.lowering", object()))
+    monkeypatch.setattr(inductor_lowering, "install", lambda: calls.append(1) or True)
+    monkeypatch.setattr(inductor_lowering, "native", lambda: native)
+    if env is None:
+        monkeypatch.delenv("RAGDOT_INDUCTOR_OUT", raising=False)
+    else:
+        monkeypatch.setenv("RAGDOT_INDUCTOR_OUT", env)
+    inductor_lowering.maybe_install()
+    inductor_lowering.maybe_install()  # once per process
+    assert calls == ([1] if installs else [])

@@ -8,15 +8,18 @@ backward as for `torch._grouped_mm` (an op inductor knows), so all of them were 
 backward's peak (gpt-oss-like, 2 layers: +3.4 GiB). Lowered to `ExternKernelOut`, the output is a buffer of
 known size that inductor allocates (and may reuse), and the weight gradients can move to the end.
 
-torch releases whose inductor does this for any custom op with a `.out` overload (`torch._library.
-_out_variant`, newer than 2.11) need nothing from here; for the others `install` registers the same lowering
-for ragdot's ops, through inductor's internal API. Anything that does not fit that API leaves the ops on
-inductor's default path (results are the same either way).
+torch releases whose inductor does this for any custom op with a `.out` overload (later than 2.11; the CPU
+tests run it on 2.13) need nothing from here. For the others `install` registers the same lowering for
+ragdot's ops through inductor's internal API; `maybe_install` does so only with `RAGDOT_INDUCTOR_OUT=1` in the
+environment, because that path has run on the CPU (torch 2.13, where it replaces the native one) but not yet
+on a GPU's torch 2.11. An inductor whose internal API does not fit leaves the ops on its default lowering
+(results are the same either way), and so does the C++ wrapper (AOTInductor).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from typing import Any
 
@@ -40,10 +43,10 @@ def native() -> bool:
 
 def maybe_install() -> None:
     """Called while a ragdot op is traced: installs the lowerings once, when inductor is loaded (so tracing
-    for another backend never imports it) and does not lower `.out` overloads itself."""
+    for another backend never imports it), does not lower `.out` overloads itself, and RAGDOT_INDUCTOR_OUT=1."""
     if not _state["done"] and "torch._inductor.lowering" in sys.modules:
         _state["done"] = True
-        if not native():
+        if os.environ.get("RAGDOT_INDUCTOR_OUT", "") == "1" and not native():
             install()
 
 
@@ -76,6 +79,10 @@ def _lowering(ir: Any, packet: Any, fallback_handler: Any):
     default = fallback_handler(kernel, add_to_fallback_set=False)
 
     def lower(*args: Any, **kwargs: Any) -> Any:
+        from torch._inductor.virtualized import V
+
+        if getattr(V.graph, "cpp_wrapper", False):
+            return default(*args, **kwargs)
         try:
             example, tensor_args, constant_args = ir.FallbackKernel.process_kernel(kernel, *args, **kwargs)[:3]
             layout = ir.FixedLayout(device=example.device, dtype=example.dtype, size=[*example.shape],
