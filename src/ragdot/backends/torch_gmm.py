@@ -15,6 +15,7 @@ moves on.
 from __future__ import annotations
 
 import array
+import itertools
 
 import torch
 
@@ -135,10 +136,15 @@ class _HostEnds:
 
     def __call__(self, sizes: torch.Tensor) -> torch.Tensor:
         rows, scale, extent = self.rows, self.scale, self.extent
-        total, ends = 0, array.array("i")
-        for size in sizes.tolist():
-            total += min(max(size, 0), rows)
-            ends.append(min(total * scale, extent))
+        listed = sizes.tolist()
+        running = list(itertools.accumulate(listed))
+        if min(listed) >= 0 and running[-1] <= rows:  # no size to clamp (the usual case): the running sums
+            ends = array.array("i", running if scale == 1 else [e * scale for e in running])
+        else:
+            total, ends = 0, array.array("i")
+            for size in listed:
+                total += min(max(size, 0), rows)
+                ends.append(min(total * scale, extent))
         out = torch.frombuffer(ends, dtype=torch.int32)  # holds a reference to the buffer
         self.last = (out, ends[-1])
         return out
