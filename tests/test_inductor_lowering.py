@@ -66,3 +66,49 @@ def test_maybe_install_needs_the_switch_and_an_inductor_without_its_own(env, nat
     inductor_lowering.maybe_install()
     inductor_lowering.maybe_install()  # once per process
     assert calls == ([1] if installs else [])
+
+
+def test_run_into_copies_where_the_buffer_is_not_the_kernels_layout():
+    from ragdot import ops
+
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(1, 10, 4, generator=gen), torch.randn(1, 2, 4, 6, generator=gen)
+    sizes = torch.tensor([3, 5])
+    want = ops.run("ragged_m", a, b, sizes, torch.float32, "auto")
+    out = torch.full((1, 6, 10), float("nan")).transpose(1, 2)  # [1, 10, 6], not contiguous
+    assert ops.run_into("ragged_m", a, b, sizes, torch.float32, "auto", 1, out) is out
+    assert torch.equal(out, want)
+
+
+@pytest.mark.gpu
+def test_installed_lowering_on_cuda_matches_eager_in_bfloat16():
+    from torch._inductor.utils import run_and_get_code
+
+    assert inductor_lowering.install()
+    gen = torch.Generator().manual_seed(2)
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    x = torch.randn(512, 64, generator=gen).to(dev, bf16).requires_grad_()
+    w = torch.randn(8, 64, 128, generator=gen).to(dev, bf16).requires_grad_()
+    sizes = torch.tensor([70, 0, 90, 64, 64, 100, 20, 50], device=dev)  # 54 rows past the last group
+    x.data[458:] = float("nan")  # never read into a result
+
+    def step(x, w, sizes):
+        return ragdot.ragged_dot(x, w, sizes).float().square().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+
+    def run():
+        loss = compiled(x, w, sizes)
+        loss.backward()
+        return loss
+
+    loss, codes = run_and_get_code(run)
+    got = (loss.detach(), x.grad[:458], w.grad)
+    x.grad = w.grad = None
+    want = step(x, w, sizes)
+    want.backward()
+    torch.testing.assert_close(got[0], want.detach(), rtol=2e-2, atol=1e-2)
+    torch.testing.assert_close(got[1], x.grad[:458], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got[2], w.grad, rtol=2e-2, atol=2e-2)
+    assert "torch.ops.ragdot.ragged_k.out(" in "\n".join(codes)
