@@ -192,19 +192,18 @@ def _suites() -> dict[str, Suite]:
                              "--configs", "deepseek3-test", "deepseek2-16b", "qwen3-30b-a3b", "gemma4-26b"), 180,
                  tail=10),
         )),
-        "inductor-out": Suite("ragdot's ops lowered to their .out overloads (RAGDOT_INDUCTOR_OUT=1) on a torch "
-                              "without the native lowering: GPU tests, compiled gpt-oss-like peak and step, off / on", (
+        "inductor-out": Suite("ragdot's ops lowered to their .out overloads (the default where torch lacks that "
+                              "lowering) against inductor's own (RAGDOT_INDUCTOR_OUT=0): GPU tests, compiled "
+                              "gpt-oss-like peak (off / on) and train step", (
             Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                "tests/test_inductor_lowering.py", "tests/test_api.py",
                                "-k", "lowering or out_variant or opcheck"), 120, tail=8),
             Step("peak-off", ("{py}", "benchmarks/peak_probe.py", "--modes", "compile", "--timeline", "1024",
-                              "--out", "{out}/peak-off"), 150, tail=30),
+                              "--out", "{out}/peak-off"), 150, (("RAGDOT_INDUCTOR_OUT", "0"),), tail=30),
             Step("peak-on", ("{py}", "benchmarks/peak_probe.py", "--modes", "compile", "--impls", "ragdot",
-                             "--timeline", "1024", "--out", "{out}/peak-on"), 100, (("RAGDOT_INDUCTOR_OUT", "1"),),
-                 tail=20),
-            Step("models-on", (*RAGDOT, "bench-models", "--models", "gpt-oss", "--phases", "train", "--modes",
-                               "compile", "--impls", "grouped_mm", "ragdot", "--out", "{out}/models-on"), 200,
-                 (("RAGDOT_INDUCTOR_OUT", "1"),), tail=10),
+                             "--timeline", "1024", "--out", "{out}/peak-on"), 100, tail=20),
+            Step("models", (*RAGDOT, "bench-models", "--models", "gpt-oss", "--phases", "train", "--modes",
+                            "compile", "--impls", "grouped_mm", "ragdot", "--out", "{out}/models"), 200, tail=10),
         )),
         "probes": Suite("diagnosis probes: graph capture, host time under GPU load, the MoE layer host time", (
             Step("capture", ("{py}", "benchmarks/capture_probe.py"), 240, tail=12),

@@ -51,8 +51,9 @@ def test_installed_lowering_calls_the_out_overloads_with_the_same_results():
     assert "ragged_k.default(" not in code and "ragged_m.default(" not in code
 
 
-@pytest.mark.parametrize("env, native, installs", [(None, False, False), ("1", False, True), ("1", True, False)])
-def test_maybe_install_needs_the_switch_and_an_inductor_without_its_own(env, native, installs, monkeypatch):
+@pytest.mark.parametrize("env, native, installs", [(None, False, True), ("1", False, True), ("0", False, False),
+                                                   (None, True, False), ("1", True, False)])
+def test_maybe_install_unless_switched_off_or_inductor_has_its_own(env, native, installs, monkeypatch):
     import sys
 
     calls = []
