@@ -70,7 +70,7 @@ def pieces(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tuple[float,
     rows["raw _grouped_mm"] = _us(lambda: torch._grouped_mm(x, w, offs=offs), calls)
     rows["group_ends_from_sizes"] = _us(lambda: group_ends_from_sizes(gs, m), calls)
     rows["ops._state"] = _us(lambda: ops._state(a), calls)
-    for backend in ("torch", "triton"):
+    for backend in ("torch", "triton", "auto"):  # auto: the kernels it picks (e.g. gluon on sm_90) in the label
         r = ops.runner("ragged_m", backend, a, b, e, torch.bfloat16)
         rows[f"runner ragged_m {backend} ({r.label})"] = _us(lambda r=r: r(a, b, gs), calls)
         bt = b.transpose(-1, -2)
