@@ -8,47 +8,37 @@ backward as for `torch._grouped_mm` (an op inductor knows), so all of them were 
 backward's peak (gpt-oss-like, 2 layers: +3.4 GiB). Lowered to `ExternKernelOut`, the output is a buffer of
 known size that inductor allocates (and may reuse), and the weight gradients can move to the end.
 
-torch releases whose inductor does this for any custom op with a `.out` overload (later than 2.11; the CPU
-tests run it on 2.13) need nothing from here. For the others `install` registers the same lowering for
-ragdot's ops through inductor's internal API, and `maybe_install` does so by default (measured on an H200's
-torch 2.11: the compiled 4-layer gpt-oss-like train step's peak 61.7 -> 55.1 GiB, under `torch._grouped_mm`'s
-57.1); `RAGDOT_INDUCTOR_OUT=0` in the environment keeps inductor's default lowering. An inductor whose
-internal API does not fit leaves the ops on its default lowering (results are the same either way), and so
-does the C++ wrapper (AOTInductor).
+torch releases after 2.11 do this themselves for any custom op with a `.out` overload, but (2.13) not for
+dynamic shapes: their layout takes the example output's symbolic sizes as they are and fails an assertion,
+so a `torch.compile(..., dynamic=True)` of a ragdot call stopped compiling. `install` registers ragdot's own
+lowering of its three ops through inductor's internal API (the example output is a fake tensor, its sizes
+converted to inductor's expressions), and `maybe_install` does so by default on every torch; measured on an
+H200's torch 2.11: the compiled 4-layer gpt-oss-like train step's peak 61.7 -> 55.1 GiB, under
+`torch._grouped_mm`'s 57.1. `RAGDOT_INDUCTOR_OUT=0` in the environment leaves the ops to inductor (2.11: an
+opaque kernel; later releases: their own lowering). An inductor whose internal API does not fit leaves the
+ops on its default lowering (results are the same either way), and so does the C++ wrapper (AOTInductor).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 from typing import Any
 
 import torch
 
-__all__ = ["install", "maybe_install", "native"]
+__all__ = ["install", "maybe_install"]
 
 _OPS = ("ragged_m", "ragged_k", "batch")
 _state: dict[str, Any] = {"done": False, "lowered": 0}  # lowered: ops lowered here (a count, for tests)
 
 
-def native() -> bool:
-    """Whether this torch's inductor lowers custom ops with a `.out` overload by itself."""
-    try:
-        from torch._inductor import ir
-
-        return "to_out_variant" in inspect.getsource(ir.FallbackKernel.create)
-    except (ImportError, OSError, TypeError, AttributeError):
-        return False
-
-
 def maybe_install() -> None:
     """Called while a ragdot op is traced: installs the lowerings once, when inductor is loaded (so tracing
-    for another backend never imports it) and does not lower `.out` overloads itself, unless
-    RAGDOT_INDUCTOR_OUT=0."""
+    for another backend never imports it), unless RAGDOT_INDUCTOR_OUT=0."""
     if not _state["done"] and "torch._inductor.lowering" in sys.modules:
         _state["done"] = True
-        if os.environ.get("RAGDOT_INDUCTOR_OUT", "") != "0" and not native():
+        if os.environ.get("RAGDOT_INDUCTOR_OUT", "") != "0":
             install()
 
 
@@ -77,6 +67,8 @@ def install() -> bool:
 
 
 def _lowering(ir: Any, packet: Any, fallback_handler: Any):
+    from torch._inductor.utils import convert_shape_to_inductor
+
     kernel, out_op = packet.default, packet.out
     default = fallback_handler(kernel, add_to_fallback_set=False)
 
@@ -86,9 +78,12 @@ def _lowering(ir: Any, packet: Any, fallback_handler: Any):
         if getattr(V.graph, "cpp_wrapper", False):
             return default(*args, **kwargs)
         try:
-            example, tensor_args, constant_args = ir.FallbackKernel.process_kernel(kernel, *args, **kwargs)[:3]
-            layout = ir.FixedLayout(device=example.device, dtype=example.dtype, size=[*example.shape],
-                                    stride=[*example.stride()])
+            with V.graph.fake_mode:  # the example output is a fake tensor (nothing runs, sizes may be symbolic)
+                example, tensor_args, constant_args = ir.FallbackKernel.process_kernel(kernel, *args, **kwargs)[:3]
+            # symbolic sizes (dynamic shapes) as inductor's sympy expressions
+            layout = ir.FixedLayout(device=example.device, dtype=example.dtype,
+                                    size=convert_shape_to_inductor(example.shape),
+                                    stride=convert_shape_to_inductor(example.stride()))
             node = ir.ExternKernelOut(layout=layout, inputs=list(tensor_args), constant_args=list(constant_args),
                                       kwargs=kwargs, python_kernel_name=f"torch.ops.ragdot.{packet.__name__}.out",
                                       op_overload=out_op)
