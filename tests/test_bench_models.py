@@ -89,6 +89,23 @@ def test_compiled_train_step_runs(tmp_path):
     assert [(r["mode"], r["status"]) for r in rows] == [("compile", "ok")]
 
 
+def test_compiled_implementations_are_interleaved_on_one_compile(tmp_path, monkeypatch):
+    """Compiled rows of one (model, phase, batch) take turns like eager ones, each visit running its own
+    implementation's cached graph: no graph is compiled during timed steps, and the model is compiled once."""
+    compiles = []
+    real = bm.torch.compile
+    monkeypatch.setattr(bm.torch, "compile", lambda *a, **k: compiles.append(1) or real(*a, **k))
+    code = main(["bench-models", "--tiny", "--impls", "grouped_mm", "ragdot", "--modes", "compile",
+                 "--compile-backend", "aot_eager", "--phases", "decode", "--decode-batches", "2", "--steps", "2",
+                 "--warmup", "1", "--out", str(tmp_path), "-q"])
+    assert code == 0
+    _, rows = _rows(tmp_path)
+    assert [(r["impl"], r["status"], r["timing"]) for r in rows] == [
+        ("grouped_mm", "ok", "interleaved"), ("ragdot", "ok", "interleaved")]
+    assert all(r["steps"] == 8 and not r.get("note") for r in rows)
+    assert compiles == [1]
+
+
 def test_spent_budget_writes_the_rest_as_budget_rows(tmp_path):
     code = main(["bench-models", "--tiny", "--budget", "1e-9", "--out", str(tmp_path), "-q"])
     assert code == 0

@@ -20,8 +20,10 @@ each one's warm-up, rounds visit every implementation in turn (the first rotatin
 model to it, running one untimed step (decode: a fresh prompt's prefill, then one step), then timing
 ``STEPS_PER_VISIT`` steps (decode: ``DECODE_STEPS_PER_VISIT``). Decode and small prefill steps are host-bound,
 and the host's speed drifts by 10-50% over minutes, so timing implementations one after the other compares
-hosts as much as code; ``--sequential`` times them one after the other instead. Compiled rows are always
-sequential (one compiled model at a time). Peak memory:
+hosts as much as code; ``--sequential`` times them one after the other instead. Compiled rows are interleaved
+the same way: one ``torch.compile`` of the model per (model, phase, batch), whose graphs for every
+implementation stay in dynamo's cache (each visit's untimed step runs the graph of the implementation switched
+to; a row whose timed steps still compiled a graph says so in ``note``). Peak memory:
 ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` at the start of the timed steps (weights,
 gradients and cache included). A run that does not fit is a row with status OOM; items that the ``--budget``
 leaves out are rows with status "budget". Writes bench-models-<gpu>-<date>.csv and .json under --out, rows as
@@ -152,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="profile one more step per row: kernel time and the top kernels (CPU: top ops)")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     parser.add_argument("--sequential", action="store_true",
-                        help="eager mode: time the implementations one after the other, not interleaved")
+                        help="time the implementations one after the other, not interleaved")
     parser.add_argument(
         "--budget", type=float, default=0.0, metavar="SECONDS",
         help="time budget of the whole run: once spent, the remaining rows are written with status 'budget'",
@@ -275,14 +277,28 @@ def _cache_of(out: Any) -> Any:
     return cache if cache is not None else out.past_key_values
 
 
-def _prepare(item: Item, model: torch.nn.Module, args: argparse.Namespace) -> Callable:
-    """Switch the model to the item's implementation and train/eval mode; returns what runs a step."""
+def _prepare(item: Item, model: torch.nn.Module, args: argparse.Namespace, compiled: list | None = None) -> Callable:
+    """Switch the model to the item's implementation and train/eval mode; returns what runs a step. Compiled:
+    a fresh dynamo cache and compile, or, given `compiled` (the interleaved group's), its one compile of the
+    model, made on the group's first call (the implementations' graphs then share dynamo's cache)."""
     model.set_experts_implementation(item.impl)
     model.train(item.phase == "train")
-    if item.mode == "compile":
-        torch._dynamo.reset()
-        return torch.compile(model, backend=args.compile_backend)
-    return model
+    if item.mode != "compile":
+        return model
+    if compiled:
+        return compiled[0]
+    torch._dynamo.reset()
+    run = torch.compile(model, backend=args.compile_backend)
+    if compiled is not None:
+        compiled.append(run)
+    return run
+
+
+def _graphs() -> int:
+    """Graphs dynamo has compiled in this process (to tell whether a timed step compiled one)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _counts(item: Item, args: argparse.Namespace) -> tuple[int, int]:
@@ -328,7 +344,7 @@ def measure_item(item: Item, model: torch.nn.Module, device: torch.device, args:
 def measure_interleaved(
     items: list[Item], model: torch.nn.Module, device: torch.device, args: argparse.Namespace
 ) -> list[dict]:
-    """The rows of one eager (model, phase, batch), its implementations timed in interleaved rounds (see the
+    """The rows of one (mode, model, phase, batch), its implementations timed in interleaved rounds (see the
     module docstring). An implementation that fails gets its failure's status; the others go on."""
     from ragdot.measure.checks import failure_status
     from ragdot.measure.timing import rotated, timed_call
@@ -338,6 +354,8 @@ def measure_interleaved(
     peaks: list[float | None] = [None for _ in items]
     warmup, steps = _counts(items[0], args)
     per_visit = DECODE_STEPS_PER_VISIT if items[0].phase == "decode" else STEPS_PER_VISIT
+    compiled: list = []  # the group's one compile of the model (compile mode)
+    late = [0 for _ in items]  # graphs compiled during an implementation's timed steps
 
     def attempt(i: int, work: Callable[[], None]) -> None:
         try:
@@ -348,13 +366,13 @@ def measure_interleaved(
             _cleanup(model, device)
 
     def warm(i: int) -> None:
-        fns = _step_fn(items[i], model, _prepare(items[i], model, args), device)
+        fns = _step_fn(items[i], model, _prepare(items[i], model, args, compiled), device)
         for _ in range(max(warmup, 1)):
             next(fns)()
 
     def switch(i: int) -> Iterator[Callable[[], Any]]:
         """The model switched to item i, its first step run untimed (decode: after its prompt's prefill)."""
-        fns = _step_fn(items[i], model, _prepare(items[i], model, args), device)
+        fns = _step_fn(items[i], model, _prepare(items[i], model, args, compiled), device)
         next(fns)()
         return fns
 
@@ -362,21 +380,28 @@ def measure_interleaved(
         fns = switch(i)
         _reset_peak(device)
         n = min(per_visit, steps - len(times[i]))
+        before = _graphs()
         times[i].extend(timed_call(next(fns), device)[0] for _ in range(n))
+        late[i] += _graphs() - before
         peak = _peak_gib(device)
         peaks[i] = peak if peaks[i] is None or peak is None else max(peaks[i], peak)
 
-    for i in range(len(items)):
-        attempt(i, functools.partial(warm, i))
-    for r in itertools.count():
-        live = [i for i in range(len(items)) if not rows[i] and len(times[i]) < steps]
-        if not live:
-            break
-        for i in rotated(live, r):
-            attempt(i, functools.partial(visit, i))
+    # every implementation's graphs (prefill or train: one each; decode: a static and a dynamic one) must stay
+    # in dynamo's cache, or a frame past its recompile limit would silently run eagerly
+    with torch._dynamo.config.patch(recompile_limit=max(8, 4 * len(items))):
+        for i in range(len(items)):
+            attempt(i, functools.partial(warm, i))
+        for r in itertools.count():
+            live = [i for i in range(len(items)) if not rows[i] and len(times[i]) < steps]
+            if not live:
+                break
+            for i in rotated(live, r):
+                attempt(i, functools.partial(visit, i))
     for i, item in enumerate(items):
         if not rows[i]:
             rows[i] = _row(item, times[i], peaks[i], "interleaved")
+            if late[i]:
+                rows[i]["note"] = f"{late[i]} graph(s) compiled during timed steps"
             if args.profile:
                 rows[i] |= profile_step(next(switch(i)), device)
     return rows
@@ -530,14 +555,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _groups(items: list[Item], sequential: bool) -> Iterator[list[Item]]:
-    """The items in order, the implementations of one eager (model, phase, batch) together (unless
-    `sequential`); compiled items one by one."""
+    """The items in order, the implementations of one (mode, model, phase, batch) together (unless
+    `sequential`: one by one)."""
     group: list[Item] = []
     for item in items:
         first = group[0] if group else None
-        if first is not None and (sequential or item.mode != "eager" or first.mode != "eager"
-                                  or (item.model.name, item.phase, item.batch)
-                                  != (first.model.name, first.phase, first.batch)):
+        if first is not None and (sequential or (item.mode, item.model.name, item.phase, item.batch)
+                                  != (first.mode, first.model.name, first.phase, first.batch)):
             yield group
             group = []
         group.append(item)
