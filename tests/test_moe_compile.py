@@ -69,3 +69,31 @@ def test_inductor_fullgraph_sparse_layer_matches_eager():
     assert nerr(y, y_eager) <= 1e-5
     for name, ref in g_eager.items():
         assert g[name] is not None and nerr(g[name], ref) <= 1e-5, name
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_compiled_inference_traces_routing_as_torch_ops_and_training_keeps_the_custom_ops(impl):
+    """Grad mode off under torch.compile: permute and combine are plain torch ops in the graph (inductor
+    generates them), with the eager results; grad mode on: the custom ops (ragdot's kernels, their backward)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from ragdot.moe.permute import unpermute
+
+    x, chosen, weights, experts = _routing_inputs(tokens=11)
+
+    def route(x, chosen, weights):
+        rows, routing = permute(x, chosen, experts, impl=impl)
+        return unpermute(rows * 2.0, routing, weights), routing.group_sizes
+
+    torch._dynamo.reset()
+    compiled = torch.compile(route, fullgraph=True)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        with torch.no_grad():
+            (y, sizes), codes = run_and_get_code(compiled, x, chosen, weights)
+            want_y, want_sizes = route(x, chosen, weights)
+        code = "\n".join(codes)
+        assert "moe_permute" not in code and "moe_combine" not in code
+        assert torch.equal(sizes, want_sizes)
+        torch.testing.assert_close(y, want_y)
+        (y, _), codes = run_and_get_code(compiled, x, chosen, weights)
+        assert "ragdot.moe_permute" in "\n".join(codes) and y.requires_grad
