@@ -205,6 +205,15 @@ def _suites() -> dict[str, Suite]:
             Step("models", (*RAGDOT, "bench-models", "--models", "gpt-oss", "--phases", "train", "--modes",
                             "compile", "--impls", "grouped_mm", "ragdot", "--out", "{out}/models"), 200, tail=10),
         )),
+        "infer-compile": Suite("compiled prefill and decode of the three transformers models, grouped_mm and ragdot "
+                               "interleaved (CUDA events around whole steps), after the compiled-path GPU tests", (
+            Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "tests/test_inductor_lowering.py", "tests/test_moe_compile.py",
+                               "tests/test_transformers_integration.py", "-k", "lowering or compile or inductor"), 150,
+                 tail=8),
+            Step("models", (*RAGDOT, "bench-models", "--modes", "compile", "--phases", "prefill", "decode", "--impls",
+                            "grouped_mm", "ragdot", "--budget", "420", "--out", "{out}"), 480, tail=30),
+        )),
         "probes": Suite("diagnosis probes: graph capture, host time under GPU load, the MoE layer host time", (
             Step("capture", ("{py}", "benchmarks/capture_probe.py"), 240, tail=12),
             Step("host-load", ("{py}", "benchmarks/host_load_probe.py"), 240, tail=30),
