@@ -403,7 +403,7 @@ def apply_op(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor
 
 # ---- out variants: inductor lowers a functional custom op that has a `.out` overload (same arguments, one
 # keyword `out`, which it returns) to a call of that overload on a buffer it allocates and plans itself
-# (`ExternKernelOut`: natively in torch releases after 2.11, else through `ragdot.inductor_lowering`), so its
+# (`ExternKernelOut`, through `ragdot.inductor_lowering`; torch releases after 2.11 also do it natively), so its
 # peak-memory ordering sees the output's size (why that matters: `ragdot.inductor_lowering`).
 
 
