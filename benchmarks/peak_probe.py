@@ -25,9 +25,9 @@ if __package__ is None or __package__ == "":
 
 
 def _replay(events: list[dict]):
-    """Yields (action, block, bytes allocated during the trace after it) for each allocation and each free of a
-    block allocated during the trace, in trace order (other actions, and frees of blocks allocated before the
-    trace started, are skipped)."""
+    """Yields (action, block, bytes allocated during the trace after it, the blocks alive after it by address)
+    for each allocation and each free of a block allocated during the trace, in trace order (other actions, and
+    frees of blocks allocated before the trace started, are skipped)."""
     live: dict[int, dict] = {}
     now = 0
     for e in events:
@@ -35,26 +35,21 @@ def _replay(events: list[dict]):
         if action == "alloc":
             live[e["addr"]] = e
             now += e["size"]
-            yield action, e, now
+            yield action, e, now, live
         elif action == "free_completed" and e["addr"] in live:
             block = live.pop(e["addr"])
             now -= block["size"]
-            yield action, block, now
+            yield action, block, now, live
 
 
 def live_at_peak(events: list[dict], top: int = 12) -> dict:
     """From allocator trace events (action 'alloc' / 'free_completed', addr, size, frames; others are skipped),
     the peak of the bytes allocated during the trace and the `top` largest blocks alive at that moment (blocks
     allocated before the trace started are not in it: the peak is relative to the start)."""
-    live: dict[int, dict] = {}
     peak = 0
     peak_blocks: list[dict] = []
-    for action, block, now in _replay(events):
-        if action != "alloc":
-            live.pop(block["addr"])
-            continue
-        live[block["addr"]] = block
-        if now > peak:
+    for _, _, now, live in _replay(events):
+        if now > peak:  # only an allocation raises the total
             peak = now
             peak_blocks = sorted(live.values(), key=lambda b: -b["size"])[:top]
     return {"peak_bytes": peak, "blocks": [{"size": b["size"], "where": _where(b)} for b in peak_blocks]}
@@ -64,7 +59,7 @@ def timeline(events: list[dict], min_bytes: int) -> list[dict]:
     """The allocations and frees of blocks of at least `min_bytes` in trace order, each with the bytes allocated
     during the trace just after it (all blocks counted) and where the block was allocated."""
     return [{"action": action, "mib": block["size"] / 2**20, "now_gib": now / 2**30, "where": _where(block, 2)}
-            for action, block, now in _replay(events) if block["size"] >= min_bytes]
+            for action, block, now, _ in _replay(events) if block["size"] >= min_bytes]
 
 
 def _where(block: dict, frames: int = 4) -> str:
