@@ -81,6 +81,14 @@ def pieces(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tuple[float,
         rows[f"vjp main thread {backend}"] = _us(
             lambda b_=backend: ops.vjp("ragged_m", a, b, gs, dc, b_, 1, (True, True)), calls)
         rows[f"ragged_dot {backend}"] = _us(lambda b_=backend: ragdot.ragged_dot(x, w, gs, backend=b_), calls)
+        # what compiled code calls for a forward product: the `.out` overload through the dispatcher, and its
+        # implementation directly (`ops.direct_out_name`, the lowering's choice)
+        c = torch.empty(1, m, n, device=DEV, dtype=torch.bfloat16)
+        args = (a, b, gs, torch.bfloat16, backend, 1)
+        rows[f"compiled .out via dispatcher {backend}"] = _us(
+            lambda args=args, c=c: torch.ops.ragdot.ragged_m.out(*args, out=c), calls)
+        direct = getattr(torch.ops.ragdot, ops.direct_out_name("ragged_m"))
+        rows[f"compiled .out direct {backend}"] = _us(lambda args=args, c=c, f=direct: f(*args, out=c), calls)
 
         def fwdbwd(b_=backend):
             xr.grad = wr.grad = None

@@ -7,6 +7,7 @@ import torch
 
 import ragdot
 from ragdot import inductor_lowering
+from ragdot.ops import direct_out_name
 
 
 def _step(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
@@ -43,7 +44,9 @@ def test_installed_lowering_calls_the_out_overloads_with_the_same_results():
     for g, w in zip(got, (want_loss.detach(), x.grad, w1.grad, w2.grad)):
         torch.testing.assert_close(g, w)
     code = "\n".join(codes)
-    assert "torch.ops.ragdot.ragged_m.out(" in code and "torch.ops.ragdot.ragged_k.out(" in code
+    # the `.out` overloads' implementations, called directly (no dispatcher round trip)
+    assert f"torch.ops.ragdot.{direct_out_name('ragged_m')}(" in code
+    assert f"torch.ops.ragdot.{direct_out_name('ragged_k')}(" in code
     assert "ragged_k.default(" not in code and "ragged_m.default(" not in code
 
 
@@ -75,7 +78,7 @@ def test_dynamic_shapes_compile_and_run_no_kernel_while_compiling(monkeypatch):
             got, codes = run_and_get_code(compiled, x, w, sizes)
         assert len(calls) == 1
         if m == 12:
-            assert "torch.ops.ragdot.ragged_m.out(" in "\n".join(codes)
+            assert f"torch.ops.ragdot.{direct_out_name('ragged_m')}(" in "\n".join(codes)
         torch.testing.assert_close(got, fwd(x, w, sizes))
 
 
@@ -140,4 +143,28 @@ def test_installed_lowering_on_cuda_matches_eager_in_bfloat16():
     torch.testing.assert_close(got[0], want.detach(), rtol=2e-2, atol=1e-2)
     torch.testing.assert_close(got[1], x.grad[:458], rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got[2], w.grad, rtol=2e-2, atol=2e-2)
-    assert "torch.ops.ragdot.ragged_k.out(" in "\n".join(codes)
+    assert f"torch.ops.ragdot.{direct_out_name('ragged_k')}(" in "\n".join(codes)
+
+
+@pytest.mark.parametrize("name", ["ragged_m", "ragged_k", "batch"])
+def test_direct_entry_is_the_out_overload(name):
+    """What generated code calls (`torch.ops.ragdot._<op>_out_direct`) writes and returns the buffer the
+    `.out` overload does, with the same values."""
+    gen = torch.Generator().manual_seed(3)
+    sizes = torch.tensor([5, 0, 4])
+    if name == "ragged_m":
+        a, b, shape = torch.randn(1, 12, 8, generator=gen), torch.randn(1, 3, 8, 6, generator=gen), (1, 12, 6)
+        args = (a, b, sizes, torch.float32, "reference", 1)
+    elif name == "ragged_k":
+        a, b, shape = torch.randn(1, 12, 5, generator=gen), torch.randn(1, 12, 6, generator=gen), (3, 1, 5, 6)
+        args = (a, b, sizes, torch.float32, "reference", 1)
+    else:
+        a, b, shape = torch.randn(2, 4, 8, generator=gen), torch.randn(2, 8, 6, generator=gen), (2, 4, 6)
+        args = (a, b, torch.float32, "reference")
+    direct = getattr(torch.ops.ragdot, direct_out_name(name))
+    got = torch.full(shape, float("nan"))
+    want = torch.full(shape, float("nan"))
+    assert direct(*args, out=got) is got
+    getattr(torch.ops.ragdot, name).out(*args, out=want)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

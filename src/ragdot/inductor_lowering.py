@@ -69,8 +69,14 @@ def install() -> bool:
 def _lowering(ir: Any, packet: Any, fallback_handler: Any):
     from torch._inductor.utils import convert_shape_to_inductor
 
+    from ragdot.ops import direct_out_name
+
     kernel, out_op = packet.default, packet.out
     default = fallback_handler(kernel, add_to_fallback_set=False)
+    # the generated code calls the overload's Python implementation directly (`ops.direct_out_name`): the
+    # overload's own name where that attribute is missing
+    direct = direct_out_name(packet.__name__)
+    kernel_name = f"torch.ops.ragdot.{direct if hasattr(torch.ops.ragdot, direct) else packet.__name__ + '.out'}"
 
     def lower(*args: Any, **kwargs: Any) -> Any:
         from torch._inductor.virtualized import V
@@ -85,8 +91,7 @@ def _lowering(ir: Any, packet: Any, fallback_handler: Any):
                                     size=convert_shape_to_inductor(example.shape),
                                     stride=convert_shape_to_inductor(example.stride()))
             node = ir.ExternKernelOut(layout=layout, inputs=list(tensor_args), constant_args=list(constant_args),
-                                      kwargs=kwargs, python_kernel_name=f"torch.ops.ragdot.{packet.__name__}.out",
-                                      op_overload=out_op)
+                                      kwargs=kwargs, python_kernel_name=kernel_name, op_overload=out_op)
         except Exception:  # noqa: BLE001 - an inductor whose IR differs: its default lowering
             return default(*args, **kwargs)
         _state["lowered"] += 1
