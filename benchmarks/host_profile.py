@@ -28,6 +28,7 @@ import torch
 import ragdot
 from ragdot import api, ops
 from ragdot.groups import group_ends_from_sizes
+from ragdot.inductor_lowering import direct_out_name
 from ragdot.measure.host import time_host
 from ragdot.shapes import get_shape
 
@@ -82,12 +83,12 @@ def pieces(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tuple[float,
             lambda b_=backend: ops.vjp("ragged_m", a, b, gs, dc, b_, 1, (True, True)), calls)
         rows[f"ragged_dot {backend}"] = _us(lambda b_=backend: ragdot.ragged_dot(x, w, gs, backend=b_), calls)
         # what compiled code calls for a forward product: the `.out` overload through the dispatcher, and its
-        # implementation directly (`ops.direct_out_name`, the lowering's choice)
+        # implementation directly (`inductor_lowering.direct_out_name`, what the lowering emits)
         c = torch.empty(1, m, n, device=DEV, dtype=torch.bfloat16)
         args = (a, b, gs, torch.bfloat16, backend, 1)
         rows[f"compiled .out via dispatcher {backend}"] = _us(
             lambda args=args, c=c: torch.ops.ragdot.ragged_m.out(*args, out=c), calls)
-        direct = getattr(torch.ops.ragdot, ops.direct_out_name("ragged_m"))
+        direct = getattr(torch.ops.ragdot, direct_out_name("ragged_m"))
         rows[f"compiled .out direct {backend}"] = _us(lambda args=args, c=c, f=direct: f(*args, out=c), calls)
 
         def fwdbwd(b_=backend):

@@ -7,7 +7,7 @@ import torch
 
 import ragdot
 from ragdot import inductor_lowering
-from ragdot.ops import direct_out_name
+from ragdot.inductor_lowering import direct_out_name
 
 
 def _step(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:

@@ -27,10 +27,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["install", "maybe_install"]
+__all__ = ["direct_out_name", "install", "maybe_install"]
 
 _OPS = ("ragged_m", "ragged_k", "batch")
 _state: dict[str, Any] = {"done": False, "lowered": 0}  # lowered: ops lowered here (a count, for tests)
+
+
+def direct_out_name(name: str) -> str:
+    """The attribute of `torch.ops.ragdot` holding the Python implementation of op `name`'s `.out` overload
+    (set by `ragdot.ops`), which the generated code calls in place of the overload: the same arguments and
+    result, without a dispatcher round trip into Python on every call."""
+    return f"_{name}_out_direct"
 
 
 def maybe_install() -> None:
@@ -69,11 +76,9 @@ def install() -> bool:
 def _lowering(ir: Any, packet: Any, fallback_handler: Any):
     from torch._inductor.utils import convert_shape_to_inductor
 
-    from ragdot.ops import direct_out_name
-
     kernel, out_op = packet.default, packet.out
     default = fallback_handler(kernel, add_to_fallback_set=False)
-    # the generated code calls the overload's Python implementation directly (`ops.direct_out_name`): the
+    # the generated code calls the overload's Python implementation directly (`direct_out_name`): the
     # overload's own name where that attribute is missing
     direct = direct_out_name(packet.__name__)
     kernel_name = f"torch.ops.ragdot.{direct if hasattr(torch.ops.ragdot, direct) else packet.__name__ + '.out'}"

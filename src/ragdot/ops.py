@@ -33,7 +33,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 
 from ragdot.backends import get_backend
-from ragdot.inductor_lowering import maybe_install
+from ragdot.inductor_lowering import direct_out_name, maybe_install
 from ragdot.tune.cache import CACHE
 from ragdot.tune.select import plan
 
@@ -424,14 +424,6 @@ def run_into(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor
 
 _OUT_LIB = torch.library.Library(_LIB, "FRAGMENT")
 _OUT_TAGS = tuple(getattr(torch.Tag, t) for t in ("out", "out_variant") if hasattr(torch.Tag, t))
-
-
-def direct_out_name(name: str) -> str:
-    """The attribute of `torch.ops.ragdot` that holds the `.out` overload's Python implementation itself, which
-    inductor's generated code calls in place of the overload (`ragdot.inductor_lowering`): the same arguments
-    and result, without a dispatcher round trip into Python on every call (on an H200 host a Python custom
-    op's dispatch costs 14-20 µs, and a compiled decode step makes two such calls per MoE layer)."""
-    return f"_{name}_out_direct"
 
 
 def _define_out(name: str, args: str, problem: str) -> None:
