@@ -214,6 +214,13 @@ def _suites() -> dict[str, Suite]:
             Step("models", (*RAGDOT, "bench-models", "--modes", "compile", "--phases", "prefill", "decode", "--impls",
                             "grouped_mm", "ragdot", "--budget", "420", "--out", "{out}"), 480, tail=30),
         )),
+        "decode": Suite("decode-sized calls: ragged_m tiles for <= 64 rows per group against the raw call (graph "
+                        "clock), then compiled decode of gpt-oss-like and DeepSeek-V3-like, interleaved", (
+            Step("tiles", ("{py}", "benchmarks/decode_tiles.py", "--out", "{out}/tiles"), 150, tail=60),
+            Step("models", (*RAGDOT, "bench-models", "--models", "gpt-oss", "deepseek-v3", "--modes", "compile",
+                            "--phases", "decode", "--impls", "grouped_mm", "ragdot", "--budget", "400", "--out",
+                            "{out}/models"), 440, tail=20),
+        )),
         "probes": Suite("diagnosis probes: graph capture, host time under GPU load, the MoE layer host time", (
             Step("capture", ("{py}", "benchmarks/capture_probe.py"), 240, tail=12),
             Step("host-load", ("{py}", "benchmarks/host_load_probe.py"), 240, tail=30),

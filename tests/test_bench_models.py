@@ -92,9 +92,20 @@ def test_compiled_train_step_runs(tmp_path):
 def test_compiled_implementations_are_interleaved_on_one_compile(tmp_path, monkeypatch):
     """Compiled rows of one (model, phase, batch) take turns like eager ones, each visit running its own
     implementation's cached graph: no graph is compiled during timed steps, and the model is compiled once."""
-    compiles = []
+    compiles, lengths = [], []
     real = bm.torch.compile
-    monkeypatch.setattr(bm.torch, "compile", lambda *a, **k: compiles.append(1) or real(*a, **k))
+
+    def compile_(*a, **k):
+        compiles.append(1)
+        fn = real(*a, **k)
+
+        def call(ids, **kw):  # the token count of each compiled call
+            lengths.append(ids.shape[1])
+            return fn(ids, **kw)
+
+        return call
+
+    monkeypatch.setattr(bm.torch, "compile", compile_)
     code = main(["bench-models", "--tiny", "--impls", "grouped_mm", "ragdot", "--modes", "compile",
                  "--compile-backend", "aot_eager", "--phases", "decode", "--decode-batches", "2", "--steps", "2",
                  "--warmup", "1", "--out", str(tmp_path), "-q"])
@@ -104,6 +115,7 @@ def test_compiled_implementations_are_interleaved_on_one_compile(tmp_path, monke
         ("grouped_mm", "ok", "interleaved"), ("ragdot", "ok", "interleaved")]
     assert all(r["steps"] == 8 and not r.get("note") for r in rows)
     assert compiles == [1]
+    assert lengths and set(lengths) == {1}  # the prompt runs eagerly: no prefill graph is compiled for decode
 
 
 def test_spent_budget_writes_the_rest_as_budget_rows(tmp_path):

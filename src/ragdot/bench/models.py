@@ -254,8 +254,8 @@ def _step_fn(item: Item, model: torch.nn.Module, run: Callable, device: torch.de
             yield prefill
     name = _cache_argument(model)
     while True:  # decode: a fresh cache of the prompt, then one token per step on it
-        with torch.no_grad():
-            out = run(prompt, use_cache=True, logits_to_keep=1)
+        with torch.no_grad():  # the prompt eagerly: a compiled decode row then compiles no prefill graph
+            out = model(prompt, use_cache=True, logits_to_keep=1)
         state = {"cache": _cache_of(out), "next": out.logits[:, -1:].argmax(-1)}
         for _ in range(4 * 8):
 
