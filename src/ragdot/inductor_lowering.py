@@ -78,10 +78,9 @@ def _lowering(ir: Any, packet: Any, fallback_handler: Any):
 
     kernel, out_op = packet.default, packet.out
     default = fallback_handler(kernel, add_to_fallback_set=False)
-    # the generated code calls the overload's Python implementation directly (`direct_out_name`): the
-    # overload's own name where that attribute is missing
-    direct = direct_out_name(packet.__name__)
-    kernel_name = f"torch.ops.ragdot.{direct if hasattr(torch.ops.ragdot, direct) else packet.__name__ + '.out'}"
+    # the generated code calls the overload's Python implementation directly (`direct_out_name`; `ragdot.ops`,
+    # which defines the overloads lowered here, sets it beside them)
+    kernel_name = f"torch.ops.ragdot.{direct_out_name(packet.__name__)}"
 
     def lower(*args: Any, **kwargs: Any) -> Any:
         from torch._inductor.virtualized import V
