@@ -377,8 +377,8 @@ _COMPILE_SCRIPT = textwrap.dedent(
     out = {}
     with compile_only(90):
         for m, k, n, g in ((3840, 2048, 1408, 64), (15360, 6144, 20480, 32), (5120, 512, 512, 256),
-                           (20480, 4096, 1536, 128), (10240, 2048, 768, 128)):
-            cfg = pick_config("ragged_m", m, k, n, g, bf)
+                           (20480, 4096, 1536, 128), (10240, 2048, 768, 128), (64, 7168, 4096, 64)):
+            cfg = pick_config("ragged_m", m, k, n, g, bf, "cpu")  # the sm_90 target's tiles
             a = torch.empty(1, m, k, dtype=bf)
             for name, b in (("fwd", torch.empty(1, g, k, n, dtype=bf)),
                             ("dgrad", torch.empty(1, g, n, k, dtype=bf).transpose(-1, -2))):
@@ -407,9 +407,10 @@ def test_sm90_code_uses_wgmma_without_spills() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     usage = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(usage) == 20 and sum(" flat" in name and name.startswith("ragged_k") for name in usage) == 5
+    assert len(usage) == 24 and sum(" flat" in name and name.startswith("ragged_k") for name in usage) == 6
+    assert any(" 16x128x128" in name for name in usage)  # the decode tile (rows <= 16 a group) on sm_90
     for name, info in usage.items():
-        if " 32x" not in name:  # tiles of 32 rows fall back to mma.sync (small groups, memory bound)
+        if " 32x" not in name and " 16x" not in name:  # tiles under 64 rows run mma.sync (memory bound)
             assert info["wgmma"], name
         assert info["spills"] == 0, (name, info)
 

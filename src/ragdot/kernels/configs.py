@@ -117,8 +117,15 @@ def _padded_rows(rows: float, block_m: int) -> float:
     return -(-max(rows, 1) // block_m) * block_m
 
 
-def _ragged_m_config(m: int, k: int, n: int, g: int) -> TileConfig:
+def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool) -> TileConfig:
     rows = m / max(g, 1)  # average rows per group: the compile-time estimate M / G
+    if rows <= 16:
+        # decode: a few rows per group, the active groups' weights read once at the memory's pace; 16-row tiles
+        # with long K steps keep more loads in flight per program (H200 graph replays, 1-row groups over
+        # 32-64 experts: 16x128x128 1.45-1.86x the raw grouped GEMM and 1.1-1.7x the 64x128x64 tile,
+        # benchmarks/results/h200-20261203g); 147 KB of shared memory, so 16x64x128 (82 KB, within 0-11%)
+        # where a block gets less
+        return TileConfig(16, 128 if wide_shared else 64, 128, group_m=1, num_warps=4, num_stages=4)
     if rows <= 64:
         # weight-bandwidth bound: one 64-row tile covers a group, each weight tile is read once
         return TileConfig(64, 128, 64, group_m=1, num_warps=4, num_stages=4)
@@ -154,6 +161,9 @@ def _ragged_k_config(r: int, m: int, n: int, g: int, tma_loads: bool) -> TileCon
 # per problem and regime: what the autotuner tries after the heuristic's pick.
 _TUNE_SPACE: dict[str, tuple[tuple[str, TileConfig], ...]] = {
     "ragged_m": (
+        ("small", TileConfig(16, 128, 128, 1, 4, 4)),
+        ("small", TileConfig(16, 64, 128, 1, 4, 4)),
+        ("small", TileConfig(64, 128, 64, 1, 4, 4)),
         ("small", TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True, flat=True)),
         ("small", TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True, flat=True)),
         ("small", TileConfig(64, 256, 32, 8, 4, 4, True, 2, tma=True, flat=True)),
@@ -211,7 +221,7 @@ def pick_config(
     (`tma_capable`; without a device, the pointer-load tile every backend runs).
     """
     if problem == "ragged_m":
-        cfg = _ragged_m_config(m, k, n, g)
+        cfg = _ragged_m_config(m, k, n, g, device is not None and wide_shared_memory(torch.device(device)))
     elif problem == "ragged_k":
         cfg = _ragged_k_config(k, m, n, g, device is not None and tma_capable(torch.device(device)))
     elif problem == "batch":
@@ -435,6 +445,18 @@ def tma_capable(device: torch.device) -> bool:
     if device.type != "cuda" or torch.version.hip is not None:
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def wide_shared_memory(device: torch.device) -> bool:
+    """Whether a block on `device` may take >= 160 KB of shared memory (A100, H100/H200, B200: 163-227 KB;
+    consumer parts and AMD GPUs 64-100 KB), or inside `compile_only`, on its target."""
+    if _AOT_TARGET is not None:
+        arch = _AOT_TARGET.arch
+        return _AOT_TARGET.backend == "cuda" and isinstance(arch, int) and (arch in (80, 87) or 90 <= arch < 120)
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    optin = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
+    return optin >= 160 * 1024
 
 
 def launch_options(cfg: TileConfig, device: torch.device) -> dict[str, Any]:
