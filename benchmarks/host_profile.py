@@ -9,6 +9,11 @@ the eager column is CUDA events around the same chunks. It times private pieces 
 (`ragdot.ops`, `ragdot.api`) and follows them as they change; the `host` suite of benchmarks/suite.py runs
 it after `ragdot host-bench`. CUDA only.
 
+`--split-only` times only the forward+backward split: for ragdot (triton, auto) and a minimal Python
+autograd.Function around torch._grouped_mm, with autograd's device threads and without, the forward, the
+engine's hand-off up to the backward's first line, the backward's body, and the rest up to `.backward()`
+returning (synced calls, medians).
+
 Forward+backward rows are split three ways to tell the autograd engine's share from ragdot's:
 `raw+cumsum` (torch._grouped_mm's own C++ autograd), `py-function raw` (a minimal Python
 autograd.Function whose forward and backward call torch._grouped_mm directly: the floor for any
@@ -22,6 +27,8 @@ import argparse
 import cProfile
 import io
 import pstats
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -30,6 +37,7 @@ from ragdot import api, ops
 from ragdot.groups import group_ends_from_sizes
 from ragdot.inductor_lowering import direct_out_name
 from ragdot.measure.host import time_host
+from ragdot.measure.timing import synchronize
 from ragdot.shapes import get_shape
 
 DEV = torch.device("cuda")
@@ -155,14 +163,74 @@ def profiles(m: int, k: int, n: int, e: int) -> None:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60))
 
 
+def _timed_backward(cls: type, marks: list[float]) -> Callable[[], None]:
+    """Wrap `cls.backward` so each call appends (entry, exit) perf_counter stamps to `marks`; returns the undo."""
+    original = cls.__dict__["backward"]
+
+    def backward(ctx, *grads):
+        marks.append(time.perf_counter())
+        out = original.__func__(ctx, *grads)
+        marks.append(time.perf_counter())
+        return out
+
+    cls.backward = staticmethod(backward)
+    return lambda: setattr(cls, "backward", original)
+
+
+def backward_split(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tuple[float, float, float, float]]:
+    """Where one forward+backward's host time goes, per thread mode: (forward, engine entry up to the Python
+    backward's first line, the backward's body, its last line up to `.backward()` returning), µs, medians over
+    `calls` calls each after a sync (host clock). Tells the engine's hand-off from the Python body's own cost."""
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(e, k, n, device=DEV, dtype=torch.bfloat16).mul_(k**-0.5)
+    gs = torch.full((e,), m // e, device=DEV, dtype=torch.int32)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    dy = torch.randn(m, n, device=DEV, dtype=torch.bfloat16)
+    cases = {f"ragdot {b}": (api._CallFunction, lambda b=b: ragdot.ragged_dot(xr, wr, gs, backend=b))
+             for b in ("triton", "auto")}
+    cases["py-function raw"] = (_PyRaw, lambda: _PyRaw.apply(xr, wr, torch.cumsum(gs, 0, dtype=torch.int32)))
+    rows = {}
+    for name, (cls, forward) in cases.items():
+        for threaded in (True, False):
+            marks: list[float] = []
+            undo = _timed_backward(cls, marks)
+            parts: list[tuple[float, float, float, float]] = []
+            try:
+                with torch.autograd.set_multithreading_enabled(threaded):
+                    for i in range(calls + 10):
+                        xr.grad = wr.grad = None
+                        synchronize(DEV)
+                        marks.clear()
+                        t0 = time.perf_counter()
+                        out = forward()
+                        t1 = time.perf_counter()
+                        out.backward(dy)
+                        t2 = time.perf_counter()
+                        if i >= 10 and len(marks) == 2:
+                            parts.append((t1 - t0, marks[0] - t1, marks[1] - marks[0], t2 - marks[1]))
+            finally:
+                undo()
+            med = [sorted(p[j] for p in parts)[len(parts) // 2] * 1e6 for j in range(4)]
+            rows[f"{name}, {'device thread' if threaded else 'engine single-threaded'}"] = tuple(med)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", nargs="+", default=["1024,512,512,8"])
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--no-profiles", action="store_true")
+    p.add_argument("--split-only", action="store_true", help="only the forward+backward split by thread mode")
     args = p.parse_args()
     for i, spec in enumerate(args.shapes):
         m, k, n, e = get_shape(spec).dims
+        split = backward_split(m, k, n, e, args.calls // 3)
+        print(f"fwd+bwd split (host clock, µs, median of {args.calls // 3} synced calls) M,K,N,E = {m},{k},{n},{e}: "
+              "forward / engine entry to the backward's first line / backward body / its end to backward() return")
+        for name, parts in split.items():
+            print(f"  {name:46s} " + " / ".join(f"{v:7.1f}" for v in parts) + f"   sum {sum(parts):7.1f}")
+        if args.split_only:
+            continue
         rows = pieces(m, k, n, e, args.calls)
         print(f"host µs per call (host clock; eager = CUDA events per call) M,K,N,E = {m},{k},{n},{e}; bf16; "
               f"{len(api._CALLS)} cached calls")
