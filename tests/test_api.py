@@ -145,6 +145,24 @@ def test_validate_env_is_read_on_every_call(value, on, monkeypatch):
     assert validate_requested() is on
 
 
+def test_compiled_call_ignores_unrelated_environment_changes(monkeypatch):
+    """Under torch.compile RAGDOT_VALIDATE is read as the call is traced, through os.environ.get: dynamo
+    guards that key only, so setting any other variable does not recompile the graph (reading os.environ's
+    own store while tracing made every variable a guard)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    lhs, rhs, sizes = _args()
+    fn = torch.compile(lambda a, b, s: ragdot.ragged_dot(a, b, s), backend=counter, fullgraph=True)
+    want = ragdot.ragged_dot(lhs, rhs, sizes)
+    torch.testing.assert_close(fn(lhs, rhs, sizes), want)
+    monkeypatch.setenv("RAGDOT_SOME_UNRELATED_VARIABLE", "1")
+    torch.testing.assert_close(fn(lhs, rhs, sizes), want)
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
 def test_custom_ops_pass_opcheck():
     from ragdot import ops
 

@@ -13,9 +13,12 @@ _VALIDATE_KEY = os.environ.encodekey("RAGDOT_VALIDATE") if hasattr(os.environ, "
 
 
 def validate_requested() -> bool:
-    """Whether RAGDOT_VALIDATE is set to anything but "" or "0". Read on every call (setting it at run time
-    counts), from os.environ's underlying dict: ~40 ns a call instead of the mapping's ~0.6 µs."""
-    if _ENV_DATA is None or _VALIDATE_KEY is None:
+    """Whether RAGDOT_VALIDATE is set to anything but "" or "0". Read on every eager call (setting it at run
+    time counts), from os.environ's underlying dict: ~40 ns a call instead of the mapping's ~0.6 µs. Under
+    torch.compile it is read as the call is traced."""
+    if _ENV_DATA is None or _VALIDATE_KEY is None or torch.compiler.is_compiling():
+        # traced: dynamo guards this one key of os.environ (reading the underlying dict would guard all of it:
+        # every variable, and a recompile whenever any of them changes)
         return os.environ.get("RAGDOT_VALIDATE", "") not in ("", "0")
     value = _ENV_DATA.get(_VALIDATE_KEY)
     return value is not None and os.environ.decodevalue(value) not in ("", "0")
