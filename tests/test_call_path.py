@@ -518,3 +518,29 @@ def test_bound_descriptor_slots_keep_no_reference_to_the_first_calls_tensors():
     assert ref() is None
     for slots in bound:  # the same layout still takes the bound path
         assert _Descriptors(None, slots).expand((Desc(torch.zeros(4, 8)),)) is not None
+
+
+def test_auto_moves_on_when_the_direct_call_is_refused_at_its_first_launch(monkeypatch):
+    """A backend whose kernel turns out not to fit the device at its first launch (NotImplementedError from
+    `ragdot.kernels.launch`) hands over to `auto`'s next candidate on the direct path too; a backend asked
+    for by name says so in the error."""
+    from ragdot.backends import torch_gmm
+
+    def refuse(self, *args, **kwargs):
+        raise NotImplementedError("kernel: out of resource: shared memory")
+
+    monkeypatch.setattr(torch_gmm._PreparedGMM, "direct", refuse)
+    ragdot.api._CALLS.clear()
+    ragdot.ops._RUNNERS.clear()
+    x, w = torch.randn(10, 8), torch.randn(3, 8, 6)
+    sizes = torch.tensor([3, 3, 4])
+    want = ragdot.ragged_dot(x, w, sizes, backend="reference")
+    torch.testing.assert_close(ragdot.ragged_dot(x, w, sizes, backend="auto"), want)
+    torch.testing.assert_close(ragdot.ragged_dot(x, w, sizes, backend="auto"), want)  # the runner moved on
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ragdot.ragged_dot(xr, wr, sizes, backend="auto").sum().backward()
+    assert xr.grad is not None and wr.grad is not None
+    with pytest.raises(NotImplementedError, match="backend 'torch' cannot compute this ragged_m problem: kernel"):
+        ragdot.ragged_dot(x, w, sizes, backend="torch")
+    ragdot.api._CALLS.clear()
+    ragdot.ops._RUNNERS.clear()

@@ -344,6 +344,38 @@ def test_configs() -> None:
         pick_config("dense", 1, 1, 1, 1, torch.float16)
 
 
+class _TightKernel:
+    """A stand-in for a @triton.jit kernel whose compiled form fits the device only with <= `fits` stages."""
+
+    __name__ = "tight_kernel"
+
+    def __init__(self, fits: int):
+        self.fits, self.stages = fits, []
+
+    def __getitem__(self, grid):
+        def launch(*args, num_stages, **options):
+            from triton.runtime.errors import OutOfResources
+
+            self.stages.append(num_stages)
+            if num_stages > self.fits:
+                raise OutOfResources(num_stages * 40_000, 65_536, "shared memory")
+            return "compiled"
+
+        return launch
+
+
+def test_a_pipeline_too_deep_for_the_device_runs_with_fewer_stages() -> None:
+    from ragdot.kernels.launch import BoundLaunch
+
+    kernel = _TightKernel(fits=2)
+    bound = BoundLaunch(kernel, (1,), {}, {"num_warps": 4, "num_stages": 4}, torch.device("cpu"))
+    assert bound._first_launch(()) == "compiled"
+    assert kernel.stages == [4, 3, 2] and bound.options == {"num_warps": 4, "num_stages": 2}
+    never = BoundLaunch(_TightKernel(fits=0), (1,), {}, {"num_warps": 4, "num_stages": 3}, torch.device("cpu"))
+    with pytest.raises(NotImplementedError, match="tight_kernel: out of resource: shared memory"):
+        never._first_launch(())
+
+
 def test_bad_inputs_raise() -> None:
     a = torch.randn(1, 8, 4, device=DEVICE)
     b = torch.randn(1, 2, 4, 5, device=DEVICE)

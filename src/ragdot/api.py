@@ -203,7 +203,14 @@ class _Call:
             if keep_ends is not None and key is not None and sizes is not None:
                 ends = runner.fn.ends(sizes)
                 keep_ends.append((ends, key))
-            return runner.call_direct(lhs, rhs, sizes, self.plan.view_shape, ends)
+            try:
+                return runner.call_direct(lhs, rhs, sizes, self.plan.view_shape, ends)
+            except NotImplementedError as exc:  # a kernel refused at its first launch (ragdot.kernels.launch)
+                if runner.requested != "auto":
+                    raise NotImplementedError(
+                        f"backend {runner.requested!r} cannot compute this {runner.problem} problem: {exc}") from exc
+                if keep_ends:  # the general path below moves `auto` on to its next backend
+                    keep_ends.clear()
         a, b = self.plan.views(lhs, rhs)
         return self.plan.finish(runner(a, b, sizes))
 

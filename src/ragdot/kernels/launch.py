@@ -171,6 +171,23 @@ class BoundLaunch:
             values.append(self.constexprs.get(param.name, param.default))
         return tuple(values)
 
+    def _first_launch(self, args: tuple) -> Any:
+        """Triton's own launch, which compiles the kernel and checks it against the device. A pipeline that
+        does not fit the device's shared memory (Triton's OutOfResources: a tile chosen for an H200's 227 KB
+        on a GPU with about 100 KB, or an MI300's 64 KB of LDS) runs with one stage fewer at a time, down to
+        one (the stages only prefetch: the results are the same); when one stage does not fit either,
+        NotImplementedError, so that `auto` moves on to another backend."""
+        from triton.runtime.errors import OutOfResources
+
+        while True:
+            try:
+                return self.kernel[self.grid](*args, **self.constexprs, **self.options)
+            except OutOfResources as exc:
+                stages = self.options.get("num_stages", 1)  # kernels that pipeline by their own constexprs: 1
+                if stages <= 1:
+                    raise NotImplementedError(f"{self.kernel.__name__}: {exc}") from exc
+                self.options = {**self.options, "num_stages": stages - 1}
+
     def __call__(self, *args: Any) -> Any:
         """Launch with the runtime arguments (tensors, descriptors, scalars) in parameter order."""
         if _record._ACTIVE is not None:  # ragdot.kernels.record: launch as usual, then note the launch
@@ -193,7 +210,7 @@ class BoundLaunch:
         align = tuple((args[i].dtype, args[i].data_ptr() % 16 == 0) for i in self._tensors)
         entry = self._compiled.get(align)
         if entry is None:
-            compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
+            compiled = self._first_launch(args)
             raw = _raw_launcher(compiled)
             descs = None if raw is None else _Descriptors.bind(raw.launch, args)
             self._compiled[align] = (compiled, raw, descs)
