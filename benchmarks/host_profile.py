@@ -64,13 +64,18 @@ def _us(fn, calls: int) -> tuple[float, float | None]:
     return t.host_us, t.eager_us
 
 
-def pieces(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tuple[float, float | None]]:
+def _operands(m: int, k: int, n: int, e: int) -> tuple[torch.Tensor, ...]:
+    """x [M, K], w [E, K, N], balanced group sizes [E], leaf copies of x and w, and a cotangent dy [M, N]."""
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     w = torch.randn(e, k, n, device=DEV, dtype=torch.bfloat16).mul_(k**-0.5)
     gs = torch.full((e,), m // e, device=DEV, dtype=torch.int32)
-    offs = torch.cumsum(gs, 0, dtype=torch.int32)
-    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     dy = torch.randn(m, n, device=DEV, dtype=torch.bfloat16)
+    return x, w, gs, x.clone().requires_grad_(), w.clone().requires_grad_(), dy
+
+
+def pieces(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tuple[float, float | None]]:
+    x, w, gs, xr, wr, dy = _operands(m, k, n, e)
+    offs = torch.cumsum(gs, 0, dtype=torch.int32)
     a, b, dc = x.unsqueeze(0), w.unsqueeze(0), dy.unsqueeze(0)
     ends = group_ends_from_sizes(gs, m)  # what the tail kernel reads
     rows: dict[str, tuple[float, float | None]] = {}
@@ -130,11 +135,7 @@ def pieces(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tuple[float,
 
 
 def profiles(m: int, k: int, n: int, e: int) -> None:
-    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
-    w = torch.randn(e, k, n, device=DEV, dtype=torch.bfloat16)
-    gs = torch.full((e,), m // e, device=DEV, dtype=torch.int32)
-    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-    dy = torch.randn(m, n, device=DEV, dtype=torch.bfloat16)
+    x, w, gs, xr, wr, dy = _operands(m, k, n, e)
     for label, fn in (("fwd triton", lambda: ragdot.ragged_dot(x, w, gs, backend="triton")),
                       ("fwd torch", lambda: ragdot.ragged_dot(x, w, gs, backend="torch"))):
         prof = cProfile.Profile()
@@ -181,11 +182,7 @@ def backward_split(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tupl
     """Where one forward+backward's host time goes, per thread mode: (forward, engine entry up to the Python
     backward's first line, the backward's body, its last line up to `.backward()` returning), µs, medians over
     `calls` calls each after a sync (host clock). Tells the engine's hand-off from the Python body's own cost."""
-    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
-    w = torch.randn(e, k, n, device=DEV, dtype=torch.bfloat16).mul_(k**-0.5)
-    gs = torch.full((e,), m // e, device=DEV, dtype=torch.int32)
-    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-    dy = torch.randn(m, n, device=DEV, dtype=torch.bfloat16)
+    _, _, gs, xr, wr, dy = _operands(m, k, n, e)
     cases = {f"ragdot {b}": (api._CallFunction, lambda b=b: ragdot.ragged_dot(xr, wr, gs, backend=b))
              for b in ("triton", "auto")}
     cases["py-function raw"] = (_PyRaw, lambda: _PyRaw.apply(xr, wr, torch.cumsum(gs, 0, dtype=torch.int32)))

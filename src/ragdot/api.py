@@ -205,10 +205,7 @@ class _Call:
                 keep_ends.append((ends, key))
             try:
                 return runner.call_direct(lhs, rhs, sizes, self.plan.view_shape, ends)
-            except NotImplementedError as exc:  # a kernel refused at its first launch (ragdot.kernels.launch)
-                if runner.requested != "auto":
-                    raise NotImplementedError(
-                        f"backend {runner.requested!r} cannot compute this {runner.problem} problem: {exc}") from exc
+            except NotImplementedError:  # refused at its first launch under `auto` (`ops.Runner.call_direct`)
                 if keep_ends:  # the general path below moves `auto` on to its next backend
                     keep_ends.clear()
         a, b = self.plan.views(lhs, rhs)

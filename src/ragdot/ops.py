@@ -123,11 +123,18 @@ class Runner:
     def call_direct(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None,
                     out_shape: tuple[int, ...], ends: torch.Tensor | None = None) -> torch.Tensor:
         """The prepared call on the user's tensors, returning the output in `out_shape` (the user's layout);
-        `ends`: the offsets `self.fn.ends(sizes)` where the caller formed them already."""
-        if _profiling():
-            with torch.profiler.record_function(f"{_LIB}::{self.problem}"):
-                return self.fn.direct(a, b, sizes, out_shape, ends)
-        return self.fn.direct(a, b, sizes, out_shape, ends)
+        `ends`: the offsets `self.fn.ends(sizes)` where the caller formed them already. A backend that refuses
+        at its first launch (NotImplementedError, e.g. a kernel too large for the device) fails as in
+        `__call__`: a named backend says so; under `auto` the error goes back to the caller, whose canonical
+        call (`__call__`) then moves on to the next candidate."""
+        try:
+            if _profiling():
+                with torch.profiler.record_function(f"{_LIB}::{self.problem}"):
+                    return self.fn.direct(a, b, sizes, out_shape, ends)
+            return self.fn.direct(a, b, sizes, out_shape, ends)
+        except NotImplementedError as exc:
+            self._fail(self.candidates[self.index][0], exc, [])
+            raise
 
     def _call(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
         try:
