@@ -5,11 +5,12 @@
     TRITON_INTERPRET=1 python benchmarks/fused_sweep.py --device cpu --tiny      # CPU smoke run (interpreter)
 
 The fused kernels (`ragdot.kernels.fused_moe`, `fused_moe_bwd`) run one heuristic config each
-(`fused_config`, not tuned on hardware). This probe gives each kernel the heuristic's config first (its
-result is the reference), then candidate tiles (`candidates`): each result must be within the dtype's
-normalised-error bound of the reference (`ragdot.measure.checks`), then it is timed as the median of 20
-CUDA-graph replays after warm-up (device time, `ragdot.measure.timing.median_ms`). Kernels (A = tokens x
-top-k assignments, balanced random routing, bf16):
+(`fused_config`: per kernel, from this sweep at deepseek-v3 widths). This probe gives each kernel the
+heuristic's config first (its result is the reference), then its config for GPUs with under 160 KB of
+shared memory a block (the tiles before the sweep), then candidate tiles (`candidates`): each result
+must be within the dtype's normalised-error bound of the reference (`ragdot.measure.checks`), then it is
+timed as the median of 20 CUDA-graph replays after warm-up (device time, `ragdot.measure.timing.median_ms`).
+Kernels (A = tokens x top-k assignments, balanced random routing, bf16):
 
 - ``up``: gather + [A, D] x [D, 2H] + SwiGLU (`up_swiglu`);
 - ``down``: [A, H] x [H, D] + router weight + scatter (`down_scatter`; the input gradient uses the same kernel);
@@ -111,10 +112,11 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name, (run, flops, wide) in _calls(p).items():
         if name not in args.kernels:
             continue
-        heuristic = fused_config(dtype, device, _columns(name, p), wide_epilogue=wide)  # what the kernel picks
+        heuristic = fused_config(dtype, device, _columns(name, p), name.split("_")[0])  # what the kernel picks
         ref = run(heuristic).float()
-        configs = [heuristic] + [c for c in (candidates(dtype, wide, args.limit) if device.type == "cuda" else [])
-                                 if c != heuristic]
+        narrow = fused_config(dtype, device, _columns(name, p), name.split("_")[0], wide=False)
+        configs = [heuristic] + [c for c in dict.fromkeys([narrow] + (candidates(dtype, wide, args.limit)
+                                 if device.type == "cuda" else [])) if c != heuristic]
         for i, cfg in enumerate(configs):
             row = dict(kernel=name, config=_short(cfg), heuristic=i == 0, status="ok", ms=None, tflops=None,
                        pct_peak=None, err=None, note="")

@@ -313,6 +313,25 @@ def test_explicit_tile_configs_give_the_heuristics_results():
         assert nerr(call(other), call(None)) <= TOL[torch.float32], name
 
 
+def test_fused_config_per_kernel(monkeypatch):
+    """The heuristic's tiles: per kernel where shared memory is wide (2-byte dtypes), the narrower ones
+    elsewhere; columns cap BLOCK_N; an unknown kernel name is a ValueError naming the argument."""
+    from ragdot.kernels import fused_moe as fm
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(fm, "wide_shared_memory", lambda device: True)
+    tiles = {k: fm.fused_config(torch.bfloat16, gpu, 4096, k) for k in fm.FUSED_KERNELS}
+    assert {k: (c.block_n, c.block_k, c.num_stages) for k, c in tiles.items()} == {
+        "up": (128, 32, 4), "dbwd": (128, 64, 4), "down": (256, 64, 4), "wgrad": (128, 64, 3)}
+    assert fm.fused_config(torch.bfloat16, gpu, 96, "down").block_n == 128  # the columns' next power of two
+    assert fm.fused_config(torch.float32, gpu, 4096, "down") == fm.FusedConfig(block_k=32)
+    monkeypatch.setattr(fm, "wide_shared_memory", lambda device: False)
+    assert fm.fused_config(torch.float16, gpu, 4096, "up") == fm.FusedConfig(block_n=64)
+    assert fm.fused_config(torch.float16, torch.device("cpu"), 4096, "up").block_n == 16
+    with pytest.raises(ValueError, match="kernel"):
+        fm.fused_config(torch.bfloat16, gpu, 4096, "gate")
+
+
 @pytest.mark.skipif(DEV.type == "cuda", reason="the probe's CPU smoke run (on a GPU it sweeps every candidate)")
 def test_fused_sweep_runs_on_the_cpu(tmp_path, capsys):
     import importlib.util

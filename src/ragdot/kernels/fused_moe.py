@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ragdot.kernels.configs import dot_precision, next_pow2
+from ragdot.kernels.configs import dot_precision, next_pow2, wide_shared_memory
 from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_m import _group_table, _locate
 
@@ -46,16 +46,29 @@ class FusedConfig:
     num_stages: int = 3
 
 
-def fused_config(dtype: torch.dtype, device: torch.device, columns: int, wide_epilogue: bool = False) -> FusedConfig:
-    """A config for `columns` output columns: small tiles in the interpreter, 128-row tiles on GPUs.
+# Tiles per kernel where a block may take >= 160 KB of shared memory, 2-byte dtypes: (BLOCK_N cap, BLOCK_K,
+# stages), the best of a sweep at deepseek-v3 widths on an H200 (benchmarks/fused_sweep.py; graph replays):
+# up 1.26x, down 1.20x, dbwd 1.40x the previous 128x64x64 / 128x128x64 three-stage tiles, weight gradients
+# unchanged (their best was within 9%). Elsewhere (float32, smaller shared memory) the previous tiles.
+_WIDE_TILES = {"up": (128, 32, 4), "dbwd": (128, 64, 4), "down": (256, 64, 4), "wgrad": (128, 64, 3)}
+FUSED_KERNELS = tuple(_WIDE_TILES)
 
-    `wide_epilogue`: the kernel holds two [BLOCK_M, BLOCK_N] float32 tiles (gate and up), so BLOCK_N is halved
-    to keep the register footprint of one 128x128 accumulator. A heuristic, not tuned on hardware yet."""
+
+def fused_config(dtype: torch.dtype, device: torch.device, columns: int, kernel: str = "down",
+                 wide: bool | None = None) -> FusedConfig:
+    """The heuristic config of fused kernel `kernel` ("up", "dbwd": two float32 accumulators, gate and up;
+    "down"; "wgrad") for `columns` output columns: small tiles in the interpreter, 128-row tiles on GPUs.
+    `wide`: whether a block may take >= 160 KB of shared memory (None: ask the device)."""
+    if kernel not in _WIDE_TILES:
+        raise ValueError(f"kernel must be one of {FUSED_KERNELS}, got {kernel!r}")
     if device.type != "cuda":
         return FusedConfig(block_m=16, block_n=16, block_k=16, group_m=1, num_warps=1, num_stages=1)
-    block_k = 32 if dtype == torch.float32 else 64
-    block_n = min(64 if wide_epilogue else 128, max(16, next_pow2(columns)))
-    return FusedConfig(block_n=block_n, block_k=block_k)
+    cap = lambda n: min(n, max(16, next_pow2(columns)))  # noqa: E731
+    if dtype != torch.float32 and (wide_shared_memory(device) if wide is None else wide):
+        block_n, block_k, stages = _WIDE_TILES[kernel]
+        return FusedConfig(block_n=cap(block_n), block_k=block_k, num_stages=stages)
+    wide_epilogue = kernel in ("up", "dbwd")  # half the columns: one 128x128 accumulator's registers in all
+    return FusedConfig(block_n=cap(64 if wide_epilogue else 128), block_k=32 if dtype == torch.float32 else 64)
 
 
 _LAUNCHES: dict[tuple, BoundLaunch] = {}
@@ -235,7 +248,7 @@ def up_swiglu(
     pre = x.new_empty((a if save_pre else 0, h2))
     if a == 0 or h == 0:
         return act, pre
-    cfg = config or fused_config(x.dtype, x.device, h, wide_epilogue=True)
+    cfg = config or fused_config(x.dtype, x.device, h, "up")
     grid = _grid(a, h, e, cfg)
     consts = {**_consts(cfg, e, top_k, x.dtype), "SAVE_PRE": save_pre}
     launch_bound(_up_swiglu_kernel, (grid,), consts, cfg, x.device,
@@ -262,7 +275,7 @@ def down_scatter(
         return out
     if k == 0:
         return out.zero_()
-    cfg = config or fused_config(rows.dtype, rows.device, n)
+    cfg = config or fused_config(rows.dtype, rows.device, n, "down")
     grid = _grid(a, n, e, cfg)
     consts = {**_consts(cfg, e, top_k, rows.dtype), "WEIGHTED": weights is not None, "ATOMIC": atomic}
     launch_bound(_down_scatter_kernel, (grid,), consts, cfg, rows.device,

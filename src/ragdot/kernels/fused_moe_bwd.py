@@ -149,7 +149,7 @@ def down_bwd_swiglu(
     if a == 0 or h == 0:
         return dpre, act, pre.new_zeros((a,), dtype=torch.float32)
     wt = w_down.transpose(1, 2)  # [E, D, H]
-    cfg = config or fused_config(pre.dtype, pre.device, h, wide_epilogue=True)
+    cfg = config or fused_config(pre.dtype, pre.device, h, "dbwd")
     grid = _grid(a, h, e, cfg)
     dw = pre.new_empty((triton.cdiv(h, cfg.block_n), a), dtype=torch.float32)
     launch_bound(_down_bwd_swiglu_kernel, (grid,), _consts(cfg, e, top_k, pre.dtype), cfg, pre.device,
@@ -177,7 +177,7 @@ def weight_grad(
         return out
     if order.numel() == 0:
         return out.zero_()
-    cfg = config or (fused_config(left.dtype, left.device, q) if left.device.type == "cuda"
+    cfg = config or (fused_config(left.dtype, left.device, q, "wgrad") if left.device.type == "cuda"
                      else FusedConfig(16, 16, 16, 1, 1, 1))
     grid = (triton.cdiv(p, cfg.block_m) * triton.cdiv(q, cfg.block_n), e)
     consts = dict(TOP_K=top_k, BLOCK_P=cfg.block_m, BLOCK_Q=cfg.block_n, BLOCK_K=cfg.block_k,
