@@ -13,8 +13,10 @@ earlier file of that module (its `from ragdot...` imports resolve against this c
 shapes' classes of the module's problem, bf16, group sizes by routing. Configs per cell: `tuned` (the shipped
 tune's config of the module's backend for the cell, where one is stored) and/or `default` (the module's own
 pick). Rows (CSV + JSON under --out): shape, cls, routing, system (`vendor`, `old:LABEL`, `new:LABEL`), clock, ms,
-x_vendor, and per kernel row `bitwise` (old and new results equal) and `finite`. Before a kernel change goes in:
-write the prediction down, run this, keep the output beside the result.
+x_vendor, and per kernel row `bitwise` (old and new results equal) and `finite`. `--from-sizes`: the prepared
+calls take the raw group sizes (as the backends' calls do: `Prepared(..., from_sizes=True)`), not the ends;
+`--clocks eager graph`: also CUDA events around batches of back-to-back eager calls (host time included).
+Before a kernel change goes in: write the prediction down, run this, keep the output beside the result.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ MODULES = {  # module -> (problem, backend whose tuned configs it takes)
     "ragdot.kernels.ragged_m": ("ragged_m", "triton"),
 }
 CLASSES = {"ragged_k": ("wgrad_wi", "wgrad_wo"), "ragged_m": ("fwd_wi", "dgrad_wi")}  # what cell_operands builds
-COLUMNS = ("shape", "cls", "routing", "system", "clock", "ms", "x_vendor", "bitwise", "finite", "status")
+COLUMNS = ("shape", "cls", "routing", "system", "clock", "ms", "host_ms", "x_vendor", "bitwise", "finite", "status")
 
 
 def load_old(path: Path, module: str):
@@ -65,17 +67,19 @@ def cell_configs(problem: str, backend: str, ops, e: int, which: list[str]) -> l
     return out
 
 
-def prepared(mod, problem: str, ops, e: int, cfg):
+def prepared(mod, problem: str, ops, e: int, cfg, from_sizes: bool = False):
     _, a, b = ops[:3]
-    return mod.Prepared(a, b, e, a.dtype, cfg) if problem == "ragged_k" else mod.Prepared(a, b, a.dtype, cfg)
+    if problem == "ragged_k":
+        return mod.Prepared(a, b, e, a.dtype, cfg, from_sizes=from_sizes)
+    return mod.Prepared(a, b, a.dtype, cfg, from_sizes=from_sizes)
 
 
 def run_cell(shape, cls: str, routing: str, mods: dict, problem: str, backend: str, which: list[str],
-             seconds: float, dev) -> list[dict]:
+             seconds: float, dev, from_sizes: bool = False, clocks: tuple[str, ...] = ("graph",)) -> list[dict]:
     import torch
     from gluon_gpu import cell_operands, system_call
 
-    from ragdot.measure.timing import GRAPH, Timed, measure_clocks
+    from ragdot.measure.timing import Timed, measure_clocks
     from ragdot.routing import group_sizes
 
     name, m, k, n, e = shape.name, shape.M, shape.K, shape.N, shape.E
@@ -89,29 +93,29 @@ def run_cell(shape, cls: str, routing: str, mods: dict, problem: str, backend: s
     for cfg in cell_configs(problem, backend, ops, e, which):
         for tag, mod in mods.items():
             try:
-                p = prepared(mod, problem, ops, e, cfg)
+                p = prepared(mod, problem, ops, e, cfg, from_sizes)
             except NotImplementedError as exc:
                 label = "default" if cfg is None else cfg.short()
                 rows.append(dict(shape=name, cls=cls, routing=routing, system=f"{tag}:{label}",
                                  status=f"refused: {exc}"))
                 continue
             label = f"{tag}:{p.cfg.short()}"  # TileConfig and GluonConfig both label themselves
-            call = (lambda p=p: p(a, b, ends)[0])
+            call = (lambda p=p: p(a, b, sizes if from_sizes else ends)[0])
             outs[label] = call()
             systems.append(Timed(label, [call]))
-    times = {name: t for (name, _), t in measure_clocks(systems, dev, clocks=(GRAPH,), warmup=3, iters=30,
-                                                         max_seconds=seconds).items()}  # CPU: the wall clock
-    vendor = times["vendor"].median
-    for s in systems:
-        t = times[s.name]
-        row = dict(shape=name, cls=cls, routing=routing, system=s.name, clock=t.clock, ms=t.median,
-                   x_vendor=vendor / t.median, status="ok")
-        if s.name != "vendor":
-            tag, label = s.name.split(":", 1)
-            twin = outs.get(f"{'new' if tag == 'old' else 'old'}:{label}")
-            row["bitwise"] = None if twin is None else bool(torch.equal(twin, outs[s.name]))
-            row["finite"] = bool(torch.isfinite(outs[s.name]).all())
-        rows.append(row)
+    times = measure_clocks(systems, dev, clocks=clocks, warmup=3, iters=30, max_seconds=seconds)  # CPU: wall
+    for clock in dict.fromkeys(c for _, c in times):  # the clocks that ran (a CPU: wall only)
+        vendor = times["vendor", clock].median
+        for s in systems:
+            t = times[s.name, clock]
+            row = dict(shape=name, cls=cls, routing=routing, system=s.name, clock=t.clock, ms=t.median,
+                       host_ms=t.host, x_vendor=vendor / t.median, status="ok")
+            if s.name != "vendor":
+                tag, label = s.name.split(":", 1)
+                twin = outs.get(f"{'new' if tag == 'old' else 'old'}:{label}")
+                row["bitwise"] = None if twin is None else bool(torch.equal(twin, outs[s.name]))
+                row["finite"] = bool(torch.isfinite(outs[s.name]).all())
+            rows.append(row)
     return rows
 
 
@@ -126,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", nargs="+", default=["anchor"], help="shape names, 'M,K,N,E' or tags (default: anchor)")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (a dry run: fp32, Triton's interpreter)")
     ap.add_argument("--seconds", type=float, default=0.2, help="time budget per system and cell")
+    ap.add_argument("--from-sizes", action="store_true", help="calls take the raw group sizes (the backends' form)")
+    ap.add_argument("--clocks", nargs="+", choices=("graph", "eager"), default=["graph"],
+                    help="CUDA clocks (default graph; eager: back-to-back eager calls, host time included)")
     ap.add_argument("--cell-timeout", type=float, default=120.0,
                     help="seconds a cell may take, compiles included, before the run counts it as hung: the cell is "
                          "named and the run ends with exit status 3, its rows so far kept (default 120)")
@@ -156,18 +163,20 @@ def main(argv: list[str] | None = None) -> int:
     mods = {"old": load_old(args.old, args.module), "new": importlib.import_module(args.module)}
     args.out.mkdir(parents=True, exist_ok=True)
     meta = run_meta(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, with_triton=True)
-    meta.update(module=args.module, old=str(args.old), clock="graph: CUDA-graph replays, CUDA events, median")
+    meta.update(module=args.module, old=str(args.old), from_sizes=args.from_sizes,
+                clock="graph: CUDA-graph replays, CUDA events, median; eager: CUDA events around back-to-back calls")
     writer = RowWriter(args.out, "kernel-ab", meta, COLUMNS)
     dog = Watchdog("kernel_ab.py", writer.files)
     for shape in shapes:
         for cls in classes:
             for routing in args.routing:
                 with dog.cell(f"cell {shape.name} {cls} {routing}", args.cell_timeout):
-                    rows = run_cell(shape, cls, routing, mods, problem, backend, args.configs, args.seconds, dev)
+                    rows = run_cell(shape, cls, routing, mods, problem, backend, args.configs, args.seconds, dev,
+                                    args.from_sizes, tuple(args.clocks))
                 for row in rows:
                     writer.add(row)
                 print(f"{shape.name:24s} {cls:9s} {routing:8s} " + "  ".join(
-                    f"{r['system']}={r['ms']:.3f}" for r in rows if r["status"] == "ok"), flush=True)
+                    f"{r['system']}@{r['clock']}={r['ms']:.4f}" for r in rows if r["status"] == "ok"), flush=True)
     broken = [r for r in writer.rows if r.get("bitwise") is False or r.get("finite") is False]
     print(f"wrote {writer.csv} and {writer.json}; {len(broken)} kernel rows not bitwise equal or not finite")
     return 0

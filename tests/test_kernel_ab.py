@@ -25,13 +25,14 @@ def _module():
 
 @pytest.mark.skipif(torch.cuda.is_available() or "triton" not in ragdot.backends(),
                     reason="the CPU dry run of the Triton kernels (on a GPU the script times them)")
-def test_a_module_against_a_copy_of_itself_is_bitwise_equal(tmp_path, capsys):
+@pytest.mark.parametrize("sizes", [False, True], ids=["ends", "from-sizes"])
+def test_a_module_against_a_copy_of_itself_is_bitwise_equal(tmp_path, capsys, sizes):
     old = tmp_path / "old_ragged_k.py"
     shutil.copy(ROOT / "src" / "ragdot" / "kernels" / "ragged_k.py", old)
     out = tmp_path / "out"
     argv = ["--module", "ragdot.kernels.ragged_k", "--old", str(old), "--device", "cpu", "--shapes", "40,16,24,3",
             "--routing", "empty", "--classes", "wgrad_wi", "--configs", "default", "--seconds", "0.01",
-            "--out", str(out)]
+            "--out", str(out), *(["--from-sizes"] if sizes else [])]
     assert _module().main(argv) == 0
     (path,) = out.glob("kernel-ab-*.csv")
     rows = list(csv.DictReader(path.open()))

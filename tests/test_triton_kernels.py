@@ -257,6 +257,37 @@ def test_ragged_k_tma_loads(batch: int, sizes: list[int], monkeypatch: pytest.Mo
     assert torch.equal(prepared(a_odd, b, ends)[0], c_ptr)
 
 
+@pytest.mark.parametrize("cfg", [SMALL_PERSISTENT_K, TMA_LOADS_K], ids=["pointer", "tma"])
+@pytest.mark.parametrize("sizes,scale", [([7, -2, 20, 0, 13, 1], 1), ([40, 7, 30, 1], 1), ([3, 2, -1, 9, 0], 2),
+                                         ([0, 0, 0], 1)])
+def test_ragged_k_ranks_the_groups_inside_the_persistent_kernel(cfg, sizes, scale, monkeypatch) -> None:
+    """From raw sizes, a persistent ragged_k of up to INLINE_GROUPS groups forms and ranks the groups in each
+    program (one launch): bitwise the result of the separate schedule launch (the same slots), with negative
+    sizes, sums past the extent, a scale, NaN rows past the last group and empty groups; above the limit the
+    schedule kernel runs as before."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
+    r, m, n = 50, 24, 40
+    a = operand((2, r, m), torch.float16, False)
+    b = operand((2, r, n), torch.float16, False)
+    raw = torch.tensor(sizes, dtype=torch.int64, device=DEVICE)
+    ends = torch.tensor(sizes).clamp(min=0).clamp(max=r // scale).cumsum(0).mul(scale).clamp(max=r)
+    a[:, int(ends[-1]):] = float("nan")
+    b[:, int(ends[-1]):] = float("inf")
+    prepared = rk_mod.Prepared(a, b, len(sizes), torch.float16, cfg, from_sizes=True, scale=scale)
+    assert prepared.inline
+    got = prepared(a, b, raw)[0]
+    separate = prepared(a, b, raw, sched=rk_mod.schedule(raw, r, scale))[0]
+    assert torch.equal(got, separate)
+    ref = ref_ragged_k(a.nan_to_num(0), b.nan_to_num(0, 0, 0), ends.to(torch.int32).to(DEVICE))
+    assert not got.isnan().any()
+    if ref.norm() > 0:
+        assert rel_err(got, ref) < TOL[torch.float16]
+    monkeypatch.setattr(rk_mod, "INLINE_GROUPS", len(sizes) - 1)
+    above = rk_mod.Prepared(a, b, len(sizes), torch.float16, cfg, from_sizes=True, scale=scale)
+    assert not above.inline and torch.equal(above(a, b, raw)[0], got)
+
+
 def test_ragged_k_reproducible_and_default_config() -> None:
     r, m, n, sizes = 50, 24, 40, [20, 3, 0, 27]
     a = operand((1, r, m), torch.float16, False)

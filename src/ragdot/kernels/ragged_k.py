@@ -46,30 +46,33 @@ from ragdot.kernels.record import scratch
 
 
 @triton.jit
-def _schedule_kernel(
-    groups_ptr,  # [G] int32/int64 inclusive group ends; FROM_SIZES: [G] raw group sizes, any integer dtype
-    sched_ptr,  # [3, G] int32 output: per slot (groups by size descending, ties by index): group, start, end;
-    #             FROM_SIZES: [4, G], row 3 receives the clamped ends
+def _form_ends(
+    sizes_ptr,  # [G] raw group sizes, any integer dtype
+    ends_ptr,  # [G] int32 output: the clamped inclusive ends
+    G, R, size_scale,  # scalars: groups, the ragged extent, rows per unit of group size
+    BLOCK_G: tl.constexpr,  # groups per step (power of two)
+):
+    """ends[g] = min(R, size_scale * (sizes[0] + ... + sizes[g])) with each size clamped to [0, R // size_scale]
+    (negatives count as 0, int64 sums); a barrier makes them visible to the program's other threads."""
+    carry = tl.full([], 0, tl.int64)
+    for g0 in range(0, G, BLOCK_G):
+        og = g0 + tl.arange(0, BLOCK_G)
+        sizes = tl.load(sizes_ptr + og, mask=og < G, other=0).to(tl.int64)
+        sizes = tl.minimum(tl.maximum(sizes, 0), R // size_scale)
+        ends = tl.minimum((tl.cumsum(sizes, 0) + carry) * size_scale, R)
+        tl.store(ends_ptr + og, ends.to(tl.int32), mask=og < G)
+        carry += tl.sum(sizes, 0)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _rank_groups(
+    ends_ptr,  # [G] int32/int64 inclusive group ends
+    sched_ptr,  # [3, G] int32 output: per slot (groups by size descending, ties by index): group, start, end
     G,  # scalar: number of groups
-    R,  # scalar: the ragged extent (token rows) the ends are clamped to (FROM_SIZES only)
-    size_scale,  # scalar: rows per unit of group size (FROM_SIZES only)
     BLOCK_G: tl.constexpr,  # groups ranked per step (power of two)
     BLOCK_H: tl.constexpr,  # groups compared against per inner step (power of two)
-    FROM_SIZES: tl.constexpr,  # form the ends from the sizes first (negatives count as 0, int64 sums)
 ):
-    if FROM_SIZES:
-        ends_ptr = sched_ptr + 3 * G
-        carry = tl.full([], 0, tl.int64)
-        for g0 in range(0, G, BLOCK_G):
-            og = g0 + tl.arange(0, BLOCK_G)
-            sizes = tl.load(groups_ptr + og, mask=og < G, other=0).to(tl.int64)
-            sizes = tl.minimum(tl.maximum(sizes, 0), R // size_scale)
-            ends = tl.minimum((tl.cumsum(sizes, 0) + carry) * size_scale, R)
-            tl.store(ends_ptr + og, ends.to(tl.int32), mask=og < G)
-            carry += tl.sum(sizes, 0)
-        tl.debug_barrier()  # the ends just written are read back by other threads of this program
-    else:
-        ends_ptr = groups_ptr
     for g0 in range(0, G, BLOCK_G):
         og = g0 + tl.arange(0, BLOCK_G)
         end = tl.load(ends_ptr + og, mask=og < G, other=0).to(tl.int32)
@@ -90,6 +93,25 @@ def _schedule_kernel(
         tl.store(sched_ptr + rank, og, mask=ok)
         tl.store(sched_ptr + G + rank, start, mask=ok)
         tl.store(sched_ptr + 2 * G + rank, end, mask=ok)
+
+
+@triton.jit
+def _schedule_kernel(
+    groups_ptr,  # [G] int32/int64 inclusive group ends; FROM_SIZES: [G] raw group sizes, any integer dtype
+    sched_ptr,  # [3, G] int32 output: per slot (groups by size descending, ties by index): group, start, end;
+    #             FROM_SIZES: [4, G], row 3 receives the clamped ends
+    G,  # scalar: number of groups
+    R,  # scalar: the ragged extent (token rows) the ends are clamped to (FROM_SIZES only)
+    size_scale,  # scalar: rows per unit of group size (FROM_SIZES only)
+    BLOCK_G: tl.constexpr,  # groups ranked per step (power of two)
+    BLOCK_H: tl.constexpr,  # groups compared against per inner step (power of two)
+    FROM_SIZES: tl.constexpr,  # form the ends from the sizes first (negatives count as 0, int64 sums)
+):
+    if FROM_SIZES:
+        _form_ends(groups_ptr, sched_ptr + 3 * G, G, R, size_scale, BLOCK_G)
+        _rank_groups(sched_ptr + 3 * G, sched_ptr, G, BLOCK_G, BLOCK_H)
+    else:
+        _rank_groups(groups_ptr, sched_ptr, G, BLOCK_G, BLOCK_H)
 
 
 @triton.jit
@@ -197,12 +219,18 @@ def ragged_k_persistent_kernel(
     c_desc,  # TMA descriptor of c viewed [G*Bt, M, N], block [1, BLOCK_M, BLOCK_N] (None without TMA_STORE)
     a_desc,  # ragged view (`ragged_view`) of a as [Bt*R, M], block [1, 1, BLOCK_K, BLOCK_M] (None w/o TMA_LOAD)
     b_desc,  # ragged view of b as [Bt*R, N], block [1, 1, BLOCK_K, BLOCK_N] (None without TMA_LOAD)
-    sched_ptr,  # [3, G] int32 from _schedule_kernel: per slot, group / first token row / end token row
+    sched_ptr,  # [3, G] int32 from _schedule_kernel: per slot, group / first token row / end token row;
+    #             INLINE: [programs, 4, G] int32 scratch, each program's own schedule and clamped ends
+    sizes_ptr,  # INLINE: [G] raw group sizes, any integer dtype (else not read)
     M, N, G, Bt, R,  # scalars: output sizes, groups, batch count, token rows per batch entry
+    size_scale,  # scalar: rows per unit of group size (INLINE only)
     stride_ab, stride_ar, stride_am,  # scalars: strides of a, in elements
     stride_bb, stride_br, stride_bn,  # scalars: strides of b, in elements
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_I: tl.constexpr,  # items counted per step when sizing the loop (power of two)
+    INLINE: tl.constexpr,  # each program ranks the groups itself (no schedule launch; the same slots)
+    BLOCK_G: tl.constexpr,  # INLINE: groups per step of the ranking (power of two)
+    BLOCK_H: tl.constexpr,  # INLINE: groups compared against per inner step (power of two)
     GROUP_M: tl.constexpr,  # row tiles walked together inside one group
     EVEN_M: tl.constexpr,  # M % BLOCK_M == 0
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
@@ -212,6 +240,11 @@ def ragged_k_persistent_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    if INLINE:  # the schedule kernel's work, into this program's own rows (a few µs for G <= 256)
+        sched_ptr += pid * 4 * G
+        _form_ends(sizes_ptr, sched_ptr + 3 * G, G, R, size_scale, BLOCK_G)
+        _rank_groups(sched_ptr + 3 * G, sched_ptr, G, BLOCK_G, BLOCK_H)
+        tl.debug_barrier()
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     per_slot = Bt * tiles
     # this program's items are pid, pid + nprog, ...; the loop runs over all their token chunks
@@ -261,6 +294,7 @@ def ragged_k_persistent_kernel(
 
 
 _SCHEDULES: dict[tuple, BoundLaunch] = {}
+INLINE_GROUPS = 256  # most groups a persistent program ranks itself (G^2 / 4096 compare steps of 128x32)
 
 
 def schedule(groups: torch.Tensor, extent: int | None = None, scale: int = 1) -> torch.Tensor:
@@ -324,22 +358,25 @@ class Prepared:
         opts = launch_options(cfg, a.device)
         self.persistent = cfg.persistent
         self.tma_load = False
+        # from raw sizes, a persistent program ranks up to INLINE_GROUPS groups itself: one launch, not two
+        self.inline = bool(cfg.persistent and from_sizes and g <= INLINE_GROUPS)
         if cfg.persistent:
             views = (rows_view(a), rows_view(b))
             self.tma_load = bool(cfg.flat and tma_capable(a.device) and None not in views and fits_ragged_rows(bt, r))
             if self.tma_load:  # built once: a bound launch compares later calls' descriptor layouts by identity
                 self.views = ((*ragged_view(m, views[0][1]), [1, 1, cfg.block_k, cfg.block_m]),
                               (*ragged_view(n, views[1][1]), [1, 1, cfg.block_k, cfg.block_n]))
-            self.scalars = (m, n, g, bt, r, *a.stride(), *b.stride())
-            kernel, grid, consts = ragged_k_persistent_kernel, (min(g * bt * tiles, num_sms(a.device) *
-                                                                      cfg.programs_per_sm),), {**consts, "BLOCK_I": 128}
+            self.scalars = (m, n, g, bt, r, scale, *a.stride(), *b.stride())
+            self.programs = min(g * bt * tiles, num_sms(a.device) * cfg.programs_per_sm)
+            kernel, grid = ragged_k_persistent_kernel, (self.programs,)
+            consts = {**consts, "BLOCK_I": 128, "BLOCK_G": min(next_pow2(g), 128), "BLOCK_H": 32}
         else:
             self.scalars = (m, n, g, bt, *a.stride(), *b.stride())
             kernel, grid = ragged_k_kernel, (tiles, g, bt)
         self.launches = {
-            (store, load): BoundLaunch(kernel, grid, {**consts, "TMA_STORE": store, **({"TMA_LOAD": load}
-                                       if cfg.persistent else {})}, opts, a.device)
-            for store in {False, self.tma} for load in {False, self.tma_load}
+            (store, load, inline): BoundLaunch(kernel, grid, {**consts, "TMA_STORE": store, **(
+                {"TMA_LOAD": load, "INLINE": inline} if cfg.persistent else {})}, opts, a.device)
+            for store in {False, self.tma} for load in {False, self.tma_load} for inline in {False, self.inline}
         }
 
     def __call__(
@@ -350,15 +387,19 @@ class Prepared:
         c, done = prepared_output(self, out)
         if done:
             return c, None
-        if sched is None:
+        inline = self.inline and sched is None
+        if inline:  # the kernel's programs form and rank the groups themselves, each into its own rows
+            sched = scratch((self.programs, 4, self.shape[0]), torch.int32, self.device)
+        elif sched is None:
             sched = schedule(ends, self.sizes_extent, self.scale)
         tma = self.tma and c.data_ptr() % 16 == 0
         c_desc = host_descriptor(c, *self.c_desc) if tma else None
         if not self.persistent:
-            return c, self.launches[tma, False](a, b, c, c_desc, sched, *self.scalars)
+            return c, self.launches[tma, False, False](a, b, c, c_desc, sched, *self.scalars)
         load = self.tma_load and (a.data_ptr() | b.data_ptr()) % 16 == 0
         descs = (host_descriptor(a, *self.views[0]), host_descriptor(b, *self.views[1])) if load else (None, None)
-        return c, self.launches[tma, load](a, b, c, c_desc, *descs, sched, *self.scalars)
+        return c, self.launches[tma, load, inline](a, b, c, c_desc, *descs, sched, ends if inline else sched,
+                                                   *self.scalars)
 
 
 def launch(
