@@ -263,8 +263,8 @@ def test_ragged_k_tma_loads(batch: int, sizes: list[int], monkeypatch: pytest.Mo
 def test_ragged_k_ranks_the_groups_inside_the_persistent_kernel(cfg, sizes, scale, monkeypatch) -> None:
     """From raw sizes, a persistent ragged_k of up to INLINE_GROUPS groups forms and ranks the groups in each
     program (one launch): bitwise the result of the separate schedule launch (the same slots), with negative
-    sizes, sums past the extent, a scale, NaN rows past the last group and empty groups; above the limit the
-    schedule kernel runs as before."""
+    sizes, sums past the extent, a scale, NaN rows past the last group and empty groups; above either limit
+    (groups, FLOPs) the schedule kernel runs as before."""
     if DEVICE == "cpu":
         monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
     r, m, n = 50, 24, 40
@@ -283,9 +283,11 @@ def test_ragged_k_ranks_the_groups_inside_the_persistent_kernel(cfg, sizes, scal
     assert not got.isnan().any()
     if ref.norm() > 0:
         assert rel_err(got, ref) < TOL[torch.float16]
-    monkeypatch.setattr(rk_mod, "INLINE_GROUPS", len(sizes) - 1)
-    above = rk_mod.Prepared(a, b, len(sizes), torch.float16, cfg, from_sizes=True, scale=scale)
-    assert not above.inline and torch.equal(above(a, b, raw)[0], got)
+    for limit in ("INLINE_GROUPS", "INLINE_FLOPS"):
+        with monkeypatch.context() as patch:
+            patch.setattr(rk_mod, limit, len(sizes) - 1 if limit == "INLINE_GROUPS" else 2 * 2 * r * m * n - 1)
+            above = rk_mod.Prepared(a, b, len(sizes), torch.float16, cfg, from_sizes=True, scale=scale)
+            assert not above.inline and torch.equal(above(a, b, raw)[0], got), limit
 
 
 def test_ragged_k_reproducible_and_default_config() -> None:

@@ -294,7 +294,12 @@ def ragged_k_persistent_kernel(
 
 
 _SCHEDULES: dict[tuple, BoundLaunch] = {}
-INLINE_GROUPS = 256  # most groups a persistent program ranks itself (G^2 / 4096 compare steps of 128x32)
+# Where the persistent kernel ranks the groups itself (H200, `benchmarks/kernel_ab.py --from-sizes`, eager and
+# graph clocks against the separate ranking launch, bitwise equal): on weight gradients of 2.7-41 GFLOP with
+# 128-256 groups the eager call took 0.79-1.0x the time (host 10-23 µs less per call), graph replays within
+# -4% / +1%; on one of 258 GFLOP (qwen3-235b-a22b) eager calls took 1.02-1.11x, so larger problems keep the launch.
+INLINE_GROUPS = 256  # most groups a program ranks itself (G^2 / 4096 compare steps of 128x32)
+INLINE_FLOPS = 2**36  # largest problem (2 x rows x M x N, about 69 GFLOP) that ranks inline
 
 
 def schedule(groups: torch.Tensor, extent: int | None = None, scale: int = 1) -> torch.Tensor:
@@ -358,8 +363,9 @@ class Prepared:
         opts = launch_options(cfg, a.device)
         self.persistent = cfg.persistent
         self.tma_load = False
-        # from raw sizes, a persistent program ranks up to INLINE_GROUPS groups itself: one launch, not two
-        self.inline = bool(cfg.persistent and from_sizes and g <= INLINE_GROUPS)
+        # from raw sizes, a persistent program ranks up to INLINE_GROUPS groups itself on problems of up to
+        # INLINE_FLOPS: one launch, not two, where the call's host time matters
+        self.inline = bool(cfg.persistent and from_sizes and g <= INLINE_GROUPS and 2 * bt * r * m * n <= INLINE_FLOPS)
         if cfg.persistent:
             views = (rows_view(a), rows_view(b))
             self.tma_load = bool(cfg.flat and tma_capable(a.device) and None not in views and fits_ragged_rows(bt, r))
