@@ -17,7 +17,9 @@ Two schedules:
   tokens, so without this the epilogue and load latency of every tile would be exposed. With `TMA_LOAD`
   (config `flat`, sm_90, row-major operands) its a and b rows come through ragged TMA views
   (`ragdot.kernels.ragged_view`) clipped at each group's end instead of masked pointer loads: the hardware
-  zero-fills the rows past the end, so the same zeros enter the same MMAs.
+  zero-fills the rows past the end, so the same zeros enter the same MMAs. Called from raw group sizes on a
+  problem small enough that its host time matters (`INLINE_GROUPS`, `INLINE_FLOPS`), every program does the
+  prep kernel's work itself into its own rows of a scratch: one launch, the same slots, the same result.
 """
 
 from __future__ import annotations
