@@ -283,6 +283,11 @@ def test_ragged_k_ranks_the_groups_inside_the_persistent_kernel(cfg, sizes, scal
     assert not got.isnan().any()
     if ref.norm() > 0:
         assert rel_err(got, ref) < TOL[torch.float16]
+    from ragdot.kernels import record
+
+    with record.recording() as rec:  # ragdot.jax's plans: the workspace holds one [4, G] ranking, not one per program
+        assert torch.equal(prepared(a, b, raw)[0], got)
+    assert [tuple(t.shape) for t in rec.scratch] == [(4, len(sizes))]
     for limit in ("INLINE_GROUPS", "INLINE_FLOPS"):
         with monkeypatch.context() as patch:
             patch.setattr(rk_mod, limit, len(sizes) - 1 if limit == "INLINE_GROUPS" else 2 * 2 * r * m * n - 1)

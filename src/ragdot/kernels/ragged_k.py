@@ -44,7 +44,7 @@ from ragdot.kernels.configs import (
 )
 from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_view, rows_view
-from ragdot.kernels.record import scratch
+from ragdot.kernels.record import active, scratch
 
 
 @triton.jit
@@ -395,7 +395,8 @@ class Prepared:
         c, done = prepared_output(self, out)
         if done:
             return c, None
-        inline = self.inline and sched is None
+        # a recorded call (ragdot.jax's launch plans, whose workspace holds one [4, G] ranking) ranks separately
+        inline = self.inline and sched is None and active() is None
         if inline:  # the kernel's programs form and rank the groups themselves, each into its own rows
             sched = scratch((self.programs, 4, self.shape[0]), torch.int32, self.device)
         elif sched is None:
