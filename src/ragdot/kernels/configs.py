@@ -447,6 +447,9 @@ def tma_capable(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+_WIDE_SMEM: dict[int, bool] = {}
+
+
 def wide_shared_memory(device: torch.device) -> bool:
     """Whether a block on `device` may take >= 160 KB of shared memory (A100, H100/H200, B200: 163-227 KB;
     consumer parts and AMD GPUs 64-100 KB), or inside `compile_only`, on its target."""
@@ -455,8 +458,11 @@ def wide_shared_memory(device: torch.device) -> bool:
         return _AOT_TARGET.backend == "cuda" and isinstance(arch, int) and (arch in (80, 87) or 90 <= arch < 120)
     if device.type != "cuda" or torch.version.hip is not None:
         return False
-    optin = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
-    return optin >= 160 * 1024
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _WIDE_SMEM:  # read once per device, as `num_sms`: the fused kernels ask on every call
+        optin = getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0)
+        _WIDE_SMEM[index] = optin >= 160 * 1024
+    return _WIDE_SMEM[index]
 
 
 def launch_options(cfg: TileConfig, device: torch.device) -> dict[str, Any]:
