@@ -7,7 +7,6 @@ kernel's."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import subprocess
@@ -21,10 +20,12 @@ jax = pytest.importorskip("jax")
 
 import jax.numpy as jnp  # noqa: E402
 
+import program_trace as pt  # noqa: E402
 from helpers import bundled_ptxas  # noqa: E402
-from ragdot.jax import _ffi, _plan  # noqa: E402
+from ragdot.jax import _ffi  # noqa: E402
 from ragdot.kernels import record  # noqa: E402
 from ragdot.kernels.configs import TileConfig  # noqa: E402
+from ragdot.native import plan as _plan  # noqa: E402
 
 needs_library = pytest.mark.skipif(not _ffi.available(), reason=f"no FFI handler library: {_ffi.reason()}")
 needs_ptxas = pytest.mark.skipif(not bundled_ptxas() or os.environ.get("TRITON_INTERPRET") == "1",
@@ -72,72 +73,6 @@ def test_the_bridge_mode_is_checked(monkeypatch):
         pass
 
 
-def _trace(words: list[int], ptrs: list[int]) -> list[int]:
-    lib = _ffi.library()
-    program = (ctypes.c_int64 * len(words))(*words)
-    buffers = (ctypes.c_uint64 * len(ptrs))(*ptrs)
-    out = (ctypes.c_int64 * 4096)()
-    written = ctypes.c_int64(0)
-    message = ctypes.create_string_buffer(256)
-    error = lib.ragdot_ffi_replay(program, len(words), buffers, len(ptrs), 0, out, 4096, ctypes.byref(written),
-                                  message, 256)
-    assert error is None, error
-    return list(out[: written.value])
-
-
-def _moved(t: torch.Tensor, tensors: list[torch.Tensor], new: list[int]) -> int:
-    """Where `t`'s first element lies once the buffer holding it is at its new address."""
-    for base, address in zip(tensors, new):
-        start = base.data_ptr()
-        if start <= t.data_ptr() < start + base.numel() * base.element_size():
-            return address + t.data_ptr() - start
-    raise AssertionError("not in any buffer")
-
-
-def _expected(launch: record.Launch, tensors: list[torch.Tensor], new: list[int]) -> list[int]:
-    """The trace the library must write for one recorded launch (see ragdot_ffi_replay): grid, threads,
-    shared bytes, flags, the parameter count, then per parameter its value (a tensor map: -3, its address,
-    type, rank, swizzle, fill, dims, byte strides, box; then the descriptor's shape and strides)."""
-    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
-
-    compiled = launch.compiled
-    meta = compiled.metadata
-    words: list[int] = []
-    count = 2  # the two scratch pointers
-    metas = list(meta.tensordesc_meta or [])
-    for name, value in zip(compiled.src.fn.arg_names, launch.args):
-        kind = compiled.src.signature[name]
-        if kind == "constexpr":
-            continue
-        if kind.startswith("tensordesc"):
-            m, rank = metas.pop(0), len(value.shape)
-            words += [-3, _moved(value.base, tensors, new), TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], rank,
-                      m["swizzle"], 0, *reversed(value.shape),
-                      *(m["elem_size"] * value.strides[j] for j in reversed(range(rank - 1))),
-                      *reversed(m["block_size"]), *value.shape, *value.strides]
-            count += 1 + 2 * rank
-        else:
-            words.append(_moved(value, tensors, new) if kind.startswith("*") else int(value))
-            count += 1
-    return [*launch.grid, 32 * meta.num_warps, meta.shared, 0, count, *words, 0, 0]
-
-
-def _recorded(run):
-    """What `run` launches, compiled for sm_90 (a Prepared must be made inside: it asks the target for TMA)."""
-    from ragdot.kernels import compile_only
-
-    with compile_only(90), record.recording() as rec:
-        run()
-    return rec
-
-
-def _buffers(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
-    return [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
-
-
-NEW = [0x7000_0000_0000 + (i << 32) for i in range(8)]  # the buffers' addresses on the replayed call
-
-
 @needs_library
 @needs_ptxas
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointer"])
@@ -148,11 +83,11 @@ def test_compiled_ragged_m_plan_moves_every_argument_with_its_buffer(tma):
     a, b = torch.randn(1, m, k, dtype=BF), torch.randn(1, g, k, n, dtype=BF)
     sizes, out = torch.full((g,), m // g, dtype=torch.int32), torch.empty(1, m, n, dtype=BF)
     cfg = TMA if tma else TileConfig(64, 128, 64, 8, 4, 4, persistent=True)
-    rec = _recorded(lambda: rm.Prepared(a, b, BF, cfg, from_sizes=True)(a, b, sizes, out))
+    rec = pt.recorded(lambda: rm.Prepared(a, b, BF, cfg, from_sizes=True)(a, b, sizes, out))
     assert len(rec.steps) == 1 and rec.scratch == []
     tensors = [a, b, sizes, out, torch.empty(512, dtype=torch.uint8)]
-    trace = _trace(_plan.program(rec, _buffers(tensors), 4, loaded=False), NEW[:5])
-    assert trace == _expected(rec.steps[0], tensors, NEW)
+    traced = pt.trace(_plan.program(rec, pt.buffers(tensors), 4, loaded=False), pt.NEW[:5])
+    assert traced == pt.expected(rec.steps[0], tensors, pt.NEW)
     kernel = rec.steps[0].compiled.src.fn.__name__
     assert kernel == ("ragged_m_tma_flat_kernel" if tma else "ragged_m_kernel")
 
@@ -169,11 +104,11 @@ def test_compiled_a_slot_installs_the_plan_of_a_recorded_call():
     m, k, n, g = 128, 64, 128, 4
     a, b = torch.randn(1, m, k, dtype=BF), torch.randn(1, g, k, n, dtype=BF)
     sizes, out = torch.full((g,), m // g, dtype=torch.int32), torch.empty(1, m, n, dtype=BF)
-    rec = _recorded(lambda: rm.Prepared(a, b, BF, TMA, from_sizes=True)(a, b, sizes, out))
+    rec = pt.recorded(lambda: rm.Prepared(a, b, BF, TMA, from_sizes=True)(a, b, sizes, out))
     rec.steps[0].compiled.function = 0  # not loaded: the library stores the program, nothing launches it
     slot = _ffi._Slot(Bridge(None), False, (), index=10_000)
     workspace = torch.empty(512, dtype=torch.uint8)
-    buffers = _buffers([a, b, sizes, out, workspace])
+    buffers = pt.buffers([a, b, sizes, out, workspace])
     assert slot._plan(rec, True, buffers, 3) and slot.planned == {3} and slot.kept[3]
     assert not slot._plan(rec, True, buffers[1:], 5) and "lies in 0" in slot.why[5]
     assert not slot._plan(rec, False, buffers, 6) and "Triton kernels alone" in slot.why[6]
@@ -189,16 +124,17 @@ def test_compiled_ragged_k_plan_puts_its_ranking_in_the_workspace():
     a, b = torch.randn(1, r, m, dtype=BF), torch.randn(1, r, n, dtype=BF)
     sizes, out = torch.full((g,), r // g, dtype=torch.int32), torch.empty(g, 1, m, n, dtype=BF)
     cfg = TileConfig(64, 128, 64, 8, 4, 3, tma=True)
-    rec = _recorded(lambda: rk.Prepared(a, b, g, BF, cfg, from_sizes=True)(a, b, sizes, out))
+    rec = pt.recorded(lambda: rk.Prepared(a, b, g, BF, cfg, from_sizes=True)(a, b, sizes, out),
+                      _plan.workspace_bytes(g))
     assert len(rec.steps) == 2 and len(rec.scratch) == 1  # the ranking kernel, then the product
     (sched,) = rec.scratch
     tensors = [a, b, sizes, out, torch.empty(_plan.workspace_bytes(g), dtype=torch.uint8)]
-    trace = _trace(_plan.program(rec, _buffers(tensors), 4, loaded=False), NEW[:5])
+    traced = pt.trace(_plan.program(rec, pt.buffers(tensors), 4, loaded=False), pt.NEW[:5])
     # the schedule (a torch temporary on the recorded call) is the workspace's start on the replayed one
     placed = [*tensors[:4], sched]
-    assert trace == _expected(rec.steps[0], placed, NEW) + _expected(rec.steps[1], placed, NEW)
+    assert traced == pt.expected(rec.steps[0], placed, pt.NEW) + pt.expected(rec.steps[1], placed, pt.NEW)
     with pytest.raises(_plan.Unplannable, match="workspace"):
-        _plan.program(rec, _buffers(tensors[:4]) + [(NEW[4], 16)], 4, loaded=False)
+        _plan.program(rec, pt.buffers(tensors[:4]) + [(pt.NEW[4], 16)], 4, loaded=False)
 
 
 @needs_library
@@ -209,14 +145,14 @@ def test_compiled_nothing_to_contract_is_a_zero_fill_and_a_foreign_tensor_is_ref
     m, n, g = 64, 32, 4
     a, b = torch.randn(1, m, 0, dtype=BF), torch.randn(1, g, 0, n, dtype=BF)
     sizes, out = torch.full((g,), 16, dtype=torch.int32), torch.empty(1, m, n, dtype=BF)
-    rec = _recorded(lambda: rm.Prepared(a, b, BF, None, from_sizes=True)(a, b, sizes, out))
+    rec = pt.recorded(lambda: rm.Prepared(a, b, BF, None, from_sizes=True)(a, b, sizes, out))
     tensors = [a, b, sizes, out, torch.empty(512, dtype=torch.uint8)]
-    trace = _trace(_plan.program(rec, _buffers(tensors), 4, loaded=False), NEW[:5])
-    assert trace == [-1, NEW[3], m * n * 2]
+    traced = pt.trace(_plan.program(rec, pt.buffers(tensors), 4, loaded=False), pt.NEW[:5])
+    assert traced == [-1, pt.NEW[3], m * n * 2]
     lhs, rhs = torch.randn(1, 128, 64, dtype=BF), torch.randn(1, g, 64, n, dtype=BF)
     out = torch.empty(1, 128, n, dtype=BF)
-    rec = _recorded(lambda: rm.Prepared(lhs, rhs, BF, TMA, from_sizes=True)(lhs, rhs, sizes, out))
-    buffers = _buffers([lhs, sizes, out])  # rhs is not one of them
+    rec = pt.recorded(lambda: rm.Prepared(lhs, rhs, BF, TMA, from_sizes=True)(lhs, rhs, sizes, out))
+    buffers = pt.buffers([lhs, sizes, out])  # rhs is not one of them
     with pytest.raises(_plan.Unplannable, match="lies in 0 of the call's buffers"):
         _plan.program(rec, buffers, None, loaded=False)
     with pytest.raises(_plan.Unplannable, match="launched nothing"):

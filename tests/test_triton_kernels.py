@@ -285,9 +285,12 @@ def test_ragged_k_ranks_the_groups_inside_the_persistent_kernel(cfg, sizes, scal
         assert rel_err(got, ref) < TOL[torch.float16]
     from ragdot.kernels import record
 
-    with record.recording() as rec:  # ragdot.jax's plans: the workspace holds one [4, G] ranking, not one per program
+    with record.recording(workspace=512) as rec:  # ragdot.jax's fixed workspace holds one [4, G] ranking
         assert torch.equal(prepared(a, b, raw)[0], got)
     assert [tuple(t.shape) for t in rec.scratch] == [(4, len(sizes))]
+    with record.recording() as rec:  # an eager replay allocates what the record made: the inline form
+        assert torch.equal(prepared(a, b, raw)[0], got)
+    assert [tuple(t.shape) for t in rec.scratch] == [(prepared.programs, 4, len(sizes))] and len(rec.steps) == 1
     for limit in ("INLINE_GROUPS", "INLINE_FLOPS"):
         with monkeypatch.context() as patch:
             patch.setattr(rk_mod, limit, len(sizes) - 1 if limit == "INLINE_GROUPS" else 2 * 2 * r * m * n - 1)

@@ -36,13 +36,21 @@ def _kernels(problem: str):
 class _KernelCall:
     """A prepared kernel as the dispatcher calls it. The kernels read only the operands' addresses, so
     `direct` takes any tensors that start where the canonical views start (direct_kind "address") and
-    writes an output allocated in the caller's layout: no view op on the hot path."""
+    writes an output allocated in the caller's layout: no view op on the hot path. On a GPU, `direct` (the
+    eager calls' path, forward and the bound backward products) replays the prepared call's launches from C
+    after its first calls (`ragdot.kernels.replay`)."""
 
-    __slots__ = ("prepared", "out_dtype", "device")
+    __slots__ = ("prepared", "launch")
     direct_kind = "address"
 
     def __init__(self, prepared: Any):
         self.prepared = prepared
+        if prepared.device.type == "cuda" and getattr(prepared, "replayable", False) and not _interpreting():
+            from ragdot.kernels.replay import Replayed
+
+            self.launch = Replayed(prepared)
+        else:
+            self.launch = lambda a, b, sizes, out: prepared(a, b, sizes, out)[0]
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
         return self.prepared(a, b, sizes)[0]
@@ -51,7 +59,7 @@ class _KernelCall:
                out_shape: tuple[int, ...], ends: torch.Tensor | None = None) -> torch.Tensor:
         """The kernels form the group ends from the raw sizes themselves: `ends` is not read."""
         out = torch.empty(out_shape, dtype=self.prepared.out_dtype, device=self.prepared.device)
-        return self.prepared(a, b, sizes, out)[0]
+        return self.launch(a, b, sizes, out)
 
 
 class TritonBackend(BackendBase):

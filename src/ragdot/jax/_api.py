@@ -22,8 +22,9 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from ragdot.api import _check_backend
 from ragdot.dimension_numbers import RAGGED_DOT_DN, RaggedDotDimensionNumbers, ShapeError, plan_views
-from ragdot.jax import _bridge, _ffi, _plan
+from ragdot.jax import _bridge, _ffi
 from ragdot.jax._bridge import Bridge, Signature
+from ragdot.native import plan as _plan
 from ragdot.stacked import ArrayOps, ragged_dot_stacked
 
 __all__ = ["ragged_dot", "ragged_dot_general"]

@@ -1,9 +1,8 @@
 """ragdot.jax's XLA FFI custom call: the handler library, its launch slots and the Python resolver.
 
-`ffi_launch.c` is built once per machine with the C compiler ($CC, else cc or gcc) against jaxlib's FFI
-header and the `cuda.h` that ships with Triton, into ragdot's cache folder (`$RAGDOT_CACHE_DIR`, else
-~/.cache/ragdot; the temporary folder where that is not writable; the file name holds a hash of the source
-and both headers), loaded with ctypes and
+`ffi_launch.c` (which includes ragdot's launch-program interpreter, `ragdot/native/replay.c`) is built once
+per machine against jaxlib's FFI header and the `cuda.h` that ships with Triton (`ragdot.native.build`: the
+C compiler, ragdot's cache folder, a file name holding a hash of the sources and headers), loaded with ctypes and
 registered as the custom call target "ragdot_launch" for CUDA and for the host. Each traced ragdot.jax
 forward or backward gets a launch slot (its `Bridge`, which direction, its buffers' shapes and dtypes),
 passed to the custom call as its `slot` attribute with this process's random token in the high 32 bits: a
@@ -13,7 +12,7 @@ key differs and a stale slot can never run.
 A call the handler has no plan for runs the resolver: torch tensors over XLA's buffers (no copy), the
 bridge's prepared forward or backward on XLA's stream, and, on the first call on a CUDA device, a record of
 what it launched (`ragdot.kernels.record`); where that was only ragdot's Triton kernels, the record becomes
-the slot's plan for that device (`ragdot.jax._plan`) and later calls never enter Python.
+the slot's plan for that device (`ragdot.native.plan`) and later calls never enter Python.
 
 Where the library cannot be built (no compiler, no headers) ragdot.jax falls back to `buffer_callback`
 (`reason()` says why; RAGDOT_JAX_BRIDGE=callback asks for that path).
@@ -23,13 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import math
 import os
 import secrets
-import shutil
-import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ragdot.jax import _plan
+from ragdot import native
 from ragdot.jax._bridge import Bridge
+from ragdot.native import plan as _plan
 
 if TYPE_CHECKING:
     from ragdot.kernels.record import Record
@@ -55,56 +51,17 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("RAGDOT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ragdot")
-    return Path(root) / "ffi"
-
-
 def _headers() -> tuple[Path, Path]:
     import jax
-    import triton
 
-    return Path(jax.ffi.include_dir()), Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+    return Path(jax.ffi.include_dir()), native.cuda_include()
 
 
 def build() -> Path:
     """The handler library's path, built if it is not in the cache yet (raises RuntimeError if it cannot be)."""
     xla_include, cuda_include = _headers()
-    api, cuda_h = xla_include / "xla" / "ffi" / "api" / "c_api.h", cuda_include / "cuda.h"
-    for header in (api, cuda_h):
-        if not header.is_file():
-            raise RuntimeError(f"{header} not found")
-    digest = hashlib.sha256()
-    for part in (SOURCE, api, cuda_h):
-        digest.update(part.read_bytes())
-    name = f"ragdot_ffi_{digest.hexdigest()[:16]}.so"
-    cache, temporary = _cache_dir(), Path(tempfile.gettempdir()) / "ragdot-ffi"
-    for folder in (cache, temporary):
-        if (folder / name).is_file():
-            return folder / name
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler found (set CC)")
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        if not os.access(cache, os.W_OK):
-            raise PermissionError(cache)
-        target = cache / name
-    except OSError:  # a read-only cache folder: the temporary folder instead
-        temporary.mkdir(parents=True, exist_ok=True)
-        target = temporary / name
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        scratch = Path(tmp) / target.name
-        command = [compiler, "-O2", "-shared", "-fPIC", "-std=gnu11", f"-I{xla_include}", f"-I{cuda_include}",
-                   str(SOURCE), "-o", str(scratch), "-ldl", "-lpthread"]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise RuntimeError(f"{compiler} failed: {e}") from None
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
-        os.replace(scratch, target)  # atomic: another process may build the same file
-    return target
+    hashed = [SOURCE, native.REPLAY_SOURCE, xla_include / "xla" / "ffi" / "api" / "c_api.h", cuda_include / "cuda.h"]
+    return native.build("ragdot_ffi", SOURCE, [xla_include, cuda_include], hashed, "ffi")
 
 
 def library() -> ctypes.CDLL | None:
@@ -124,8 +81,8 @@ def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build()))
     lib.ragdot_ffi_set_plan.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
                                         ctypes.c_int64]
-    lib.ragdot_ffi_replay.restype = ctypes.c_char_p
-    lib.ragdot_ffi_replay.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64,
+    lib.ragdot_replay.restype = ctypes.c_char_p
+    lib.ragdot_replay.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64,
                                       ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64, ctypes.c_uint64,
                                       ctypes.POINTER(ctypes.c_int64), ctypes.c_int64,
                                       ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
@@ -211,7 +168,7 @@ class _Slot:
         take = record is not None
         previous = p.stream.enter()
         try:
-            with record.recording() if take else contextlib.nullcontext() as rec:
+            with record.recording(self.nbytes[-1]) if take else contextlib.nullcontext() as rec:
                 if self.backward:
                     lhs, rhs, sizes, dout, dlhs, drhs = tensors
                     direct = bridge.backward_tensors(p, (dlhs, drhs), lhs, rhs, sizes, dout)

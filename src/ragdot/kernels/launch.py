@@ -52,7 +52,7 @@ def tma_fill_args(desc: Any, meta: dict, host_dtype: dict) -> tuple:
     """The static arguments after the base address with which Triton 3.6's CUDA driver encodes a host TMA
     descriptor (`fill_tma_descriptor`): swizzle, element size, the driver's element type, block, shape (the
     last dimension doubled for fp4-padded data), strides (elements) and the out-of-bounds fill (1: NaN).
-    One derivation for the bound launches here and the launch programs of `ragdot.jax._plan`."""
+    One derivation for the bound launches here and the launch programs of `ragdot.native.plan`."""
     shape, strides = list(desc.shape), list(desc.strides)
     if meta["fp4_padded"]:
         shape[-1] *= 2

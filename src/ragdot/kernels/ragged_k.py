@@ -336,7 +336,8 @@ class Prepared:
     `from_sizes` the third argument of a call is the raw group sizes ([G], any integer dtype; `scale` rows
     per unit), which the ranking kernel turns into clamped ends."""
 
-    replayable = True  # a call is BoundLaunches and ragdot.kernels.record's hooks alone (ragdot.jax replays it)
+    # a call is BoundLaunches and ragdot.kernels.record's hooks alone (ragdot.kernels.replay and ragdot.jax replay it)
+    replayable = True
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype, config: TileConfig | None,
                  from_sizes: bool = False, scale: int = 1):
@@ -395,8 +396,9 @@ class Prepared:
         c, done = prepared_output(self, out)
         if done:
             return c, None
-        # a recorded call (ragdot.jax's launch plans, whose workspace holds one [4, G] ranking) ranks separately
-        inline = self.inline and sched is None and active() is None
+        # a call recorded for a fixed workspace (ragdot.jax's, which holds one [4, G] ranking) ranks separately
+        rec = active()
+        inline = self.inline and sched is None and (rec is None or rec.workspace is None)
         if inline:  # the kernel's programs form and rank the groups themselves, each into its own rows
             sched = scratch((self.programs, 4, self.shape[0]), torch.int32, self.device)
         elif sched is None:

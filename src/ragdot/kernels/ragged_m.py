@@ -317,7 +317,8 @@ class Prepared:
     the third argument of a call is the raw group sizes ([G], any integer dtype; `scale` rows per unit) and
     the kernel forms the clamped ends itself: one launch for the whole call."""
 
-    replayable = True  # a call is BoundLaunches and ragdot.kernels.record's hooks alone (ragdot.jax replays it)
+    # a call is BoundLaunches and ragdot.kernels.record's hooks alone (ragdot.kernels.replay and ragdot.jax replay it)
+    replayable = True
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, config: TileConfig | None,
                  from_sizes: bool = False, scale: int = 1):

@@ -3,13 +3,14 @@
 Inside `recording()`, every `BoundLaunch` notes its compiled kernel and its runtime arguments, every prepared
 output that is all zeros notes the zero fill, and every per-call temporary a kernel owner makes with
 `scratch` is noted as such (the launches still happen: the recorded call computes its result as usual).
-`ragdot.jax` turns such a record into a launch plan that its XLA FFI handler replays in C on later calls
-(`ragdot.jax._plan`). A call that does GPU work no hook sees (a torch operator, a copy) cannot be replayed,
-so only prepared calls that declare `replayable = True` (their calls are `BoundLaunch`es and these hooks
-alone: `ragged_m.Prepared`, `ragged_k.Prepared`) are turned into plans; a launch through
-`configs.run_kernel` inside a record marks it foreign, and the plan builder refuses a foreign record and one
-holding a tensor it cannot place. A record belongs to the thread that took it: launches of other threads
-meanwhile are not in it, and a second thread's `recording()` waits for the first to end.
+`ragdot.native.plan` turns such a record into a launch program that C replays on later calls: ragdot's
+eager calls (`ragdot.kernels.replay`) and ragdot.jax's XLA FFI handler. A call that does GPU work no hook
+sees (a torch operator, a copy) cannot be replayed, so only prepared calls that declare `replayable = True`
+(their calls are `BoundLaunch`es and these hooks alone: `ragged_m.Prepared`, `ragged_k.Prepared`) are turned
+into plans; a launch through `configs.run_kernel` inside a record marks it foreign, and the plan builder
+refuses a foreign record and one holding a tensor it cannot place. A record belongs to the thread that took
+it: launches of other threads meanwhile are not in it, and a second thread's `recording()` waits for the
+first to end.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Record:
     scratch: list[torch.Tensor] = field(default_factory=list)
     thread: int = field(default_factory=threading.get_ident)
     foreign: bool = False  # something launched outside the hooks (configs.run_kernel)
+    workspace: int | None = None  # bytes the replay offers the call's scratch (None: sized to the record)
 
 
 _ACTIVE: Record | None = None  # the launch path reads this global; the thread is compared only when it is set
@@ -57,13 +59,16 @@ def active() -> Record | None:
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[Record]:
-    """Record what this thread's calls inside the block launch (not re-entrant: an inner block is refused)."""
+def recording(workspace: int | None = None) -> Iterator[Record]:
+    """Record what this thread's calls inside the block launch (not re-entrant: an inner block is refused).
+    `workspace`: the bytes a replay of the record will offer for the call's scratch (ragdot.jax's fixed
+    workspace result), so that a kernel owner can choose a form whose scratch fits; None: whatever the call
+    makes (ragdot's eager replays allocate the record's own total)."""
     global _ACTIVE
     if active() is not None:
         raise RuntimeError("recording() is already active in this thread")
     with _LOCK:
-        _ACTIVE = record = Record()
+        _ACTIVE = record = Record(workspace=workspace)
         try:
             yield record
         finally:

@@ -1,8 +1,10 @@
-"""A recorded prepared call (`ragdot.kernels.record`) written as the launch program ffi_launch.c replays.
+"""A recorded prepared call (`ragdot.kernels.record`) written as the launch program `replay.c` replays.
 
-Every tensor the recorded launches took is placed in one of the call's buffers: the XLA buffers the call
-was given (an address inside exactly one of them, the whole extent inside it) or, for the call's scratch
-temporaries, the workspace result that every ragdot.jax call carries (`workspace_bytes`). Each kernel's
+Every tensor the recorded launches took is placed in one of the call's buffers: the buffers the call was
+given (an address inside exactly one of them, the whole extent inside it: XLA's buffers for ragdot.jax, the
+operands, group sizes and output for ragdot's eager calls) or, for the call's scratch temporaries, a
+workspace buffer (the result every ragdot.jax call carries, `workspace_bytes`; an eager call's per-call
+temporary of `scratch_bytes`). Each kernel's
 parameters follow the compiled kernel's own signature, as Triton 3.6's CUDA launcher packs them:
 constexprs left out, a host tensor descriptor as its tensor map (encoded per call from its buffer's address)
 followed by its shape (int32) and strides (int64), the integers at their declared widths, and the two
@@ -19,7 +21,7 @@ import torch
 if TYPE_CHECKING:  # ragdot.kernels needs Triton, ragdot.jax does not: imported where a plan is made
     from ragdot.kernels.record import Launch, Record
 
-__all__ = ["Unplannable", "program", "workspace_bytes"]
+__all__ = ["Unplannable", "buffer", "program", "scratch_bytes", "workspace_bytes"]
 
 _ALIGN = 256
 _INT_BYTES = {"i1": 1, "u1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
@@ -47,6 +49,16 @@ def _extent(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0
     return (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def buffer(t: torch.Tensor) -> tuple[int, int]:
+    """(address, bytes) of a tensor as one of a call's buffers: from its first element to the end of its last."""
+    return t.data_ptr(), _extent(t)
+
+
+def scratch_bytes(record: Record) -> int:
+    """Bytes of a workspace that holds every scratch temporary of `record`, each at an aligned offset."""
+    return sum(_round(_extent(t)) for t in record.scratch)
 
 
 class _Places:
