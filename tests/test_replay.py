@@ -74,10 +74,10 @@ def test_replay_can_be_turned_off(monkeypatch):
 
 
 # ---- on the GPU -------------------------------------------------------------------------------------------
-def _kernel_call(problem: str, a: torch.Tensor, b: torch.Tensor, g: int, config: TileConfig | None):
+def _kernel_call(backend: str, problem: str, a: torch.Tensor, b: torch.Tensor, g: int, config: TileConfig | None):
     from ragdot.backends import get_backend
 
-    return get_backend("triton").prepare(problem, a, b, g, BF, config)
+    return get_backend(backend).prepare(problem, a, b, g, BF, config)
 
 
 def _operands(problem: str, rows: int, k: int, n: int, g: int, gen: torch.Generator, offset: int = 0):
@@ -92,19 +92,22 @@ def _operands(problem: str, rows: int, k: int, n: int, g: int, gen: torch.Genera
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("problem,config", [("ragged_m", None), ("ragged_m", TileConfig(64, 128, 64, 8, 4, 4)),
-                                            ("ragged_k", None), ("ragged_k", PERSISTENT)],
-                         ids=["m-default", "m-pointer", "k-default", "k-inline"])
-def test_on_the_gpu_replayed_calls_give_the_python_path_s_bits(problem, config):
+@pytest.mark.parametrize("backend,problem,config", [
+    ("triton", "ragged_m", None), ("triton", "ragged_m", TileConfig(64, 128, 64, 8, 4, 4)),
+    ("triton", "ragged_k", None), ("triton", "ragged_k", PERSISTENT), ("gluon", "ragged_m", None),
+    ("gluon", "ragged_k", None)], ids=["m-default", "m-pointer", "k-default", "k-inline", "gluon-m", "gluon-k"])
+def test_on_the_gpu_replayed_calls_give_the_python_path_s_bits(backend, problem, config):
     from ragdot.kernels.replay import Replayed
 
+    if backend == "gluon" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the gluon kernels are sm_90 only")
     gen = torch.Generator("cuda").manual_seed(5)
-    rows, k, n, g = 1000, 256, 192, 8
+    rows, k, n, g = 1000, 256, 256, 8
     sizes = torch.tensor([200, 0, 130, 77, 0, 256, 100, 61], dtype=torch.int32, device="cuda")  # 824 rows
     a, b = _operands(problem, rows, k, n, g, gen)
     canon_a = a.unsqueeze(0)
     canon_b = b.unsqueeze(0)
-    call = _kernel_call(problem, canon_a, canon_b, g, config)
+    call = _kernel_call(backend, problem, canon_a, canon_b, g, config)
     launch = call.launch
     assert isinstance(launch, Replayed)
     out_shape = (rows, n) if problem == "ragged_m" else (g, k, n)
@@ -129,7 +132,8 @@ def test_on_the_gpu_replayed_calls_give_the_python_path_s_bits(problem, config):
 @pytest.mark.gpu
 def test_on_the_gpu_forward_and_backward_replay_with_the_first_call_s_bits_and_under_capture():
     """ragged_dot on triton, forward and backward: the replayed calls' output and gradients are the bits of the
-    first (Python) call on the same inputs; a CUDA graph captured around replayed calls computes them too."""
+    first (Python) call on the same inputs; a CUDA graph captured after them (its calls take the Python path:
+    nothing is recorded while capturing) computes them too."""
     import ragdot
 
     gen = torch.Generator("cuda").manual_seed(9)

@@ -256,6 +256,9 @@ class Prepared:
     does not fit shared memory.
     A call on operands whose start is not 16-byte aligned runs the triton kernel instead (TMA needs it)."""
 
+    # a call is BoundLaunches and ragdot.kernels.record's hooks alone (ragdot.kernels.replay and ragdot.jax replay it)
+    replayable = True
+
     def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype,
                  config: GluonConfig | None = None, from_sizes: bool = False, scale: int = 1):
         bt, r, m = a.shape

@@ -57,6 +57,7 @@ from ragdot.kernels.gluon.ragged_k import (
 )
 from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_view import RAGGED_BASE, check_ragged_rows, ragged_view
+from ragdot.kernels.record import scratch
 
 __all__ = ["Prepared", "ragged_m", "ragged_m_ws_kernel", "tile_table"]
 
@@ -121,7 +122,7 @@ def tile_table(groups: torch.Tensor, m: int, block_m: int, from_sizes: bool, sca
     `launch`: the kernel bound for these arguments (a Prepared's), else an ordinary launch."""
     g = groups.shape[0]
     t = -(-m // block_m) + g + 1
-    table = torch.empty((5, t), dtype=torch.int32, device=groups.device)
+    table = scratch((5, t), torch.int32, groups.device)
     if launch is not None:
         launch(groups, table, m, g, scale, t)
     else:
@@ -307,6 +308,9 @@ class Prepared:
     the config's block_k, operands that are not row views
     with 16-byte aligned rows. A call whose operands start off a 16-byte boundary runs the triton kernel
     instead."""
+
+    # a call is BoundLaunches and ragdot.kernels.record's hooks alone (ragdot.kernels.replay and ragdot.jax replay it)
+    replayable = True
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, config: GluonConfig | None = None,
                  from_sizes: bool = False, scale: int = 1):
