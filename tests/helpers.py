@@ -16,6 +16,8 @@ def dtypes_for(backend: str, device: torch.device) -> list[torch.dtype]:
     if device.type == "cpu":
         # The Triton interpreter computes bf16 dots wrongly: fp16/fp32 only there.
         return [torch.float32, torch.float16] if backend == "triton" else [torch.float32, torch.bfloat16]
+    if backend == "gluon":  # sm_90 kernels for 16-bit operands only
+        return [torch.bfloat16, torch.float16]
     return [torch.bfloat16, torch.float32] if backend != "triton" else [torch.bfloat16, torch.float16, torch.float32]
 
 
