@@ -78,14 +78,9 @@ def library() -> ctypes.CDLL | None:
 def _load() -> ctypes.CDLL:
     import jax
 
-    lib = ctypes.CDLL(str(build()))
+    lib = native.declare_replay(ctypes.CDLL(str(build())))
     lib.ragdot_ffi_set_plan.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
                                         ctypes.c_int64]
-    lib.ragdot_replay.restype = ctypes.c_char_p
-    lib.ragdot_replay.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64,
-                                      ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64, ctypes.c_uint64,
-                                      ctypes.POINTER(ctypes.c_int64), ctypes.c_int64,
-                                      ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
     _state["resolver"] = resolver = _RESOLVER(_resolve)  # kept alive: the library calls it
     lib.ragdot_ffi_init(ctypes.c_uint32(_TOKEN), resolver)
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ragdot_ffi_host), platform="cpu")

@@ -24,7 +24,7 @@ from triton import knobs
 from ragdot.kernels import configs
 from ragdot.kernels import record as _record
 
-__all__ = ["BoundLaunch", "tma_fill_args"]
+__all__ = ["BoundLaunch", "hooked", "tma_fill_args"]
 
 
 def _raw_launcher(compiled: Any) -> Any:
@@ -37,6 +37,12 @@ def _raw_launcher(compiled: Any) -> Any:
     if launcher.global_scratch_size or launcher.profile_scratch_size or getattr(launcher, "num_ctas", 1) != 1:
         return None
     return launcher
+
+
+def hooked() -> bool:
+    """Whether a Triton launch hook is installed (a profiler listening there must see Triton's own launches)."""
+    runtime = knobs.runtime
+    return bool(runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls)
 
 
 class _Layout:
@@ -217,8 +223,7 @@ class BoundLaunch:
             self._tail = self._constexpr_tail(len(args))
             return compiled
         compiled, raw, descs = entry
-        runtime = knobs.runtime
-        if runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls:  # a profiler listens: Triton's path
+        if hooked():  # a profiler listens: Triton's path
             return self.kernel[self.grid](*args, **self.constexprs, **self.options)
         stream = torch._C._cuda_getCurrentRawStream(self.device)
         g0, g1, g2 = self.grid

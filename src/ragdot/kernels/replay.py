@@ -12,8 +12,8 @@ Autograd's device thread, where each line of Python costs more than on the calli
 A call is replayed only where the recorded call is what the prepared call would launch: the current CUDA
 device is the call's, the group sizes have the record's dtype, every address is 16-byte aligned (Triton
 specializes on it and the prepared calls pick TMA by it; the record was taken so), no Triton launch hook is
-installed (a profiler listening there sees Triton's own launches), no record is being taken in this thread
-(ragdot.jax's) and no `compile_only` target is set. Any other call takes the Python path, which gives the
+installed (a profiler listening there sees Triton's own launches), no record is being taken (ragdot.jax's,
+in any thread) and no `compile_only` target is set. Any other call takes the Python path, which gives the
 same bits. A signature whose call cannot be written as a program (`plan.Unplannable`) or a machine where
 the library cannot be built (no C compiler; `ragdot.native.reason()`) keeps the Python path for good.
 RAGDOT_REPLAY=0, read when a prepared call is made, turns replay off; `set_active(False)` pauses it in this
@@ -28,19 +28,17 @@ import os
 from typing import Any
 
 import torch
-from triton import knobs
 
 from ragdot import native
 from ragdot.kernels import configs
 from ragdot.kernels import record as _record
+from ragdot.kernels.launch import hooked
 from ragdot.native import plan as _plan
 
 __all__ = ["Replayed", "enabled", "set_active"]
 
 RECORD_AT = 2  # the call recorded: the first compiles (and may step its pipeline down), the second is settled
 _TRIES = 3  # calls that may find the recording conditions unmet before the signature stays on Python
-_current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else None
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 _active = True
@@ -66,15 +64,13 @@ class Replayed:
     Calls take the operands (or any tensors starting at their addresses, as the prepared call does), the raw
     group sizes [G] and the output, allocated by the caller; they return the output."""
 
-    __slots__ = ("prepared", "device", "program", "length", "workspace", "sizes_dtype", "ptrs", "run", "kept",
-                 "calls", "why")
+    __slots__ = ("prepared", "device", "program", "workspace", "sizes_dtype", "ptrs", "run", "kept", "calls", "why")
 
     def __init__(self, prepared: Any):
         self.prepared = prepared
         index = prepared.device.index
         self.device = index if index is not None else torch.cuda.current_device()
         self.program: ctypes.Array | None = None  # the launch program (int64 words), once recorded
-        self.length = 0
         self.workspace = 0  # bytes of the per-call workspace of the call's scratch
         self.sizes_dtype: torch.dtype | None = None
         self.ptrs: Any = None  # the ctypes array type of the buffers' addresses
@@ -89,14 +85,14 @@ class Replayed:
             return self.prepared(a, b, sizes, out)[0]
         if program is not None:
             pa, pb, ps, pc = a.data_ptr(), b.data_ptr(), sizes.data_ptr(), out.data_ptr()
-            if ((pa | pb | ps | pc) & 15 == 0 and sizes.dtype is self.sizes_dtype and _record._ACTIVE is None
-                    and _current_device() == self.device and configs._AOT_TARGET is None and not _hooked()):
+            if (pa | pb | ps | pc) & 15 == 0 and sizes.dtype is self.sizes_dtype and self._plain_launch():
                 if self.workspace:
                     ws = torch.empty(self.workspace, dtype=torch.uint8, device=out.device)
                     ptrs = self.ptrs(pa, pb, ps, pc, ws.data_ptr())
                 else:
                     ptrs = self.ptrs(pa, pb, ps, pc)
-                error = self.run(program, self.length, ptrs, len(ptrs), _raw_stream(self.device))
+                error = self.run(program, len(program), ptrs, len(ptrs),
+                                 torch._C._cuda_getCurrentRawStream(self.device))
                 if error is not None:
                     raise RuntimeError(f"ragdot: replaying a recorded kernel launch failed: {error.decode()}")
                 return out
@@ -109,9 +105,8 @@ class Replayed:
     def _record(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The call, recorded and written as this signature's program where the conditions hold."""
         tensors = (a, b, sizes, out)
-        ready = (all(t.data_ptr() % 16 == 0 for t in tensors) and _record.active() is None and not _hooked()
-                 and configs._AOT_TARGET is None and not torch.cuda.is_current_stream_capturing()
-                 and torch.cuda.current_device() == self.device)
+        ready = (all(t.data_ptr() % 16 == 0 for t in tensors) and self._plain_launch()
+                 and not torch.cuda.is_current_stream_capturing())
         if not ready:
             if self.calls >= RECORD_AT + _TRIES:
                 self.why = "no call met the conditions of a recording"
@@ -133,11 +128,12 @@ class Replayed:
         self.workspace, self.sizes_dtype = workspace, sizes.dtype
         self.ptrs = ctypes.c_uint64 * len(buffers)
         self.run = lib.ragdot_replay_run
-        self.length = len(words)
         self.program = (ctypes.c_int64 * len(words))(*words)
         return c
 
-
-def _hooked() -> bool:
-    runtime = knobs.runtime
-    return bool(runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls)
+    def _plain_launch(self) -> bool:
+        """Whether the prepared call would launch as recorded now, address alignment and sizes dtype aside: the
+        current CUDA device is the call's, no record is being taken (ragdot.jax's, in any thread: it must see the
+        launches; a recording waits for another thread's), no `compile_only` target, no Triton launch hook."""
+        return (torch._C._cuda_getDevice() == self.device and _record._ACTIVE is None
+                and configs._AOT_TARGET is None and not hooked())

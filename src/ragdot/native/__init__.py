@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["REPLAY_SOURCE", "build", "cuda_include", "library", "reason"]
+__all__ = ["REPLAY_SOURCE", "build", "cuda_include", "declare_replay", "library", "reason"]
 
 REPLAY_SOURCE = Path(__file__).with_name("replay.c")
 _lock = threading.Lock()
@@ -81,10 +81,9 @@ def build(stem: str, source: Path, includes: Sequence[Path], hashed: Sequence[Pa
     return target
 
 
-def _load() -> ctypes.CDLL:
-    include = cuda_include()
-    lib = ctypes.CDLL(str(build("ragdot_replay", REPLAY_SOURCE, [include], [REPLAY_SOURCE, include / "cuda.h"],
-                                "native")))
+def declare_replay(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """`lib` with the signatures of `replay.c`'s entry points set (this library, and ragdot.jax's handler
+    library, which includes `replay.c`)."""
     words, ptrs = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_uint64)
     lib.ragdot_replay.restype = ctypes.c_char_p
     lib.ragdot_replay.argtypes = [words, ctypes.c_int64, ptrs, ctypes.c_int64, ctypes.c_uint64, words,
@@ -92,6 +91,12 @@ def _load() -> ctypes.CDLL:
     lib.ragdot_replay_run.restype = ctypes.c_char_p
     lib.ragdot_replay_run.argtypes = [words, ctypes.c_int64, ptrs, ctypes.c_int64, ctypes.c_uint64]
     return lib
+
+
+def _load() -> ctypes.CDLL:
+    include = cuda_include()
+    hashed = [REPLAY_SOURCE, include / "cuda.h"]
+    return declare_replay(ctypes.CDLL(str(build("ragdot_replay", REPLAY_SOURCE, [include], hashed, "native"))))
 
 
 def library() -> ctypes.CDLL | None:
