@@ -9,7 +9,7 @@ the eager column is CUDA events around the same chunks. It times private pieces 
 (`ragdot.ops`, `ragdot.api`) and follows them as they change; the `host` suite of benchmarks/suite.py runs
 it after `ragdot host-bench`. CUDA only.
 
-`--split-only` times only the forward+backward split: for ragdot (triton, auto) and a minimal Python
+`--split-only` times only the forward+backward split: for ragdot (triton, auto, torch) and a minimal Python
 autograd.Function around torch._grouped_mm, with autograd's device threads and without, the forward, the
 engine's hand-off up to the backward's first line, the backward's body, and the rest up to `.backward()`
 returning (synced calls, medians).
@@ -184,7 +184,7 @@ def backward_split(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tupl
     `calls` calls each after a sync (host clock). Tells the engine's hand-off from the Python body's own cost."""
     _, _, gs, xr, wr, dy = _operands(m, k, n, e)
     cases = {f"ragdot {b}": (api._CallFunction, lambda b=b: ragdot.ragged_dot(xr, wr, gs, backend=b))
-             for b in ("triton", "auto")}
+             for b in ("triton", "auto", "torch")}
     cases["py-function raw"] = (_PyRaw, lambda: _PyRaw.apply(xr, wr, torch.cumsum(gs, 0, dtype=torch.int32)))
     rows = {}
     for name, (cls, forward) in cases.items():

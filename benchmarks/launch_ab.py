@@ -1,0 +1,86 @@
+"""In-process A/B of ragdot's C launch path in eager MoE train steps, beside the same step's CUDA-graph replay.
+
+    PYTHONPATH=src python3 benchmarks/launch_ab.py [--configs deepseek2-16b qwen3-30b-a3b] [--rounds 6] [--out DIR]
+
+The decoder and step of `ragdot moe-bench` (forward, backward, fused AdamW) per config and variant, timed
+eagerly (CUDA events around each step, host time included) with ragdot's launches from C on (`c`: prepared
+calls replayed, bound Triton launches through the interpreter; `ragdot.kernels.replay`) and paused (`python`:
+every launch through Python and Triton's launcher), interleaved round by round in one process (each round
+runs one untimed step after the switch, then two timed ones). Then the same step is captured in a CUDA graph
+and its replays timed (device time; median of `--replays`): the eager / graph ratio of each arm comes from
+one process, where host speed is the same for both. Writes DIR/launch-ab.json with `--out`. CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from ragdot.bench.moe_train import _train_step
+from ragdot.kernels import replay
+from ragdot.measure.timing import capture_graph, event_ms, warm_off_stream
+from ragdot.moe.model import MoEDecoder, get_config
+from ragdot.moe.variants import VARIANTS
+
+
+def _config(name: str, variants: list[str], rounds: int, replays: int, dev: torch.device) -> list[dict]:
+    cfg = get_config(name)
+    torch.manual_seed(0)
+    model = MoEDecoder(cfg, dtype=torch.bfloat16, device=dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True, capturable=True)
+    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), device=dev)
+    step = functools.partial(_train_step, model, opt, tokens)
+    rows = []
+    for variant in variants:
+        model.set_moe(**VARIANTS[variant]._asdict(), capacity_factor=1.25)
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(3):
+            step()
+        try:
+            for r in range(rounds):
+                for on in ((True, False) if r % 2 == 0 else (False, True)):
+                    replay.set_active(on)
+                    step()
+                    times[on] += [event_ms(step, dev) for _ in range(2)]
+        finally:
+            replay.set_active(True)
+        torch.cuda.synchronize(dev)
+        warm_off_stream(step, dev)
+        graph = capture_graph(step)
+        graph_ms = statistics.median(event_ms(graph, dev) for _ in range(replays))
+        del graph
+        torch.cuda.empty_cache()
+        on, off = statistics.median(times[True]), statistics.median(times[False])
+        row = {"config": name, "variant": variant, "eager_c_ms": on, "eager_python_ms": off, "graph_ms": graph_ms,
+               "steps_each": len(times[True])}
+        rows.append(row)
+        print(f"{name:16s} {variant:12s} eager step C {on:7.2f} ms, Python {off:7.2f} ms (Python / C {off / on:.3f}); "
+              f"graph {graph_ms:7.2f} ms; eager / graph: C {on / graph_ms:.3f}, Python {off / graph_ms:.3f}",
+              flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", nargs="+", default=["deepseek2-16b", "qwen3-30b-a3b"])
+    p.add_argument("--variants", nargs="+", default=["sparse-auto", "dense_drop"])
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    rows = []
+    for name in args.configs:
+        rows += _config(name, args.variants, args.rounds, args.replays, torch.device("cuda"))
+        torch.cuda.empty_cache()
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "launch-ab.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
