@@ -3,12 +3,12 @@
     PYTHONPATH=src python3 benchmarks/launch_ab.py [--configs deepseek2-16b qwen3-30b-a3b] [--rounds 6] [--out DIR]
 
 The decoder and step of `ragdot moe-bench` (forward, backward, fused AdamW) per config and variant, timed
-eagerly (CUDA events around each step, host time included) with ragdot's launches from C on (`c`: prepared
-calls replayed, bound Triton launches through the interpreter; `ragdot.kernels.replay`) and paused (`python`:
-every launch through Python and Triton's launcher), interleaved round by round in one process (each round
-runs one untimed step after the switch, then two timed ones). Then the same step is captured in a CUDA graph
-and its replays timed (device time; median of `--replays`): the eager / graph ratio of each arm comes from
-one process, where host speed is the same for both. Writes DIR/launch-ab.json with `--out`. CUDA only.
+eagerly (CUDA events around each step, host time included) with ragdot's prepared calls replayed from C
+(`c`; `ragdot.kernels.replay`) and paused (`python`: every launch through Python and Triton's launcher),
+interleaved round by round in one process (each round runs one untimed step after the switch, then two timed
+ones). Then the same step, on a fresh model of the same seed, is captured in a CUDA graph and its replays
+timed (device time; median of `--replays`): the eager / graph ratio of each arm comes from one process, where
+the host's speed is the same for all three. Writes DIR/launch-ab.json with `--out`. CUDA only.
 """
 
 from __future__ import annotations
@@ -28,16 +28,30 @@ from ragdot.moe.model import MoEDecoder, get_config
 from ragdot.moe.variants import VARIANTS
 
 
-def _config(name: str, variants: list[str], rounds: int, replays: int, dev: torch.device) -> list[dict]:
-    cfg = get_config(name)
+def _step(cfg, variant: str, dev: torch.device):
+    """A fresh decoder, optimizer and batch (seeded) of `cfg` running `variant`: its train step."""
     torch.manual_seed(0)
     model = MoEDecoder(cfg, dtype=torch.bfloat16, device=dev)
+    model.set_moe(**VARIANTS[variant]._asdict(), capacity_factor=1.25)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True, capturable=True)
     tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), device=dev)
-    step = functools.partial(_train_step, model, opt, tokens)
+    return functools.partial(_train_step, model, opt, tokens)
+
+
+def _graph_ms(cfg, variant: str, replays: int, dev: torch.device) -> float:
+    """Median CUDA-graph replay of the step, on a model of its own: the eager arms' parameters keep the
+    default stream in their gradient-accumulation nodes, which a capture on a side stream cannot take."""
+    step = _step(cfg, variant, dev)
+    warm_off_stream(step, dev)
+    graph = capture_graph(step)
+    return statistics.median(event_ms(graph, dev) for _ in range(replays))
+
+
+def _config(name: str, variants: list[str], rounds: int, replays: int, dev: torch.device) -> list[dict]:
+    cfg = get_config(name)
     rows = []
     for variant in variants:
-        model.set_moe(**VARIANTS[variant]._asdict(), capacity_factor=1.25)
+        step = _step(cfg, variant, dev)
         times: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(3):
             step()
@@ -49,11 +63,10 @@ def _config(name: str, variants: list[str], rounds: int, replays: int, dev: torc
                     times[on] += [event_ms(step, dev) for _ in range(2)]
         finally:
             replay.set_active(True)
+        del step
         torch.cuda.synchronize(dev)
-        warm_off_stream(step, dev)
-        graph = capture_graph(step)
-        graph_ms = statistics.median(event_ms(graph, dev) for _ in range(replays))
-        del graph
+        torch.cuda.empty_cache()
+        graph_ms = _graph_ms(cfg, variant, replays, dev)
         torch.cuda.empty_cache()
         on, off = statistics.median(times[True]), statistics.median(times[False])
         row = {"config": name, "variant": variant, "eager_c_ms": on, "eager_python_ms": off, "graph_ms": graph_ms,

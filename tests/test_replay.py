@@ -52,42 +52,6 @@ def test_compiled_an_eager_weight_gradient_is_one_launch_with_its_ranking_in_the
 
 
 @needs_library
-@needs_ptxas
-def test_compiled_a_bound_launch_takes_its_addresses_and_integers_per_call():
-    """A bound launch's own program (`plan.launch_program`: what `BoundLaunch` runs from C): each tensor argument
-    is the address passed in its position, each integer the value passed there, cut to the parameter's width
-    (a negative int32 arrives as its two's complement); constexprs and the scratch pointers as Triton packs
-    them. A tensor descriptor or a float argument cannot be written."""
-    from ragdot.kernels.ends import GroupEnds
-    from ragdot.kernels.record import Launch
-
-    g, extent = 8, 512
-    sizes, ends = torch.full((g,), extent // g, dtype=torch.int32), torch.empty(g, dtype=torch.int32)
-    made = []
-
-    def run():
-        made.append(GroupEnds(g, extent, 1, torch.device("cuda", 0)).launch)
-        made[0](sizes, ends, g, extent, 1, extent)  # sizes, ends, G, ROWS, SCALE, EXTENT
-
-    rec = pt.recorded(run)
-    (launch,) = rec.steps
-    words = _plan.launch_program(launch, loaded=False)
-    args = [0x7F0000001000, 0x7F0000002000, 9, -3, 1 << 33, 4096]  # the next call's: two addresses, four ints
-    traced = pt.trace(words, args)
-    (sizes_ptr, ends_ptr, groups, rows, scale, ext) = args
-    meta = launch.compiled.metadata
-    widths = [launch.compiled.src.signature[n] for n in launch.compiled.src.fn.arg_names[2:6]]
-    cut = [v & 0xFFFFFFFF if w == "i32" else v for v, w in zip((groups, rows, scale, ext), widths)]
-    scalars = [v for v, w in zip(cut, widths) if w != "constexpr"]
-    assert traced == [*launch.grid, 32 * meta.num_warps, meta.shared, 0, 2 + 2 + len(scalars), sizes_ptr, ends_ptr,
-                      *scalars, 0, 0]
-    assert 0xFFFFFFFD in traced  # -3 as an int32
-    with pytest.raises(_plan.Unplannable, match="float"):
-        _plan.launch_program(Launch(launch.compiled, launch.grid, (*launch.args[:2], 1.5, *launch.args[3:]), 0),
-                             loaded=False)
-
-
-@needs_library
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not bundled_ptxas(),
                     reason="the compiled checks run in this process (no interpreter) or cannot run (no ptxas)")
 def test_the_compiled_checks_in_a_process_without_the_interpreter():
@@ -97,7 +61,7 @@ def test_the_compiled_checks_in_a_process_without_the_interpreter():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
                            "compiled"], capture_output=True, text=True, env=env, timeout=900,
                           cwd=os.path.dirname(__file__))
-    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 def test_replay_can_be_turned_off(monkeypatch):
@@ -204,50 +168,3 @@ def test_on_the_gpu_forward_and_backward_replay_with_the_first_call_s_bits_and_u
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static, first[0])
-
-
-@pytest.mark.gpu
-def test_on_the_gpu_bound_launches_run_from_c_with_the_python_path_s_bits():
-    """`BoundLaunch`'s C path (a program over its own arguments, written at the second launch of an all-aligned
-    pattern): the group ends and the tail zeroing of the `torch` backend launched from C give what Triton's
-    launcher gives, whatever the sizes (negative, too large, empty groups); another sizes dtype (a pattern of
-    its own) and a paused replay take Triton's launcher."""
-    from ragdot.kernels import replay
-    from ragdot.kernels.ends import GroupEnds
-    from ragdot.kernels.tail import ZeroTail
-
-    dev = torch.device("cuda")
-    g, m, n = 8, 1000, 96
-    ends_of, zero = GroupEnds(g, m, 1, dev), ZeroTail((1, m, n), g, dev)
-    gen = torch.Generator(dev).manual_seed(9)
-    runs = []
-    for i in range(8):
-        sizes = torch.randint(-50, 300, (g,), device=dev, generator=gen, dtype=torch.int32)
-        sizes[i % g] = 0
-        if i == 5:
-            sizes = sizes.long()  # another dtype: Triton's launcher
-        c = torch.randn(1, m, n, device=dev, generator=gen).to(BF)
-        head = c.clone()
-        with_c = ends_of(sizes), zero(c.clone(), ends_of(sizes))
-        previous = replay.set_active(False)
-        try:
-            python = ends_of(sizes), zero(c.clone(), ends_of(sizes))
-        finally:
-            replay.set_active(previous)
-        want = torch.clamp(torch.cumsum(sizes.clamp(min=0, max=m).long(), 0), max=m).int()
-        assert torch.equal(with_c[0], want) and torch.equal(python[0], want)
-        assert torch.equal(with_c[1], python[1])
-        end = int(want[-1])
-        assert torch.equal(with_c[1][0, :end], head[0, :end]) and (with_c[1][0, end:] == 0).all()
-        runs.append(ends_of.launch._native is not None and zero.launch._native is not None)
-    assert runs[-1], "the C path was never written"
-    calls = []
-    native = zero.launch._native
-    run = native.run
-    native.run = lambda *a: (calls.append(1), run(*a))[1]
-    try:
-        zero(torch.zeros(1, m, n, device=dev, dtype=BF), want)
-    finally:
-        native.run = run
-    assert calls == [1]
-    torch.cuda.synchronize()

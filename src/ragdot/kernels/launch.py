@@ -6,15 +6,6 @@ launch metadata (~10 µs of host time per launch on an H200 host with Triton 3.6
 that path on its first call, keeps the compiled kernel, and afterwards calls the compiled kernel's launcher
 directly with the runtime arguments and the constexpr values in parameter order.
 
-Once a launch whose tensors are all 16-byte aligned has been made twice (compiled, loaded), a `BoundLaunch`
-whose arguments are tensors and integers only also writes it as a one-launch program
-(`ragdot.native.plan.launch_program`) and from then on launches through ragdot's C interpreter: one ctypes
-call with the tensors' addresses and the integers, instead of Triton's launcher, which parses every argument
-and asks each tensor for its address through Python (`native` below). Any call that does not match (another
-dtype or alignment, a launch hook, a record being taken, another current device, RAGDOT_REPLAY=0 or
-`ragdot.kernels.replay.set_active(False)`) takes the path above; both launch the same compiled kernel with the
-same arguments.
-
 Safety: what Triton specializes on must not change between calls of one `BoundLaunch`. Integer arguments
 (sizes, strides) are fixed by its owner's static key; tensor arguments' dtypes and 16-byte alignment are
 checked per call (a change goes through the JIT path once, keeping one compiled kernel per pattern). Inside
@@ -33,14 +24,7 @@ from triton import knobs
 from ragdot.kernels import configs
 from ragdot.kernels import record as _record
 
-__all__ = ["BoundLaunch", "hooked", "native_enabled", "tma_fill_args"]
-
-_NATIVE = [True]  # launches through the C interpreter allowed in this process (`replay.set_active` sets it)
-
-
-def native_enabled() -> bool:
-    """Whether launches may go through ragdot's C interpreter ($RAGDOT_REPLAY, default on; "0" turns it off)."""
-    return os.environ.get("RAGDOT_REPLAY", "1").strip() != "0"
+__all__ = ["BoundLaunch", "hooked", "tma_fill_args"]
 
 
 def _raw_launcher(compiled: Any) -> Any:
@@ -159,8 +143,7 @@ class BoundLaunch:
     current device for the launch when another one is).
     """
 
-    __slots__ = ("kernel", "grid", "constexprs", "options", "device", "_compiled", "_tail", "_direct", "_tensors",
-                 "_native", "_native_tried")
+    __slots__ = ("kernel", "grid", "constexprs", "options", "device", "_compiled", "_tail", "_direct", "_tensors")
 
     def __init__(
         self, kernel: Any, grid: tuple[int, ...], constexprs: dict[str, Any], options: dict[str, Any],
@@ -176,8 +159,6 @@ class BoundLaunch:
         self._tail: tuple[Any, ...] | None = None
         self._tensors: tuple[int, ...] | None = None  # positions of the tensor arguments
         self._direct = os.environ.get("TRITON_INTERPRET", "0") != "1"
-        self._native: _Native | None = None  # the C launch of the all-aligned pattern, once written
-        self._native_tried = not (self._direct and native_enabled())  # True: no (further) attempt to write one
 
     @classmethod
     def in_order(cls, kernel: Any, grid: tuple[int, ...], constexprs: tuple[Any, ...], options: dict[str, Any],
@@ -215,16 +196,6 @@ class BoundLaunch:
 
     def __call__(self, *args: Any) -> Any:
         """Launch with the runtime arguments (tensors, descriptors, scalars) in parameter order."""
-        native = self._native
-        if (native is not None and _record._ACTIVE is None and _NATIVE[0] and configs._AOT_TARGET is None
-                and torch._C._cuda_getDevice() == self.device and not hooked()):
-            words = native.words(args)
-            if words is not None:
-                error = native.run(native.program, native.length, words, len(args),
-                                   torch._C._cuda_getCurrentRawStream(self.device))
-                if error is not None:
-                    raise RuntimeError(f"ragdot: a kernel launch through the C interpreter failed: {error.decode()}")
-                return native.compiled
         if _record._ACTIVE is not None:  # ragdot.kernels.record: launch as usual, then note the launch
             rec = _record.active()
             if rec is not None:  # this thread's record (the only one: records are taken one at a time)
@@ -254,9 +225,6 @@ class BoundLaunch:
         compiled, raw, descs = entry
         if hooked():  # a profiler listens: Triton's path
             return self.kernel[self.grid](*args, **self.constexprs, **self.options)
-        if not self._native_tried and raw is not None and descs is None and all(ok for _, ok in align):
-            self._native_tried = True  # the second launch of an all-aligned pattern: write its program
-            self._native = _Native.write(compiled, self.grid, args, self.device)
         stream = torch._C._cuda_getCurrentRawStream(self.device)
         g0, g1, g2 = self.grid
         if raw is not None:
@@ -271,61 +239,3 @@ class BoundLaunch:
             compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
                          *args, *self._tail)
         return compiled
-
-
-class _Native:
-    """One bound launch as a program of ragdot's C interpreter over its own runtime arguments (each tensor's
-    address, each integer's value, by position), for the tensors' dtypes it was written with, all 16-byte
-    aligned."""
-
-    __slots__ = ("compiled", "program", "length", "run", "tensors", "n", "array")
-
-    def __init__(self, compiled: Any, words: list[int], tensors: tuple[tuple[int, torch.dtype], ...], n: int,
-                 run: Any):
-        import ctypes
-
-        self.compiled = compiled  # keeps the CUfunction the program holds loaded
-        self.program = (ctypes.c_int64 * len(words))(*words)
-        self.length = len(words)
-        self.run = run
-        self.tensors = tensors  # (position, dtype) of each tensor argument
-        self.n = n
-        self.array = ctypes.c_uint64 * n
-
-    @classmethod
-    def write(cls, compiled: Any, grid: tuple[int, int, int], args: tuple, device: int) -> _Native | None:
-        """The program of this launch, or None where it cannot be written or run (the reason is not kept: the
-        launch keeps Triton's launcher, which gives the same result)."""
-        from ragdot import native
-        from ragdot.native import plan
-
-        if any(not isinstance(a, (torch.Tensor, int)) for a in args):
-            return None
-        try:
-            words = plan.launch_program(_record.Launch(compiled, grid, args, device))
-        except plan.Unplannable:
-            return None
-        lib = native.library()
-        if lib is None:
-            return None
-        tensors = tuple((i, a.dtype) for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-        return cls(compiled, words, tensors, len(args), lib.ragdot_replay_run)
-
-    def words(self, args: tuple) -> Any:
-        """The interpreter's buffer words for `args`, or None when a tensor's dtype or alignment differs (or an
-        argument is of another kind) from the launch the program was written for."""
-        if len(args) != self.n:
-            return None
-        values = list(args)
-        for i, dtype in self.tensors:
-            t = args[i]
-            if not isinstance(t, torch.Tensor):
-                return None
-            p = t.data_ptr()
-            if p & 15 or t.dtype is not dtype:
-                return None
-            values[i] = p
-        try:
-            return self.array(*values)
-        except TypeError:  # an argument ctypes cannot take as an integer
-            return None

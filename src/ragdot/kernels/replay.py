@@ -16,15 +16,15 @@ installed (a profiler listening there sees Triton's own launches), no record is 
 in any thread) and no `compile_only` target is set. Any other call takes the Python path, which gives the
 same bits. A signature whose call cannot be written as a program (`plan.Unplannable`) or a machine where
 the library cannot be built (no C compiler; `ragdot.native.reason()`) keeps the Python path for good.
-RAGDOT_REPLAY=0, read when a prepared call (or a `BoundLaunch`) is made, turns replay off, and with it the
-bound launches' C path (`ragdot.kernels.launch`); `set_active(False)` pauses both in this process (calls take
-the Python path, nothing is recorded) until `set_active(True)`: for A/B measurements of the same prepared
-calls (benchmarks/replay_ab.py) and for debugging.
+RAGDOT_REPLAY=0, read when a prepared call is made, turns replay off; `set_active(False)` pauses it in this
+process (calls take the Python path, nothing is recorded) until `set_active(True)`: for A/B measurements of
+the same prepared calls (benchmarks/replay_ab.py) and for debugging.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ import torch
 from ragdot import native
 from ragdot.kernels import configs
 from ragdot.kernels import record as _record
-from ragdot.kernels.launch import _NATIVE, hooked, native_enabled
+from ragdot.kernels.launch import hooked
 from ragdot.native import plan as _plan
 
 __all__ = ["Replayed", "enabled", "set_active"]
@@ -46,7 +46,7 @@ _active = True
 
 def enabled() -> bool:
     """Whether new prepared calls replay from C ($RAGDOT_REPLAY, default on; "0" turns it off)."""
-    return native_enabled()
+    return os.environ.get("RAGDOT_REPLAY", "1").strip() != "0"
 
 
 def set_active(active: bool) -> bool:
@@ -55,7 +55,6 @@ def set_active(active: bool) -> bool:
     if not isinstance(active, bool):
         raise TypeError(f"active must be a bool, got {type(active).__name__}")
     previous, _active = _active, active
-    _NATIVE[0] = active  # bound launches' C path alike
     return previous
 
 

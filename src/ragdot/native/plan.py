@@ -21,12 +21,12 @@ import torch
 if TYPE_CHECKING:  # ragdot.kernels needs Triton, ragdot.jax does not: imported where a plan is made
     from ragdot.kernels.record import Launch, Record
 
-__all__ = ["Unplannable", "buffer", "launch_program", "program", "scratch_bytes", "workspace_bytes"]
+__all__ = ["Unplannable", "buffer", "program", "scratch_bytes", "workspace_bytes"]
 
 _ALIGN = 256
 _INT_BYTES = {"i1": 1, "u1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
 _STEP_KERNEL, _STEP_ZERO = 0, 1
-_PTR, _SCALAR, _NULL, _TMAP, _RUNTIME = 0, 1, 2, 3, 4
+_PTR, _SCALAR, _NULL, _TMAP = 0, 1, 2, 3
 
 
 class Unplannable(Exception):
@@ -108,9 +108,7 @@ def _descriptor(desc: Any, meta: dict | None, place: _Places, host_dtype: dict) 
     return words
 
 
-def _kernel(launch: Launch, place: _Places | None, host_dtype: dict, loaded: bool) -> list[int]:
-    """One kernel step. `place` puts each tensor in the call's buffers; None: the launch's own runtime arguments
-    are the buffers, by position (a tensor's address, an integer's value: `launch_program`)."""
+def _kernel(launch: Launch, place: _Places, host_dtype: dict, loaded: bool) -> list[int]:
     compiled = launch.compiled
     if compiled is None or not hasattr(compiled, "src"):
         raise Unplannable("a launch without a compiled kernel (interpreter?)")
@@ -127,27 +125,20 @@ def _kernel(launch: Launch, place: _Places | None, host_dtype: dict, loaded: boo
     metas = list(getattr(meta, "tensordesc_meta", None) or [])
     params: list[int] = []
     count = 0
-    for position, (name, value) in enumerate(zip(names, launch.args)):
+    for name, value in zip(names, launch.args):
         kind = signature[name]
         if kind == "constexpr":  # specialised (e.g. an integer 1): compiled in, not passed
             continue
         if kind.startswith("tensordesc"):
-            if place is None:
-                raise Unplannable(f"argument {name} is a tensor descriptor")
             words = _descriptor(value, metas.pop(0) if metas else None, place, host_dtype)
             count += 1 + len(value.shape) + len(value.strides)
         elif kind.startswith("*"):
             if not isinstance(value, torch.Tensor):
                 raise Unplannable(f"pointer argument {name} is not a tensor")
-            words = [_PTR, *(place(value) if place is not None else (position, 0))]
+            words = [_PTR, *place(value)]
             count += 1
         elif kind in _INT_BYTES:
-            if place is not None:
-                words = [_SCALAR, _INT_BYTES[kind], int(value)]
-            elif isinstance(value, int):
-                words = [_RUNTIME, position, _INT_BYTES[kind]]
-            else:
-                raise Unplannable(f"integer argument {name} is a {type(value).__name__}")
+            words = [_SCALAR, _INT_BYTES[kind], int(value)]
             count += 1
         else:
             raise Unplannable(f"argument {name} of kind {kind}")
@@ -186,11 +177,3 @@ def program(record: Record, buffers: list[tuple[int, int]], workspace: int | Non
             raise Unplannable("a zero fill of a strided tensor")
         words += [_STEP_ZERO, *place(tensor), _extent(tensor)]
     return words
-
-
-def launch_program(launch: Launch, loaded: bool = True) -> list[int]:
-    """The program of one launch whose buffers are its own runtime arguments, by position: a replay passes each
-    tensor argument's address and each integer argument's value in that position (`kernels.launch.BoundLaunch`'s
-    native path). Launches with tensor descriptors or arguments of other kinds (floats, None) raise
-    `Unplannable`."""
-    return [1, *_kernel(launch, None, {}, loaded)]

@@ -15,8 +15,6 @@
 //                   2 (null pointer)
 //                   3 (tensor map): buffer, byte offset, CUtensorMapDataType, rank, swizzle, oob fill,
 //                                   dims[rank] (innermost first), byte strides[rank - 1], box[rank]
-//                   4 (runtime scalar): buffer, bytes (1, 2, 4, 8): the value is the buffer's word itself
-//                                       (a bound launch's integer argument, passed per call)
 //     1 (zero):   buffer, byte offset, bytes
 
 #include <dlfcn.h>
@@ -134,15 +132,6 @@ const char* ragdot_replay(const int64_t* program, int64_t length, const uint64_t
         memcpy(&words[p], &value, (size_t)bytes);  // little endian: the low bytes
         params[p] = &words[p];
         if (trace != NULL) EMIT(value);
-      } else if (pkind == 4) {
-        int64_t buffer = NEXT(), bytes = NEXT();
-        if (buffer < 0 || buffer >= n) return bad(message, size, "plan: buffer index out of range");
-        if (bytes != 1 && bytes != 2 && bytes != 4 && bytes != 8) return bad(message, size, "plan: bad scalar");
-        uint64_t value = ptrs[buffer];
-        words[p] = 0;
-        memcpy(&words[p], &value, (size_t)bytes);  // little endian: the low bytes
-        params[p] = &words[p];
-        if (trace != NULL) EMIT(words[p]);  // what the kernel receives
       } else if (pkind == 2) {
         words[p] = 0;
         params[p] = &words[p];
