@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["REPLAY_SOURCE", "build", "cuda_include", "declare_replay", "holds_gil", "library", "reason"]
+__all__ = ["REPLAY_SOURCE", "build", "cuda_include", "declare_replay", "library", "reason"]
 
 REPLAY_SOURCE = Path(__file__).with_name("replay.c")
 _lock = threading.Lock()
@@ -93,19 +93,10 @@ def declare_replay(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def holds_gil() -> bool:
-    """Whether the replay library's calls keep the GIL ($RAGDOT_REPLAY_GIL: "hold" or "release", read when the
-    library is loaded). A replay is a few microseconds of driver calls: releasing the GIL around it costs a
-    release and a re-acquisition, which waits whenever another thread asks for the GIL meanwhile (autograd's
-    device thread and the calling thread hand it back and forth in a backward)."""
-    return os.environ.get("RAGDOT_REPLAY_GIL", "release").strip().lower() == "hold"
-
-
 def _load() -> ctypes.CDLL:
     include = cuda_include()
     hashed = [REPLAY_SOURCE, include / "cuda.h"]
-    path = str(build("ragdot_replay", REPLAY_SOURCE, [include], hashed, "native"))
-    return declare_replay(ctypes.PyDLL(path) if holds_gil() else ctypes.CDLL(path))
+    return declare_replay(ctypes.CDLL(str(build("ragdot_replay", REPLAY_SOURCE, [include], hashed, "native"))))
 
 
 def library() -> ctypes.CDLL | None:
