@@ -107,6 +107,8 @@ def test_weight_gradient_of_a_transposed_view_comes_in_the_weights_layout(backen
     def fn(a, b):
         return ragdot.ragged_dot(a, b.transpose(1, 2), gs, backend=backend)
 
+    if compiled:  # `fn`'s code object is shared by every case: dynamo's per-code recompile limit (8) would end the
+        torch._dynamo.reset()  # suite's later cases (backends x dtypes) with FailOnRecompileLimitHit
     run = torch.compile(fn, fullgraph=True, backend="aot_eager") if compiled else fn
     for _ in range(2):  # the second eager call takes the bound backward of the first
         x, v = rows.detach().requires_grad_(True), w.detach().requires_grad_(True)
