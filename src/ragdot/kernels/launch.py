@@ -208,7 +208,8 @@ class BoundLaunch:
                 return compiled
         if not self._direct or configs._AOT_TARGET is not None:
             return configs.run_kernel(self.kernel, self.grid, *args, **self.constexprs, **self.options)
-        if torch.cuda.current_device() != self.device:  # Triton launches on the current device: make it ours
+        # Triton launches on the current device: make it ours (the raw query: CUDA is initialised by now)
+        if torch._C._cuda_getDevice() != self.device:
             with torch.cuda.device(self.device):
                 return self(*args)
         if self._tensors is None:
