@@ -283,3 +283,30 @@ def test_torch_sort_matches_the_one_hot_counting_sort(tokens, top_k, experts):
     order_sizes, order = rk.sort_order(ids, experts, "torch")
     assert torch.equal(order_sizes, want_sizes) and order.dtype == torch.int32
     assert torch.equal(order[want_slots.long()], torch.arange(tokens * top_k, dtype=torch.int32))
+
+
+def test_the_permute_backward_makes_no_zero_gradients_for_its_integer_outputs():
+    """The eager permute's backward gets None for group sizes and slots (no materialised zero tensors: two
+    allocations and fills per layer and step on the device) and is the unweighted combine alone."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(10, 4, dtype=torch.float64, requires_grad=True)
+    experts = torch.randint(0, 6, (10, 3), generator=torch.Generator().manual_seed(3))
+    rows, _ = permute_mod.permute(x, experts, 6, impl="torch")
+    grad = torch.randn_like(rows)
+    with Ops() as ops:
+        rows.backward(grad)
+    assert ops.seen.count("zeros") + ops.seen.count("zeros_like") + ops.seen.count("fill_") <= 1  # the combine's sum
+    want = torch.zeros_like(x).index_add_(0, torch.arange(10).repeat_interleave(3)[
+        torch.argsort(experts.reshape(-1), stable=True)], grad)
+    assert torch.allclose(x.grad, want)
+

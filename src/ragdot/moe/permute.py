@@ -196,6 +196,7 @@ class _Permute(torch.autograd.Function):
     def forward(ctx, x, experts, num_experts, impl):
         rows, sizes, slots = _named("moe_permute", _k.sort_and_dispatch, x, experts, num_experts, impl)
         ctx.mark_non_differentiable(sizes, slots)
+        ctx.set_materialize_grads(False)  # no zero tensors made for sizes' and slots' gradients (or unused rows)
         ctx.save_for_backward(slots)
         ctx.top_k, ctx.impl = experts.shape[1], impl
         return rows, sizes, slots
