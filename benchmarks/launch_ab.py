@@ -21,20 +21,18 @@ from pathlib import Path
 
 import torch
 
-from ragdot.bench.moe_train import _train_step
+from ragdot.bench.moe_train import _train_step, training_setup
 from ragdot.kernels import replay
 from ragdot.measure.timing import capture_graph, event_ms, warm_off_stream
-from ragdot.moe.model import MoEDecoder, get_config
+from ragdot.moe.model import get_config
 from ragdot.moe.variants import VARIANTS
 
 
 def _step(cfg, variant: str, dev: torch.device):
-    """A fresh decoder, optimizer and batch (seeded) of `cfg` running `variant`: its train step."""
-    torch.manual_seed(0)
-    model = MoEDecoder(cfg, dtype=torch.bfloat16, device=dev)
+    """A fresh decoder, optimizer and batch (seeded, as `moe-bench` makes them) of `cfg` running `variant`: its
+    train step."""
+    model, opt, tokens = training_setup(cfg, dev, torch.bfloat16)
     model.set_moe(**VARIANTS[variant]._asdict(), capacity_factor=1.25)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True, capturable=True)
-    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), device=dev)
     return functools.partial(_train_step, model, opt, tokens)
 
 

@@ -22,10 +22,10 @@ from unittest import mock
 
 import torch
 
-from ragdot.bench.moe_train import _train_step
+from ragdot.bench.moe_train import _train_step, training_setup
 from ragdot.measure.timing import event_ms
 from ragdot.moe import router_losses, router_topk
-from ragdot.moe.model import MoEDecoder, get_config
+from ragdot.moe.model import get_config
 from ragdot.moe.variants import VARIANTS
 
 MODULES = {"losses": router_losses, "topk": router_topk}
@@ -42,10 +42,7 @@ def _arm(fused: bool, kernels: list[str]) -> contextlib.ExitStack:
 
 def _config(name: str, variants: list[str], rounds: int, kernels: list[str], dev: torch.device) -> None:
     cfg = get_config(name)
-    torch.manual_seed(0)
-    model = MoEDecoder(cfg, dtype=torch.bfloat16, device=dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True, capturable=True)
-    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), device=dev)
+    model, opt, tokens = training_setup(cfg, dev, torch.bfloat16)
     step = functools.partial(_train_step, model, opt, tokens)
     for variant in variants:
         model.set_moe(**VARIANTS[variant]._asdict(), capacity_factor=1.25)

@@ -36,9 +36,10 @@ import torch
 if not os.environ.get("PYTHONPATH"):  # this checkout's ragdot unless PYTHONPATH names one
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from ragdot.bench.moe_train import training_setup
 from ragdot.measure import records
 from ragdot.measure.timing import capture_graph, event_ms, free_memory, warm_off_stream
-from ragdot.moe.model import MoEDecoder, get_config
+from ragdot.moe.model import get_config
 from ragdot.moe.variants import VARIANTS
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -254,11 +255,7 @@ def _drop_losses(model) -> None:
 def run(cfg_name: str, variants: list[str], steps: int) -> list[dict]:
     device = torch.device("cuda")
     cfg = get_config(cfg_name)
-    torch.manual_seed(0)
-    model = MoEDecoder(cfg, dtype=torch.bfloat16, device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True, capturable=True)
-    gen = torch.Generator(device=device).manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=gen, device=device)
+    model, opt, tokens = training_setup(cfg, device, torch.bfloat16)
     rows = []
     for name in variants:
         model.set_moe(**VARIANTS[name]._asdict(), capacity_factor=1.25)

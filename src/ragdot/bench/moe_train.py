@@ -326,6 +326,21 @@ def _visit(s: _Setup, lane: _Lane, n: int) -> None:
         lane.times.append(event_ms(lambda: _train_step(s.model, s.opt, s.tokens), s.device) / 1e3)
 
 
+def training_setup(cfg, device: torch.device, dtype: torch.dtype):
+    """(model, optimizer, tokens) of a train step of config `cfg`: the decoder seeded with 0, AdamW (fused and
+    capturable on CUDA) and one seeded batch of `cfg.batch` sequences of `cfg.seq_len + 1` tokens. What
+    `moe-bench` and the train-step benchmarks in benchmarks/ time."""
+    from ragdot.moe.model import MoEDecoder
+
+    torch.manual_seed(0)
+    model = MoEDecoder(cfg, dtype=dtype, device=device)
+    fused = {"fused": True, "capturable": True} if device.type == "cuda" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **fused)
+    gen = torch.Generator(device=device).manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=gen, device=device)
+    return model, opt, tokens
+
+
 def run_config(
     cfg, args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
     emit: Callable[[Row], None] | None = None, stop: Callable[[], bool] | None = None,
@@ -358,14 +373,7 @@ def run_config(
             for v in args.variants:
                 done({**base, "variant": v, "status": reason})
             return rows
-    from ragdot.moe.model import MoEDecoder
-
-    torch.manual_seed(0)
-    model = MoEDecoder(cfg, dtype=dtype, device=device)
-    fused = {"fused": True, "capturable": True} if device.type == "cuda" else {}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **fused)
-    gen = torch.Generator(device=device).manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=gen, device=device)
+    model, opt, tokens = training_setup(cfg, device, dtype)
     if _interleaves(args):
         for row in _run_interleaved(_Setup(model, opt, tokens, cfg, args, device, dtype), stop):
             done({**base, **row})

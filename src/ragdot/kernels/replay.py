@@ -120,7 +120,7 @@ class Replayed:
         workspace = _plan.scratch_bytes(rec)
         buffers = [_plan.buffer(t) for t in tensors] + ([(0, workspace)] if workspace else [])
         try:
-            words = _plan.program(rec, buffers, 4 if workspace else None)
+            words = _plan.program(rec, buffers, len(tensors) if workspace else None)  # the workspace follows them
         except _plan.Unplannable as e:
             self.why = str(e)
             return c
