@@ -69,6 +69,9 @@ def test_clock_names_batches_and_lanes():
     assert timing.lane_clocks(asynchronous, CUDA, timing.CLOCKS) == ["batch"]
     assert timing.lane_clocks(graphable, CPU, timing.CLOCKS) == ["wall"]
     assert [timing.eager_batch(n) for n in (50, 30, 9, 4, 1)] == [10, 10, 3, 1, 1]
+    # calls long enough to fill a sample alone are a sample each; shorter ones fill EAGER_SAMPLE_S
+    assert [timing.eager_batch(50, t) for t in (6e-3, 1e-3, 4e-4, 1.4e-4, 2e-5)] == [1, 1, 3, 8, 10]
+    assert timing.eager_batch(6, 1e-4) == 2  # still MIN_ITERS samples
     assert timing.parse_clocks(["graph", "eager", "graph"]) == ("eager", "graph")
     with pytest.raises(ValueError, match="--clocks: device"):
         timing.parse_clocks(["device"])
@@ -127,6 +130,7 @@ def test_cuda_clocks_interleave_batches_and_replays(monkeypatch):
 
     systems = [Timed("a", [call("a")] * 2), Timed("b", [call("b")], graphable=False),
                Timed("nocapture", [call("n")])]
+    monkeypatch.setattr(timing, "EAGER_SAMPLE_S", 1.0)  # calls short against a sample: the full batch
     got = measure_clocks(systems, CUDA, clocks=timing.CLOCKS, warmup=2, iters=30, rounds=5)
     assert set(got) == {("a", "eager"), ("a", "graph"), ("b", "eager"), ("nocapture", "eager")}
     eager, graph = got[("a", "eager")], got[("a", "graph")]
@@ -134,6 +138,10 @@ def test_cuda_clocks_interleave_batches_and_replays(monkeypatch):
     assert (graph.clock, graph.batch, graph.iters, len(graph.samples_ms)) == ("graph", 1, 30, 30)
     assert calls.count("a") == 1 + 1 + 30 and replays.count("a") == 30  # estimate, warm-up, eager iterations
     assert eager.host_bound and eager.median >= eager.host > 0  # events on the host clock: host-bound by design
+    # a call that spans a sample alone is a sample of its own: as many samples as graph replays
+    monkeypatch.setattr(timing, "EAGER_SAMPLE_S", 1e-4)
+    long = measure_clocks(systems[:1], CUDA, clocks=timing.CLOCKS, warmup=2, iters=30, rounds=5)[("a", "eager")]
+    assert (long.batch, long.iters, len(long.samples_ms)) == (1, 30, 30)
     # the tuner's single-clock view: a graph where it can be captured, eager calls where not
     one = measure(systems, CUDA, warmup=1, iters=6, graphs=True)
     assert {n: t.clock for n, t in one.items()} == {"a": "graph", "b": "eager", "nocapture": "eager"}

@@ -93,9 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=CLOCKS,
         metavar="CLOCK",
-        help=f"CUDA clocks, both by default: eager (CUDA events around batches of {EAGER_BATCH} back-to-back "
-        "eager calls, host time included) and graph (CUDA-graph replays: device time; the JAX systems: n calls "
-        "in one jitted program); a CPU has one, wall",
+        help=f"CUDA clocks, both by default: eager (CUDA events around batches of up to {EAGER_BATCH} "
+        "back-to-back eager calls, a call of 1 ms or more alone; host time included) and graph (CUDA-graph "
+        "replays: device time; the JAX systems: n calls in one jitted program); a CPU has one, wall",
     )
     parser.add_argument(
         "--cuda-graphs",
@@ -282,7 +282,7 @@ def _run(args: argparse.Namespace) -> int:
         "ceilings_busy": ceilings.busy,
         "clocks": list(clocks),
         "cuda_graphs": clocks == ("graph",),
-        "eager_batch": EAGER_BATCH if "eager" in clocks else None,
+        "eager_batch": EAGER_BATCH if "eager" in clocks else None,  # the most; each row has its own `batch`
         "warmup": warmup,
         "iters": iters,
         "max_seconds": max_s,

@@ -5,8 +5,11 @@ Single calls (`timed_call`, `event_ms`, `median_ms`, `sustained_ms`, `capture_gr
 MoE, MXFP8 and kernel benchmarks; `measure_clocks` / `measure` serve ``ragdot bench`` and the tuner.
 
 Clocks (the `clock` of every timing; each one also records the host time per call, see below):
-- ``eager`` (CUDA): CUDA events around a batch of back-to-back eager calls (EAGER_BATCH, fewer when the
-  time budget leaves fewer calls), one sample per batch: the batch's span divided by its size. The device
+- ``eager`` (CUDA): CUDA events around a batch of back-to-back eager calls (up to EAGER_BATCH, as many as
+  span EAGER_SAMPLE_S, fewer when the time budget leaves fewer calls), one sample per batch: the batch's span
+  divided by its size; a call of a millisecond or more is a sample of its own, so long calls get as many
+  interleaved rounds as on the graph clock (mixtral-8x7b's 6-7 ms calls had three samples of six calls under
+  `--max-seconds 0.15`, and one kernel timed as two systems came out up to 11% apart). The device
   waits for the host whenever issuing a call takes longer than running it, so host-bound calls show their
   host cost. This is what an eager training loop sees.
 - ``graph`` (CUDA): CUDA events around every replay of a CUDA graph of the call: device time, without
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -90,7 +94,8 @@ MIN_ITERS = 3
 DEFAULT_ROUNDS = 25  # interleaved rounds per cell (see the module docstring)
 EAGER, GRAPH, WALL, BATCH, PROGRAM = "eager", "graph", "wall", "batch", "program"
 CLOCKS: tuple[str, ...] = (EAGER, GRAPH)  # the clocks one can ask for (CUDA); a CPU has WALL only
-EAGER_BATCH = 10  # back-to-back eager calls per sample on the eager clock
+EAGER_BATCH = 10  # most back-to-back eager calls per sample on the eager clock
+EAGER_SAMPLE_S = 1e-3  # an eager sample spans at least this long where the batch allows (see eager_batch)
 SYNC_SAMPLES = 3  # samples of an asynchronous system on the batch clock: each a third of its iterations
 # A fully host-bound batch of B eager calls spans B host issue times plus the device time of its last call
 # (nothing overlaps that one), so its host share is just under 1 (B / (B + 1) when both are equal): a
@@ -295,9 +300,13 @@ def plan_counts(t_call: float, warmup: int, iters: int, max_seconds: float | Non
     return n_warm, max(min(iters, n_iter), min(MIN_ITERS, iters))
 
 
-def eager_batch(n_iter: int) -> int:
-    """Calls per eager sample for `n_iter` timed calls: EAGER_BATCH, fewer to keep MIN_ITERS samples."""
-    return max(1, min(EAGER_BATCH, n_iter // MIN_ITERS))
+def eager_batch(n_iter: int, t_call: float = 0.0) -> int:
+    """Calls per eager sample for `n_iter` timed calls of about `t_call` seconds each: enough back-to-back calls
+    to span EAGER_SAMPLE_S (so the host cost of a sample's two events stays small against it), at most
+    EAGER_BATCH, and fewer to keep MIN_ITERS samples. A call of EAGER_SAMPLE_S or more is a sample alone: it
+    does not need the batch to amortise anything, and more samples make more interleaved rounds."""
+    fill = max(1, math.ceil(EAGER_SAMPLE_S / t_call)) if t_call > 0 else EAGER_BATCH
+    return max(1, min(EAGER_BATCH, fill, n_iter // MIN_ITERS))
 
 
 def sync_batch(n_iter: int) -> int:
@@ -402,8 +411,10 @@ class _Lane:
     timing: Timing
 
 
-def _warm(system: Timed, device: torch.device, warmup: int, iters: int, max_seconds: float | None) -> tuple[int, int]:
-    """The estimate call and the warm-up calls of `system`; returns (warm-up calls made, iterations)."""
+def _warm(system: Timed, device: torch.device, warmup: int, iters: int,
+          max_seconds: float | None) -> tuple[int, int, float]:
+    """The estimate call and the warm-up calls of `system`; returns (warm-up calls made, iterations, seconds of
+    the estimate call)."""
     t_call = _call_once(system, 0, device)
     n_warm, n_iter = plan_counts(t_call, warmup, iters, max_seconds)
     out = None
@@ -413,10 +424,11 @@ def _warm(system: Timed, device: torch.device, warmup: int, iters: int, max_seco
         system.sync(out)
     del out
     synchronize(device)
-    return max(n_warm, 1), n_iter
+    return max(n_warm, 1), n_iter, t_call
 
 
-def _lanes(system: Timed, device: torch.device, clocks: Sequence[str], warm: int, n_iter: int) -> list[_Lane]:
+def _lanes(system: Timed, device: torch.device, clocks: Sequence[str], warm: int, n_iter: int,
+           t_call: float) -> list[_Lane]:
     lanes: list[_Lane] = []
     for clock in lane_clocks(system, device, clocks):
         runs = _capture(system) if clock == GRAPH else system.calls
@@ -424,7 +436,11 @@ def _lanes(system: Timed, device: torch.device, clocks: Sequence[str], warm: int
             if EAGER in clocks:
                 continue
             clock, runs = EAGER, system.calls
-        batch = eager_batch(n_iter) if clock == EAGER else sync_batch(n_iter) if clock in (BATCH, PROGRAM) else 1
+        batch = 1
+        if clock == EAGER:
+            batch = eager_batch(n_iter, t_call)
+        elif clock in (BATCH, PROGRAM):
+            batch = sync_batch(n_iter)
         if clock == PROGRAM:
             runs = _programs(system, batch)
         samples = max(1, n_iter // batch)
@@ -464,8 +480,8 @@ def measure_clocks(
     """
     lanes: list[_Lane] = []
     for system in systems:
-        warm, n_iter = _warm(system, device, warmup, iters, max_seconds)
-        lanes += _lanes(system, device, clocks, warm, n_iter)
+        warm, n_iter, t_call = _warm(system, device, warmup, iters, max_seconds)
+        lanes += _lanes(system, device, clocks, warm, n_iter, t_call)
     n_rounds = max(1, min(rounds, max((lane.samples for lane in lanes), default=1)))
     for r in range(n_rounds):
         for lane in rotated(lanes, r):
