@@ -147,6 +147,19 @@ def test_cuda_clocks_interleave_batches_and_replays(monkeypatch):
     assert {n: t.clock for n, t in one.items()} == {"a": "graph", "b": "eager", "nocapture": "eager"}
 
 
+def test_a_slow_first_call_does_not_size_the_eager_batch(monkeypatch):
+    _stand_in_cuda(monkeypatch, [])
+    made: list[int] = []
+
+    def call():  # the first call of a signature does one-time work (e.g. a launch recorded for replay)
+        made.append(1)
+        time.sleep(3e-3 if len(made) == 1 else 2e-5)
+
+    monkeypatch.setattr(timing, "EAGER_SAMPLE_S", 1e-3)
+    got = measure_clocks([Timed("a", [call])], CUDA, clocks=("eager",), warmup=3, iters=30, rounds=5)
+    assert got[("a", "eager")].batch == timing.EAGER_BATCH  # sized by the fastest warm-up call, not the first
+
+
 def test_an_asynchronous_system_is_timed_in_batches_with_one_wait_each(monkeypatch):
     replays: list[str] = []
     _stand_in_cuda(monkeypatch, replays)
