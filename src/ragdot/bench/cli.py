@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=CLOCKS,
         metavar="CLOCK",
         help=f"CUDA clocks, both by default: eager (CUDA events around batches of up to {EAGER_BATCH} "
-        "back-to-back eager calls, a call of 1 ms or more alone; host time included) and graph (CUDA-graph "
+        "back-to-back eager calls, a call of 5 ms or more alone; host time included) and graph (CUDA-graph "
         "replays: device time; the JAX systems: n calls in one jitted program); a CPU has one, wall",
     )
     parser.add_argument(

@@ -7,7 +7,7 @@ MoE, MXFP8 and kernel benchmarks; `measure_clocks` / `measure` serve ``ragdot be
 Clocks (the `clock` of every timing; each one also records the host time per call, see below):
 - ``eager`` (CUDA): CUDA events around a batch of back-to-back eager calls (up to EAGER_BATCH, as many as
   span EAGER_SAMPLE_S, fewer when the time budget leaves fewer calls), one sample per batch: the batch's span
-  divided by its size; a call of a millisecond or more is a sample of its own, so long calls get as many
+  divided by its size; a call of 5 ms or more is a sample of its own, so long calls get as many
   interleaved rounds as on the graph clock (mixtral-8x7b's 6-7 ms calls had three samples of six calls under
   `--max-seconds 0.15`, and one kernel timed as two systems came out up to 11% apart). The device
   waits for the host whenever issuing a call takes longer than running it, so host-bound calls show their
@@ -95,7 +95,7 @@ DEFAULT_ROUNDS = 25  # interleaved rounds per cell (see the module docstring)
 EAGER, GRAPH, WALL, BATCH, PROGRAM = "eager", "graph", "wall", "batch", "program"
 CLOCKS: tuple[str, ...] = (EAGER, GRAPH)  # the clocks one can ask for (CUDA); a CPU has WALL only
 EAGER_BATCH = 10  # most back-to-back eager calls per sample on the eager clock
-EAGER_SAMPLE_S = 1e-3  # an eager sample spans at least this long where the batch allows (see eager_batch)
+EAGER_SAMPLE_S = 5e-3  # an eager sample spans at least this long where the batch allows (see eager_batch)
 SYNC_SAMPLES = 3  # samples of an asynchronous system on the batch clock: each a third of its iterations
 # A fully host-bound batch of B eager calls spans B host issue times plus the device time of its last call
 # (nothing overlaps that one), so its host share is just under 1 (B / (B + 1) when both are equal): a
@@ -302,9 +302,10 @@ def plan_counts(t_call: float, warmup: int, iters: int, max_seconds: float | Non
 
 def eager_batch(n_iter: int, t_call: float = 0.0) -> int:
     """Calls per eager sample for `n_iter` timed calls of about `t_call` seconds each: enough back-to-back calls
-    to span EAGER_SAMPLE_S (so the host cost of a sample's two events stays small against it), at most
-    EAGER_BATCH, and fewer to keep MIN_ITERS samples. A call of EAGER_SAMPLE_S or more is a sample alone: it
-    does not need the batch to amortise anything, and more samples make more interleaved rounds."""
+    to span EAGER_SAMPLE_S, at most EAGER_BATCH, fewer to keep MIN_ITERS samples. A sample's first call pays
+    the launch gap after the wait that ends its round, so a sample of many short calls spreads that gap over
+    them (EAGER_BATCH for every call under 0.5 ms); a call of EAGER_SAMPLE_S or more is a sample alone, the gap
+    a fraction of a percent of it, and more samples make more interleaved rounds."""
     fill = max(1, math.ceil(EAGER_SAMPLE_S / t_call)) if t_call > 0 else EAGER_BATCH
     return max(1, min(EAGER_BATCH, fill, n_iter // MIN_ITERS))
 
@@ -413,14 +414,15 @@ class _Lane:
 
 def _warm(system: Timed, device: torch.device, warmup: int, iters: int,
           max_seconds: float | None) -> tuple[int, int, float]:
-    """The estimate call and the warm-up calls of `system`, each synchronised and timed; returns (warm-up calls
-    made, iterations, seconds of the fastest of them). The first calls of a signature may do one-time work (a
-    launch being recorded for replay took about 1 ms on the H200, ten times a 0.12 ms call), so the fastest
-    call, not the first, sizes the iterations and the eager batch."""
-    t_call = _call_once(system, 0, device)
-    n_warm, _ = plan_counts(t_call, warmup, iters, max_seconds)
-    fastest = min([t_call, *(_call_once(system, k, device) for k in range(1, n_warm))])
-    return max(n_warm, 1), plan_counts(fastest, warmup, iters, max_seconds)[1], fastest
+    """The estimate calls and the warm-up calls of `system`, each synchronised and timed (at least two); returns
+    (calls made, iterations, seconds of the fastest). The first calls of a signature may do one-time work (a
+    launch recorded for replay, a kernel variant compiled), ten times a 0.12 ms call on the H200, so the fastest
+    call, not the first, sizes the warm-up, the iterations and the eager batch."""
+    fastest = min(_call_once(system, 0, device), _call_once(system, 1, device))
+    n_warm, _ = plan_counts(fastest, warmup, iters, max_seconds)
+    for k in range(2, n_warm):
+        fastest = min(fastest, _call_once(system, k, device))
+    return max(n_warm, 2), plan_counts(fastest, warmup, iters, max_seconds)[1], fastest
 
 
 def _lanes(system: Timed, device: torch.device, clocks: Sequence[str], warm: int, n_iter: int,
