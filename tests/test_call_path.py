@@ -412,10 +412,7 @@ def test_the_moe_calls_backward_is_bound_and_survives_offsets_and_expanded_cotan
         x = big[:40].detach().requires_grad_()
         ragdot.ragged_dot(x, rhs, gs, backend=backend).sum().backward()
     call = _only_call()
-    if backend == "torch":  # recorded by _grouped_mm's own autograd node: no Python backward to bind
-        assert not call.bwd and ragdot.ragged_dot(x, rhs, gs, backend=backend).grad_fn.name() == "GroupedMmBackward0"
-    else:
-        assert len(call.bwd) == 2 and all(bound is not None for bound in call.bwd.values())
+    assert len(call.bwd) == 2 and all(bound is not None for bound in call.bwd.values())
     l64 = big[:40].cpu().double().requires_grad_()
     (rda,) = torch.autograd.grad(ragged_dot_general_oracle(l64, w64, gs.cpu(), CASES["fwd_wi"][2]).sum(), l64)
     assert nerr(x.grad, rda) <= TOL[torch.float32]
@@ -434,10 +431,7 @@ def test_the_backward_of_a_transposed_weight_view_is_bound(backend, monkeypatch)
     runs = [_backward_grads(lambda a, b: ragdot.ragged_dot(a, b.transpose(1, 2), gs, backend=backend), lhs, w,
                             torch.ones(40, 8, device=DEV)) for _ in range(3)]
     call = _only_call()
-    if backend == "torch":  # recorded by _grouped_mm's own autograd node: no Python backward to bind
-        assert not call.bwd
-    else:
-        assert len(call.bwd) == 1 and all(bound is not None for bound in call.bwd.values())
+    assert len(call.bwd) == 1 and all(bound is not None for bound in call.bwd.values())
     for da, db in runs[1:]:
         assert torch.equal(da, runs[0][0]) and torch.equal(db, runs[0][1]) and db.is_contiguous()
 
@@ -550,43 +544,3 @@ def test_auto_moves_on_when_the_direct_call_is_refused_at_its_first_launch(monke
         ragdot.ragged_dot(x, w, sizes, backend="torch")
     ragdot.api._CALLS.clear()
     ragdot.ops._RUNNERS.clear()
-
-
-@pytest.mark.skipif("torch" not in ragdot.backends(), reason="torch._grouped_mm is unavailable")
-def test_torch_backend_eager_autograd_is_grouped_mms_own_node_with_ragdots_contract(monkeypatch):
-    """backend="torch" on plain [M, K] x [G, K, N] operands: the output is recorded by `_grouped_mm`'s own
-    autograd node (C++ backward), and still rows past the groups are zero in the output and in the data
-    gradient (which `_grouped_mm` leaves unwritten), NaN stored there never leaks, empty groups get exactly
-    zero weight gradients, an expanded cotangent works, and double backward equals the general path's."""
-    from ragdot import api
-
-    monkeypatch.setattr(api, "_CALLS", {})
-    gen = torch.Generator().manual_seed(41)
-    x = rand((40, 16), torch.float32, DEV, gen)
-    x[30:] = float("nan")  # rows past the groups (sizes sum to 30)
-    w = rand((4, 16, 8), torch.float32, DEV, gen)
-    sizes = torch.tensor([12, 0, 10, 8], dtype=torch.int32, device=DEV)
-    a, b = x.clone().requires_grad_(), w.clone().requires_grad_()
-    out = ragdot.ragged_dot(a, b, sizes, backend="torch")
-    assert out.grad_fn.name() == "GroupedMmBackward0" and (out[30:] == 0).all()
-    out.sum().backward()  # an expanded cotangent
-    assert (a.grad[30:] == 0).all() and torch.isfinite(a.grad).all() and (b.grad[1] == 0).all()
-    x64, w64 = x.cpu().double(), w.cpu().double().requires_grad_()
-    x64[30:] = 0
-    x64.requires_grad_()
-    ref = ragged_dot_general_oracle(x64, w64, sizes.cpu(), CASES["fwd_wi"][2])
-    ref.sum().backward()
-    assert nerr(out, ref) <= TOL[torch.float32]
-    assert nerr(a.grad, x64.grad) <= TOL[torch.float32] and nerr(b.grad, w64.grad) <= TOL[torch.float32]
-    # double backward: the gradient of <dx, v> against the general path (a transposed view of x takes it)
-    v = rand((40, 16), torch.float32, DEV, gen)
-    cot = rand((40, 8), torch.float32, DEV, gen)
-    grads = []
-    for lhs in (x.clone(), x.t().contiguous().t()):
-        lhs[30:] = 0
-        a2, b2 = lhs.requires_grad_(), w.clone().requires_grad_()
-        y = ragdot.ragged_dot(a2, b2, sizes, backend="torch")
-        (da,) = torch.autograd.grad(y, a2, cot, create_graph=True)
-        assert (da[30:] == 0).all()
-        grads.append(torch.autograd.grad((da * v).sum(), b2)[0])
-    assert grads[0].shape == w.shape and nerr(grads[0], grads[1].double()) <= TOL[torch.float32]

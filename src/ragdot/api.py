@@ -211,17 +211,6 @@ class _Call:
         a, b = self.plan.views(lhs, rhs)
         return self.plan.finish(runner(a, b, sizes))
 
-    def _native(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor | None:
-        """The output recorded by autograd's own nodes where the chosen backend offers that for these operands
-        (the `torch` backend's `native`: `_grouped_mm`'s C++ backward instead of a Python one), else None."""
-        native = getattr(self._runner(lhs, rhs).fn, "native", None)
-        if native is None:
-            return None
-        if ops._profiling():  # a named range, as the other paths get
-            with torch.profiler.record_function(f"ragdot::{self.mode}"):
-                return native(lhs, rhs, sizes)
-        return native(lhs, rhs, sizes)
-
     def backward(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, dout: torch.Tensor,
                  needs: tuple[bool, bool], fwd_ends: tuple | None, into: bool = False) -> tuple:
         """(grad lhs, grad rhs) in the user's layouts: the key's bound products (`grad_plan`) where they
@@ -282,8 +271,7 @@ class _Call:
         if ops.plain_call(lhs, rhs):
             return self.forward(lhs, rhs, sizes)
         if not ops._transformed():  # eager autograd: the whole call is one recorded node
-            out = self._native(lhs, rhs, sizes) if self.direct == "matrix" and self.mode == "ragged_m" else None
-            return _CallFunction.apply(lhs, rhs, sizes, self) if out is None else out
+            return _CallFunction.apply(lhs, rhs, sizes, self)
         a, b = plan.views(lhs, rhs)
         return plan.finish(ops.run(self.mode, a, b, sizes, self.out_dtype, self.backend, plan.group_scale))
 

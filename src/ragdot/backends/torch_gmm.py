@@ -96,19 +96,6 @@ def _zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> None:
     c.masked_fill_((rows >= group_ends[-1])[:, None], 0)  # [..., M, N]
 
 
-def _tail_launch(shape: tuple[int, int, int], groups: int, device: torch.device):
-    """(c, ends) -> zero rows >= ends[-1] of a contiguous c of `shape` ([1, M, N]): ragdot's one-launch kernel on
-    CUDA with Triton, torch ops elsewhere."""
-    if device.type == "cuda" and groups > 0:
-        try:
-            from ragdot.kernels.tail import ZeroTail
-        except ImportError:
-            pass
-        else:
-            return ZeroTail(shape, groups, device)
-    return _zero_tail_rows_
-
-
 def _bound_launches(problem: str, a: torch.Tensor, b: torch.Tensor, groups: int, scale: int):
     """(sizes -> clamped int32 ends, (c, ends) -> zero the tail rows of c or None) for one static signature:
     ragdot's one-launch kernels on CUDA with Triton, torch ops elsewhere."""
@@ -117,11 +104,12 @@ def _bound_launches(problem: str, a: torch.Tensor, b: torch.Tensor, groups: int,
     if a.is_cuda and groups > 0:
         try:
             from ragdot.kernels.ends import MAX_GROUPS, GroupEnds
+            from ragdot.kernels.tail import ZeroTail
         except ImportError:
             pass
         else:
             if groups <= MAX_GROUPS:
-                tail = _tail_launch(tail_shape, groups, a.device) if problem == "ragged_m" else None
+                tail = ZeroTail(tail_shape, groups, a.device) if problem == "ragged_m" else None
                 return GroupEnds(groups, extent, scale, a.device), tail
     tail = _zero_tail_rows_ if problem == "ragged_m" else None
     if a.device.type == "cpu" and 0 < groups <= _HOST_ENDS_MAX_GROUPS:
@@ -174,8 +162,7 @@ class _PreparedGMM:
     """One `_grouped_mm` problem of a static signature with Bt == 1: the run dtype and which operands must be
     copied into an accepted layout are decided once; a call checks only the operands' base alignment."""
 
-    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors", "ends", "tail", "ends_key", "views",
-                 "grad_tail")
+    __slots__ = ("problem", "run", "out_dtype", "a_ok", "b_ok", "majors", "ends", "tail", "ends_key", "views")
 
     def __init__(self, problem: str, a: torch.Tensor, b: torch.Tensor, groups: int, out_dtype: torch.dtype,
                  scale: int):
@@ -194,42 +181,11 @@ class _PreparedGMM:
         self.a_ok = not cast and _strides_ok(mat_a, self.majors[0])
         self.b_ok = not cast and _strides_ok(mat_b, self.majors[1])
         self.views = ((mat_a.shape, mat_a.stride()), (mat_b.shape, mat_b.stride()))  # what _grouped_mm is given
-        # `native` serves ragged_m on operands taken as they are, in their own dtype, with outputs and data
-        # gradients of whole 16-byte rows (contiguous): the zeroing of the gradient's tail rows is bound here
-        rows_ok = all(n * a.element_size() % _ALIGN_BYTES == 0 for n in (a.shape[-1], b.shape[-1]))
-        native = problem == "ragged_m" and self.a_ok and self.b_ok and a.dtype == b.dtype and rows_ok
-        self.grad_tail = _tail_launch((1, a.shape[1], a.shape[2]), groups, a.device) if native else None
 
     # `direct` takes any tensors that start where the canonical operands start (the [M, K] / [R, M] and
     # [G, K, N] / [R, N] matrices themselves, or other views of that memory, e.g. a data gradient's [E, N, K]
     # weight): one as_strided view each where the layout differs, instead of the canonical views and back.
     direct_kind = "address"
-
-    def native(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor | None:
-        """a [M, K], b [G, K, N] (the canonical operands without their unit batch axis, taken as they are) ->
-        [M, N] recorded by autograd's own node of `_grouped_mm` (its backward is C++: no Python on autograd's
-        device thread but two hooks), or None where this signature or these operands need the general path.
-
-        The rows past the last group, which `_grouped_mm` leaves unwritten, are zeroed outside autograd (they
-        depend on no input); a post-hook zeroes the same rows of the data gradient, which its backward leaves
-        unwritten too (differentiably under create_graph), and a pre-hook gives its backward a cotangent in a
-        layout it takes. Weight gradients contract group rows only, and come back zero for empty groups."""
-        if self.grad_tail is None or (a.data_ptr() | b.data_ptr()) % _ALIGN_BYTES:
-            return None
-        ends = self.ends(sizes)
-        try:
-            out = torch._grouped_mm(a, b, offs=ends)
-        except RuntimeError:  # the general path raises what the backend's callers expect
-            return None
-        if not out.is_contiguous():
-            return None
-        self.tail(out.detach(), ends)
-        node = out.grad_fn
-        if node is not None:
-            node.register_prehook(_accepted_cotangent)
-            if a.requires_grad:
-                node.register_hook(_ZeroGradTail(self.grad_tail, ends))
-        return out
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
         out = self.direct(a[0], b[0], sizes, None)
@@ -261,35 +217,6 @@ class _PreparedGMM:
                 out = out.contiguous()
             self.tail(out, ends)  # reads only the address: [M, N] is the [1, M, N] it was bound for
         return out if out_shape is None or out.shape == out_shape else out.view(out_shape)
-
-
-def _accepted_cotangent(grad_outputs: tuple) -> tuple | None:
-    """A pre-hook of `_grouped_mm`'s autograd node: its backward takes the cotangent [M, N] as it comes and
-    rejects layouts its kernels do not (an expanded `out.sum()` gradient, unaligned rows), so such a cotangent
-    is first copied into row-major 16-byte rows."""
-    grad = grad_outputs[0]
-    if grad is None or _layout_ok(grad, "row"):
-        return None
-    return (_prepared(grad, "row"),)
-
-
-class _ZeroGradTail:
-    """A post-hook of `_grouped_mm`'s autograd node: zero rows >= ends[-1] of its data gradient."""
-
-    __slots__ = ("tail", "ends")
-
-    def __init__(self, tail, ends: torch.Tensor):
-        self.tail, self.ends = tail, ends
-
-    def __call__(self, grad_inputs: tuple, _grad_outputs: tuple) -> tuple | None:
-        da = grad_inputs[0]
-        if da is None:
-            return None
-        if torch.is_grad_enabled() or not da.is_contiguous():  # create_graph: a recorded op, not a raw write
-            rows = torch.arange(da.shape[0], device=da.device)
-            return (da.masked_fill((rows >= self.ends[-1])[:, None], 0), *grad_inputs[1:])
-        self.tail(da, self.ends)
-        return None
 
 
 class TorchGroupedMMBackend(BackendBase):
