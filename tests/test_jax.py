@@ -211,6 +211,18 @@ def test_vmap_runs_one_call_per_slice():
     assert nerr(_t(out[1]), _t(2 * jax.lax.ragged_dot(lhs, rhs, sizes))) < TOL[torch.float32]
 
 
+def test_jax_s_full_signature_is_accepted_with_its_defaults():
+    """Every argument of jax.lax.ragged_dot / ragged_dot_general (0.11: ..., group_offset, out_sharding), passed
+    by keyword with its default, gives jax's result: ragdot.jax drops in for calls written against jax's API."""
+    lhs, rhs, sizes = _inputs("fwd_wi")
+    kw = dict(precision=None, preferred_element_type=None, group_offset=None, out_sharding=None)
+    want = jax.lax.ragged_dot(lhs, rhs, sizes)
+    assert nerr(_t(rj.ragged_dot(lhs, rhs, sizes, **kw)), _t(want)) < TOL[torch.float32]
+    dims = jax.lax.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), [0], [0])
+    general = rj.ragged_dot_general(lhs, rhs, sizes, ragged_dot_dimension_numbers=dims, **kw)
+    assert nerr(_t(general), _t(want)) < TOL[torch.float32]
+
+
 def test_jvp_is_refused_with_jax_s_own_error():
     lhs, rhs, sizes = _inputs("fwd_wi")
     with pytest.raises(TypeError, match="custom_vjp"):
@@ -225,6 +237,7 @@ def test_jvp_is_refused_with_jax_s_own_error():
     (lambda x, w, s: rj.ragged_dot(x, w[:, :4], s), ValueError, "contracting dimensions differ"),
     (lambda x, w, s: rj.ragged_dot(x[None], w, s), ValueError, "ragged_dot expects lhs of rank 2"),
     (lambda x, w, s: rj.ragged_dot(x, w, s, group_offset=jnp.zeros(1, jnp.int32)), ValueError, "group_offset"),
+    (lambda x, w, s: rj.ragged_dot(x, w, s, out_sharding=object()), ValueError, "out_sharding"),
     (lambda x, w, s: rj.ragged_dot(x, w, s, preferred_element_type=jnp.int32), TypeError, "preferred_element_type"),
     (lambda x, w, s: rj.ragged_dot(x, w, s, backend="nope"), ValueError, "backend='nope' is unknown"),
     (lambda x, w, s: rj.ragged_dot(np.ones((20, 8)).tolist(), w, s), TypeError, "lhs must be a jax array"),

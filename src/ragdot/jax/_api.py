@@ -172,6 +172,7 @@ def ragged_dot_general(
     precision: Any = None,
     preferred_element_type: Any = None,
     group_offset: Any = None,
+    out_sharding: Any = None,
     *,
     backend: str | None = None,
 ) -> Any:
@@ -182,10 +183,13 @@ def ragged_dot_general(
     contract: indices at or past sum(group_sizes) belong to no group (their output rows are exactly zero
     and whatever they hold, NaN included, reaches no other element). `precision` is accepted for drop-in
     use and ignored: ragdot accumulates in float32 and computes float32 without TF32 unless torch's matmul
-    setting allows it. `backend` picks ragdot's backend (None: ragdot's own choice).
+    setting allows it. `group_offset` and `out_sharding` are accepted as None only (jax's signature; ragdot
+    computes every group and places the result as jax places an unsharded one). `backend` picks ragdot's
+    backend (None: ragdot's own choice).
     """
-    if group_offset is not None:
-        raise ValueError("group_offset is not supported by ragdot.jax (pass None)")
+    for name, value in (("group_offset", group_offset), ("out_sharding", out_sharding)):
+        if value is not None:
+            raise ValueError(f"{name} is not supported by ragdot.jax (pass None)")
     _check_arrays(lhs, rhs)
     lhs, rhs = _promoted(lhs, rhs)
     sizes = _sizes(group_sizes)
@@ -226,6 +230,7 @@ def ragged_dot(
     precision: Any = None,
     preferred_element_type: Any = None,
     group_offset: Any = None,
+    out_sharding: Any = None,
     *,
     backend: str | None = None,
 ) -> Any:
@@ -241,4 +246,4 @@ def ragged_dot(
                 f"{tuple(x.shape)}; use ragged_dot_general for other layouts"
             )
     return ragged_dot_general(lhs, rhs, group_sizes, RAGGED_DOT_DN, precision, preferred_element_type, group_offset,
-                              backend=backend)
+                              out_sharding, backend=backend)
