@@ -48,3 +48,33 @@ def bundled_ptxas() -> bool:
     except ImportError:
         return False
     return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
+
+
+# Shape errors that jax.lax.ragged_dot_general raises as TypeErrors, with the phrase of jax's message that
+# ragdot's message begins with: (lhs shape, rhs shape, group_sizes shape, dimension numbers, phrase as a regex).
+JAX_SHAPE_ERRORS = [
+    ((11, 5), (3, 5, 7), (3,), ((((1,), (1,)), ((), ())), (0, 1), (0,)),
+     "ragged_dot_general expects exactly one lhs ragged dimension"),
+    ((11, 5), (3, 5, 7), (3,), ((((1,), (1,)), ((), ())), (2,), (0,)),
+     "requires lhs ragged dimension numbers to be nonnegative and less than the number of axes of the lhs"),
+    ((11, 5), (3, 5, 7), (2, 3), ((((1,), (1,)), ((), ())), (0,), (0,)),
+     r"expected group_sizes to have shape \(3,\), got \(2, 3\)"),
+    ((19, 17, 11, 5), (3, 19, 5, 7), (19, 11, 3), ((((3,), (2,)), ((0,), (1,))), (2,), (0,)),
+     r"expected group_sizes to have shape \(19, 17, 3\), got \(19, 11, 3\)"),
+    ((19, 11, 17, 5), (19, 17, 5, 7), (19, 11, 3), ((((2, 3), (1, 2)), ((0,), (0,))), (3,), ()),
+     r"expected group_sizes to have shape \(19, 17, 3\), got \(19, 11, 3\)"),
+    ((17, 19, 11, 5), (17, 19, 5, 7), (19, 3), ((((3,), (2,)), ((0, 1), (0, 1))), (1,), ()),
+     r"expected group_sizes to have shape \(17, 3\), got \(19, 3\)"),
+    ((19, 11, 5), (19, 5, 7), (19, 3), ((((2,), (1,)), ((0,), (0,))), (1,), (0,)),
+     "requires rhs group dimension numbers to be distinct from contracting and batch dimensions"),
+    ((11, 3), (3, 3, 7), (3,), ((((1,), (1,)), ((), ())), (0,), (1,)),
+     "requires rhs group dimension numbers to be distinct from contracting and batch dimensions"),
+    ((11, 5), (3, 5, 7), (2,), ((((1,), (1,)), ((), ())), (0,), (0,)),
+     "expected rhs group dimension size to be 2, got 3"),
+    ((2, 11, 5), (3, 2, 5, 7), (3,), ((((2,), (2,)), ((0,), (1,))), (0,), (0,)),
+     "requires zero group dimensions in the rhs when lhs ragged dimension is contracting or batch"),
+    ((11, 5), (3, 5, 7), (3,), ((((1,), (1,)), ((), ())), (1,), (0,)),
+     "requires zero group dimensions in the rhs when lhs ragged dimension is contracting or batch"),
+    ((11, 5), (5, 7), (3,), ((((1,), (0,)), ((), ())), (0,), ()),
+     "requires exactly one rhs group dimension when lhs ragged dimension is noncontracting"),
+]

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ragdot
-from helpers import GENERAL_BACKENDS, TOL, nerr
+from helpers import GENERAL_BACKENDS, JAX_SHAPE_ERRORS, TOL, nerr
 from oracle import ragged_dot_general_oracle
 from ragdot import RaggedDotDimensionNumbers as DN
 
@@ -72,6 +72,15 @@ def test_bad_dimension_numbers(dn, rhs_shape, pattern):
     rhs = torch.randn(rhs_shape)
     with pytest.raises(ValueError, match=pattern):
         ragdot.ragged_dot_general(lhs, rhs, gs, dn)
+
+
+@pytest.mark.parametrize("lhs_shape,rhs_shape,sizes_shape,dims,phrase", JAX_SHAPE_ERRORS)
+def test_shape_errors_are_type_errors_in_jax_s_words(lhs_shape, rhs_shape, sizes_shape, dims, phrase):
+    """Code written against jax's ragged_dot_general (which raises TypeError with these phrases) matches
+    ragdot's errors; ragdot's own detail follows the phrase."""
+    with pytest.raises(TypeError, match=phrase):
+        ragdot.ragged_dot_general(torch.ones(lhs_shape), torch.ones(rhs_shape),
+                                  torch.ones(sizes_shape, dtype=torch.int32), DN(*dims))
 
 
 def test_dimension_numbers_type_errors():

@@ -115,10 +115,23 @@ class Canonical:
         return c.permute(self.perm) if self.perm is not None else c
 
 
-def _check_dims(dims: Sequence[int], ndim: int, what: str) -> None:
+def _check_dims(dims: Sequence[int], ndim: int, what: str, lead: str = "") -> None:
     for d in dims:
         if not 0 <= d < ndim:
-            raise ShapeError(f"{what} {d} is out of range for an operand of rank {ndim}")
+            raise ShapeError(f"{lead}{what} {d} is out of range for an operand of rank {ndim}")
+
+
+# jax.lax.ragged_dot_general's wording of the errors it shares with ragdot, which begins ragdot's messages for
+# them (callers written against jax match its messages)
+_JAX_LRAG_RANGE = ("ragged_dot_general requires lhs ragged dimension numbers to be nonnegative and less than the "
+                   "number of axes of the lhs: ")
+_JAX_ONE_LRAG = "ragged_dot_general expects exactly one lhs ragged dimension: "
+_JAX_GROUP_DISTINCT = ("ragged_dot_general requires rhs group dimension numbers to be distinct from contracting "
+                       "and batch dimensions: ")
+_JAX_NO_GROUP = ("ragged_dot_general requires zero group dimensions in the rhs when lhs ragged dimension is "
+                 "contracting or batch: ")
+_JAX_ONE_GROUP = ("ragged_dot_general requires exactly one rhs group dimension when lhs ragged dimension is "
+                  "noncontracting: ")
 
 
 def _prod(sizes: Sequence[int]) -> int:
@@ -205,7 +218,7 @@ def _plan(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], num_groups: in
     _check_dims(rc, rhs.ndim, "rhs contracting dimension")
     _check_dims(rb, rhs.ndim, "rhs batch dimension")
     _check_dims(rgrp, rhs.ndim, "rhs group dimension")
-    _check_dims(lrag, lhs.ndim, "lhs ragged dimension")
+    _check_dims(lrag, lhs.ndim, "lhs ragged dimension", _JAX_LRAG_RANGE)
     if len(lc) != len(rc):
         raise ShapeError(f"lhs and rhs must name as many contracting dimensions, got {lc} and {rc}")
     if len(lb) != len(rb):
@@ -213,7 +226,8 @@ def _plan(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], num_groups: in
     if len(set(lc) | set(lb)) != len(lc) + len(lb):
         raise ShapeError(f"lhs contracting {lc} and batch {lb} dimensions must be distinct")
     if len(set(rc) | set(rb) | set(rgrp)) != len(rc) + len(rb) + len(rgrp):
-        raise ShapeError(f"rhs contracting {rc}, batch {rb} and group {rgrp} dimensions must be distinct")
+        lead = _JAX_GROUP_DISTINCT if set(rgrp) & (set(rc) | set(rb)) else ""
+        raise ShapeError(f"{lead}rhs contracting {rc}, batch {rb} and group {rgrp} dimensions must be distinct")
     for l_dim, r_dim in zip(lc, rc):
         if lhs.shape[l_dim] != rhs.shape[r_dim]:
             raise ShapeError(
@@ -227,7 +241,7 @@ def _plan(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], num_groups: in
                 f"rhs dim {r_dim} has {rhs.shape[r_dim]}"
             )
     if len(lrag) != 1:
-        raise ShapeError(f"lhs_ragged_dimensions must name exactly one dimension, got {lrag}")
+        raise ShapeError(f"{_JAX_ONE_LRAG}lhs_ragged_dimensions must name exactly one dimension, got {lrag}")
     if len(rgrp) > 1:
         raise ShapeError(f"rhs_group_dimensions must name at most one dimension, got {rgrp}")
     (r,) = lrag
@@ -240,15 +254,17 @@ def _plan(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], num_groups: in
 
     if r in lb:
         if rgrp:
-            raise ShapeError("rhs_group_dimensions must be empty when the lhs ragged dimension is a batch dimension")
+            raise ShapeError(
+                f"{_JAX_NO_GROUP}rhs_group_dimensions must be empty when the lhs ragged dimension is a batch dimension"
+            )
         return _Plan("batch", (*lb, *lf, *lc), (_prod(bsz), _prod(msz), _prod(csz)), (*rb, *rc, *rf),
                      (_prod(bsz), _prod(csz), _prod(nsz)), 1, 0, 1, (*bsz, *msz, *nsz), None)
 
     if r in lc:
         if rgrp:
             raise ShapeError(
-                "rhs_group_dimensions must be empty when the lhs ragged dimension is contracted (the output "
-                "gets a leading group dimension instead)"
+                f"{_JAX_NO_GROUP}rhs_group_dimensions must be empty when the lhs ragged dimension is contracted "
+                "(the output gets a leading group dimension instead)"
             )
         i = lc.index(r)
         other_l = [d for d in lc if d != r]
@@ -262,13 +278,14 @@ def _plan(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], num_groups: in
     # Non-contracting: the ragged dim is a row dim of lhs; rhs must carry the group dim.
     if not rgrp:
         raise ShapeError(
-            "rhs_group_dimensions must name rhs's group dimension when the lhs ragged dimension "
+            f"{_JAX_ONE_GROUP}rhs_group_dimensions must name rhs's group dimension when the lhs ragged dimension "
             "is a non-contracting dimension"
         )
     (g,) = rgrp
     if rhs.shape[g] != num_groups:
         raise ShapeError(
-            f"rhs group dimension {g} has size {rhs.shape[g]} but group_sizes has {num_groups} entries"
+            f"expected rhs group dimension size to be {num_groups}, got {rhs.shape[g]}: rhs group dimension {g} "
+            f"has size {rhs.shape[g]} but group_sizes has {num_groups} entries"
         )
     # Other lhs free dims (rare) travel with the batch: rows of every such slice share the group partition.
     others = [d for d in lf if d != r]

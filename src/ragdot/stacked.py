@@ -88,14 +88,15 @@ def check_stacked(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], sizes_
     mode, prefix = prefix_dims(len(lhs_shape), dn)
     if not prefix:
         raise ShapeError(
-            f"group_sizes must be 1-D [G] with these dimension numbers (no lhs batch dimension and none of the "
-            f"ragged dimension's kind before it), got shape {tuple(sizes_shape)}"
+            f"expected group_sizes to have shape ({groups},), got {tuple(sizes_shape)}: group_sizes must be 1-D "
+            "[G] with these dimension numbers (no lhs batch dimension and none of the ragged dimension's kind "
+            "before it)"
         )
     expected = (*(lhs_shape[d] for d in prefix), groups)
     if tuple(sizes_shape) != expected:
         raise ShapeError(
-            f"group_sizes: expected shape (G,) or {expected} (one row of group sizes per slice of lhs "
-            f"dimensions {tuple(prefix)}), got {tuple(sizes_shape)}"
+            f"expected group_sizes to have shape {expected}, got {tuple(sizes_shape)} (group_sizes: one row of "
+            f"group sizes per slice of lhs dimensions {tuple(prefix)}, or one row ({groups},) for all)"
         )
     return mode, prefix
 
