@@ -153,9 +153,9 @@ def test_a_slow_first_call_does_not_size_the_eager_batch(monkeypatch):
 
     def call():  # the first call of a signature does one-time work (e.g. a launch recorded for replay)
         made.append(1)
-        time.sleep(3e-3 if len(made) == 1 else 2e-5)
+        time.sleep(5e-2 if len(made) == 1 else 2e-5)
 
-    monkeypatch.setattr(timing, "EAGER_SAMPLE_S", 1e-3)
+    monkeypatch.setattr(timing, "EAGER_SAMPLE_S", 2e-2)  # the first call would make a batch of 1, later ones 10
     got = measure_clocks([Timed("a", [call])], CUDA, clocks=("eager",), warmup=1, iters=30, rounds=5)
     assert got[("a", "eager")].batch == timing.EAGER_BATCH  # sized by the fastest warm-up call, not the first
 
