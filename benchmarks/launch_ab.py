@@ -14,32 +14,22 @@ the host's speed is the same for all three. Writes DIR/launch-ab.json with `--ou
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 from pathlib import Path
 
 import torch
 
-from ragdot.bench.moe_train import _train_step, training_setup
+from ragdot.bench.moe_train import variant_step
 from ragdot.kernels import replay
 from ragdot.measure.timing import capture_graph, event_ms, warm_off_stream
 from ragdot.moe.model import get_config
-from ragdot.moe.variants import VARIANTS
-
-
-def _step(cfg, variant: str, dev: torch.device):
-    """A fresh decoder, optimizer and batch (seeded, as `moe-bench` makes them) of `cfg` running `variant`: its
-    train step."""
-    model, opt, tokens = training_setup(cfg, dev, torch.bfloat16)
-    model.set_moe(**VARIANTS[variant]._asdict(), capacity_factor=1.25)
-    return functools.partial(_train_step, model, opt, tokens)
 
 
 def _graph_ms(cfg, variant: str, replays: int, dev: torch.device) -> float:
     """Median CUDA-graph replay of the step, on a model of its own: the eager arms' parameters keep the
     default stream in their gradient-accumulation nodes, which a capture on a side stream cannot take."""
-    step = _step(cfg, variant, dev)
+    step = variant_step(cfg, variant, dev)
     warm_off_stream(step, dev)
     graph = capture_graph(step)
     return statistics.median(event_ms(graph, dev) for _ in range(replays))
@@ -49,7 +39,7 @@ def _config(name: str, variants: list[str], rounds: int, replays: int, dev: torc
     cfg = get_config(name)
     rows = []
     for variant in variants:
-        step = _step(cfg, variant, dev)
+        step = variant_step(cfg, variant, dev)
         times: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(3):
             step()

@@ -18,11 +18,10 @@ import time
 
 import torch
 
-from ragdot.bench.moe_train import _train_step, training_setup
+from ragdot.bench.moe_train import variant_step
 from ragdot.kernels import replay
 from ragdot.measure.timing import event_ms
 from ragdot.moe.model import get_config
-from ragdot.moe.variants import VARIANTS
 
 
 class _Census:
@@ -63,12 +62,7 @@ def main() -> None:
     census = _Census()
     census.wrap()
     for name in args.configs:
-        model, opt, tokens = training_setup(get_config(name), dev, torch.bfloat16)  # moe-bench's seeded step
-        model.set_moe(**VARIANTS[args.variant]._asdict(), capacity_factor=1.25)
-
-        def step(model=model, opt=opt, tokens=tokens):
-            return _train_step(model, opt, tokens)
-
+        step = variant_step(get_config(name), args.variant, dev)  # moe-bench's seeded step
         for _ in range(3):
             step()
         arms = {True: collections.defaultdict(list), False: collections.defaultdict(list)}
@@ -96,7 +90,7 @@ def main() -> None:
                 n, us = arm.get(path), arm.get(f"host_us_{path}")
                 if n and us:
                     print(f"    {path}: {statistics.median(us) / statistics.median(n):.1f} us host per call")
-        del step, model, opt
+        del step
         torch.cuda.empty_cache()
 
 

@@ -22,11 +22,10 @@ from unittest import mock
 
 import torch
 
-from ragdot.bench.moe_train import _train_step, training_setup
+from ragdot.bench.moe_train import _train_step, training_setup, use_variant
 from ragdot.measure.timing import event_ms
 from ragdot.moe import router_losses, router_topk
 from ragdot.moe.model import get_config
-from ragdot.moe.variants import VARIANTS
 
 MODULES = {"losses": router_losses, "topk": router_topk}
 
@@ -45,7 +44,7 @@ def _config(name: str, variants: list[str], rounds: int, kernels: list[str], dev
     model, opt, tokens = training_setup(cfg, dev, torch.bfloat16)
     step = functools.partial(_train_step, model, opt, tokens)
     for variant in variants:
-        model.set_moe(**VARIANTS[variant]._asdict(), capacity_factor=1.25)
+        use_variant(model, variant)
         times: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(2):
             step()

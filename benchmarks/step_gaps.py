@@ -36,7 +36,7 @@ import torch
 if not os.environ.get("PYTHONPATH"):  # this checkout's ragdot unless PYTHONPATH names one
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ragdot.bench.moe_train import training_setup
+from ragdot.bench.moe_train import training_setup, use_variant
 from ragdot.measure import records
 from ragdot.measure.timing import capture_graph, event_ms, free_memory, warm_off_stream
 from ragdot.moe.model import get_config
@@ -258,7 +258,7 @@ def run(cfg_name: str, variants: list[str], steps: int) -> list[dict]:
     model, opt, tokens = training_setup(cfg, device, torch.bfloat16)
     rows = []
     for name in variants:
-        model.set_moe(**VARIANTS[name]._asdict(), capacity_factor=1.25)
+        use_variant(model, name)
         for _ in range(3):  # warm-up on the default stream, as a training loop runs
             _step(model, opt, tokens)
         clock: list = []

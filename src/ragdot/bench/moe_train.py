@@ -209,8 +209,19 @@ def _available(variant: Variant) -> bool:
     return variant.backend in (None, "auto") or variant.backend in ragdot.backends()
 
 
+CAPACITY_FACTOR = 1.25  # the dense paths' expert capacity in every train-step measurement
+
+
+def use_variant(model, variant: str | Variant, **settings: object) -> None:
+    """Every MoE layer of `model` runs `variant` (a name in VARIANTS or a Variant) at CAPACITY_FACTOR, with
+    further layer `settings` (e.g. routing_impl)."""
+    if isinstance(variant, str):
+        variant = VARIANTS[variant]
+    model.set_moe(**variant._asdict(), capacity_factor=CAPACITY_FACTOR, **settings)
+
+
 def _use(model, variant: Variant, args: argparse.Namespace) -> None:
-    model.set_moe(**variant._asdict(), capacity_factor=1.25, routing_impl=args.routing_impl)
+    use_variant(model, variant, routing_impl=args.routing_impl)
 
 
 def _attempt(row: Row, opt: torch.optim.Optimizer, work: Callable[[], None]) -> bool:
@@ -339,6 +350,13 @@ def training_setup(cfg, device: torch.device, dtype: torch.dtype):
     gen = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=gen, device=device)
     return model, opt, tokens
+
+
+def variant_step(cfg, variant: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Callable[[], None]:
+    """One train step (forward, backward, AdamW) of a fresh `training_setup` running `variant`."""
+    model, opt, tokens = training_setup(cfg, device, dtype)
+    use_variant(model, variant)
+    return functools.partial(_train_step, model, opt, tokens)
 
 
 def run_config(
