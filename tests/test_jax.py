@@ -245,6 +245,8 @@ def test_jvp_is_refused_with_jax_s_own_error():
     (lambda x, w, s: rj.ragged_dot(x, w[:, :4], s), ValueError, "contracting dimensions differ"),
     (lambda x, w, s: rj.ragged_dot(x[None], w, s), ValueError, "ragged_dot expects lhs of rank 2"),
     (lambda x, w, s: rj.ragged_dot(x, w, s, group_offset=jnp.zeros(1, jnp.int32)), ValueError, "group_offset"),
+    (lambda x, w, s: rj.ragged_dot(x, w, s, group_offset=jnp.zeros(1, jnp.int32)), NotImplementedError,
+     "group_offset"),
     (lambda x, w, s: rj.ragged_dot(x, w, s, out_sharding=object()), ValueError, "out_sharding"),
     (lambda x, w, s: rj.ragged_dot(x, w, s, preferred_element_type=jnp.int32), TypeError, "preferred_element_type"),
     (lambda x, w, s: rj.ragged_dot(x, w, s, backend="nope"), ValueError, "backend='nope' is unknown"),

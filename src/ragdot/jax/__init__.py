@@ -23,8 +23,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ragdot.dimension_numbers import RaggedDotDimensionNumbers
-from ragdot.jax._api import ragged_dot, ragged_dot_general
+from ragdot.jax._api import UnsupportedArgument, ragged_dot, ragged_dot_general
 from ragdot.jax._ffi import clear_plans
 from ragdot.jax._ffi import stats as bridge_stats
 
-__all__ = ["RaggedDotDimensionNumbers", "ragged_dot", "ragged_dot_general", "clear_plans", "bridge_stats"]
+__all__ = ["RaggedDotDimensionNumbers", "UnsupportedArgument", "ragged_dot", "ragged_dot_general", "clear_plans", "bridge_stats"]

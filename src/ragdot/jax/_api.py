@@ -27,10 +27,15 @@ from ragdot.jax._bridge import Bridge, Signature
 from ragdot.native import plan as _plan
 from ragdot.stacked import ArrayOps, ragged_dot_stacked
 
-__all__ = ["ragged_dot", "ragged_dot_general"]
+__all__ = ["UnsupportedArgument", "ragged_dot", "ragged_dot_general"]
 
 _FLOATS = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 _SIGNED = ("int8", "int16", "int32", "int64")
+
+
+class UnsupportedArgument(NotImplementedError, ValueError):
+    """An argument of jax's signature that ragdot does not implement: a NotImplementedError, as jax raises for
+    `group_offset`, and a ValueError, as ragdot raises for argument values it does not take."""
 
 
 def _float_dtype(dtype: Any, what: str) -> torch.dtype:
@@ -187,9 +192,10 @@ def ragged_dot_general(
     computes every group and places the result as jax places an unsharded one). `backend` picks ragdot's
     backend (None: ragdot's own choice).
     """
-    for name, value in (("group_offset", group_offset), ("out_sharding", out_sharding)):
-        if value is not None:
-            raise ValueError(f"{name} is not supported by ragdot.jax (pass None)")
+    if group_offset is not None:  # jax itself raises NotImplementedError for it; this is both
+        raise UnsupportedArgument("group_offset is not supported by ragdot.jax, as by jax.lax (pass None)")
+    if out_sharding is not None:
+        raise ValueError("out_sharding is not supported by ragdot.jax (pass None)")
     _check_arrays(lhs, rhs)
     lhs, rhs = _promoted(lhs, rhs)
     sizes = _sizes(group_sizes)
