@@ -4,10 +4,11 @@
 
 For every model (qwen3-30b-a3b, deepseek2-16b, gpt-oss-like, the deepseek3-671b slice; routed experts only, no
 shared expert, bf16) and token count:
-1. check: one fwd+bwd of ``MoELayer(path="sparse")`` with ``fused=True`` and ``fused=False`` on the same
-   parameters and input; normalised error of y and of every gradient (x, router, w_gate_up, w_down);
+1. check: one fwd+bwd of ``MoELayer(path="sparse")`` with ``fused=True`` (both backwards) and ``fused=False``
+   on the same parameters and input; normalised error of y and of every gradient (x, router, w_gate_up, w_down);
 2. time: fwd+bwd (``torch.autograd.grad`` of y against x and the parameters, one fixed cotangent) of
-   ``fused``, ``unfused`` and ``peer`` (the plain-PyTorch layer, ``ragdot.moe.peer``) on two clocks of
+   ``fused`` (its backward through ragdot's ragged GEMMs), ``fused-kernels`` (the index-reading backward
+   kernels), ``unfused`` and ``peer`` (the plain-PyTorch layer, ``ragdot.moe.peer``) on two clocks of
    ``ragdot.measure.timing``: ``eager`` (CUDA events around every call) and ``graph`` (CUDA events around
    replays of a CUDA graph of the call; ``peer`` syncs on the host in bincount, so it has no graph time);
 3. memory: peak allocated bytes of one fwd+bwd above what is allocated before it (parameters, input).
@@ -35,11 +36,13 @@ from ragdot.measure.checks import normalised_error
 from ragdot.measure.records import RowWriter, run_meta
 from ragdot.measure.timing import free_memory, median_ms
 from ragdot.measure.watchdog import Watchdog
-from ragdot.moe import MoELayer
+from ragdot.moe import MoELayer, fused
 from ragdot.moe.peer import peer_moe
 
 MODELS = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like", "deepseek3-671b-reduced")
-VARIANTS = ("fused", "unfused", "peer")
+# fused: the fused forward, its backward through ragdot's ragged GEMMs on gathered rows (the default);
+# fused-kernels: the same forward, the backward's index-reading kernels (`ragdot.moe.fused.backward_kind`)
+VARIANTS = ("fused", "fused-kernels", "unfused", "peer")
 COLUMNS = ("model", "tokens", "variant", "clock", "ms", "tflops", "sol_pct", "peak_mib", "max_err", "status")
 TOL = 3e-2  # bf16 normalised error allowed between fused and unfused
 
@@ -67,7 +70,8 @@ def _step(layer: MoELayer, variant: str, x: torch.Tensor, cot: torch.Tensor):
         if variant == "peer":
             y = peer_moe(x, layer.router.weight, layer.w_gate_up, layer.w_down, layer.top_k)
         else:
-            layer.fused = variant == "fused"
+            layer.fused = variant.startswith("fused")
+            fused.backward_kind = "fused" if variant == "fused-kernels" else "gemms"
             y = layer(x)
         return (y.detach(), *torch.autograd.grad(y, (x, *params), cot))
 
@@ -75,9 +79,12 @@ def _step(layer: MoELayer, variant: str, x: torch.Tensor, cot: torch.Tensor):
 
 
 def _check(layer: MoELayer, x: torch.Tensor, cot: torch.Tensor) -> float:
-    fused = _step(layer, "fused", x, cot)()
+    """The largest normalised error of either fused backward's output and gradients against the unfused path."""
     unfused = _step(layer, "unfused", x, cot)()
-    return max(normalised_error(a, b) for a, b in zip(fused, unfused))
+    errs = []
+    for variant in ("fused", "fused-kernels"):
+        errs += [normalised_error(a, b) for a, b in zip(_step(layer, variant, x, cot)(), unfused)]
+    return max(errs)
 
 
 def _peak_mib(fn, device: torch.device) -> float:

@@ -9,6 +9,7 @@ import torch
 import ragdot
 from helpers import nerr
 from ragdot.moe import MoELayer
+from ragdot.moe import fused as fused_mod
 from ragdot.moe import routing_kernels as rk
 from ragdot.moe.fused import fused_experts, sort_experts
 from ragdot.moe.layer import swiglu
@@ -20,6 +21,13 @@ DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # The Triton interpreter computes bf16 dots wrongly: bf16 runs on GPUs only.
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
 TOL = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture(params=fused_mod.BACKWARDS)
+def backward(request, monkeypatch):
+    """Each backward of the fused block: ragdot's ragged GEMMs on gathered rows, or the index-reading kernels."""
+    monkeypatch.setattr(fused_mod, "backward_kind", request.param)
+    return request.param
 
 
 def _operands(tokens, dim, hidden, experts, top_k, dtype, seed=0):
@@ -70,15 +78,18 @@ def _assert_match(operands, tol, seed=1):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(37, 40, 24, 6, 2), (16, 32, 16, 4, 1), (50, 24, 40, 9, 3), (3, 16, 17, 5, 2)])
+@pytest.mark.usefixtures("backward")
 def test_fused_matches_unfused(shape, dtype):
     _assert_match(_operands(*shape, dtype), TOL[dtype])
 
 
 @pytest.mark.parametrize("top_k", range(1, 9))
+@pytest.mark.usefixtures("backward")
 def test_every_top_k(top_k):
     _assert_match(_operands(21, 32, 16, 8, top_k, torch.float32, seed=top_k), TOL[torch.float32])
 
 
+@pytest.mark.usefixtures("backward")
 def test_empty_experts_get_exact_zero_gradients():
     x, chosen, weights, wgu, wd = _operands(30, 32, 16, 7, 2, torch.float32)
     chosen = torch.where(chosen >= 4, chosen - 4, chosen)  # experts 4..6 unused; pairs may repeat an expert
@@ -87,6 +98,7 @@ def test_empty_experts_get_exact_zero_gradients():
     assert torch.equal(grads[3][4:], torch.zeros_like(grads[3][4:]))
 
 
+@pytest.mark.usefixtures("backward")
 def test_token_picking_one_expert_twice():
     x, chosen, weights, wgu, wd = _operands(19, 32, 24, 5, 3, torch.float32)
     chosen[:, 1] = chosen[:, 0]
@@ -94,11 +106,13 @@ def test_token_picking_one_expert_twice():
     _assert_match((x, chosen, weights, wgu, wd), TOL[torch.float32])
 
 
+@pytest.mark.usefixtures("backward")
 def test_all_tokens_one_expert():
     x, chosen, weights, wgu, wd = _operands(40, 16, 16, 6, 2, torch.float32)
     _assert_match((x, torch.full_like(chosen, 3), weights, wgu, wd), TOL[torch.float32])
 
 
+@pytest.mark.usefixtures("backward")
 def test_nan_in_fresh_buffers_and_unused_experts_never_leaks(monkeypatch):
     """Every buffer the kernels allocate starts as NaN, and the unused experts' weights are NaN."""
     x, chosen, weights, wgu, wd = _operands(25, 32, 16, 6, 2, torch.float32)
@@ -124,6 +138,7 @@ def test_nan_in_fresh_buffers_and_unused_experts_never_leaks(monkeypatch):
     assert torch.equal(grads[3][4:], torch.zeros_like(grads[3][4:]))
 
 
+@pytest.mark.usefixtures("backward")
 def test_repeats_are_bitwise_identical():
     operands = _operands(33, 32, 24, 5, 3, torch.float16)
     cot = torch.randn(operands[0].shape, device=DEV).to(torch.float16)
@@ -142,6 +157,7 @@ def test_atomic_mode_is_opt_in_and_close():
     assert nerr(y_atomic, y) <= 1e-6
 
 
+@pytest.mark.usefixtures("backward")
 def test_gradients_without_x_grad():
     x, chosen, weights, wgu, wd = _operands(14, 16, 16, 4, 2, torch.float32)
     x = x.detach()
@@ -204,6 +220,7 @@ def _layer_run(layer, x, cot, fn=None):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.usefixtures("backward")
 def test_layer_fused_matches_unfused(dtype):
     torch.manual_seed(0)
     layer = MoELayer(32, 24, 6, 3, path="sparse", dtype=dtype, device=DEV, num_shared_experts=1, fused=True)
@@ -225,6 +242,7 @@ def test_layer_runs_the_fused_block_only_when_asked():
     assert layer.uses_fused(x)
 
 
+@pytest.mark.usefixtures("backward")
 def test_layer_fused_under_torch_compile_fullgraph():
     torch.manual_seed(0)
     layer = MoELayer(16, 16, 4, 2, path="sparse", dtype=torch.float32, device=DEV, fused=True)
@@ -242,6 +260,7 @@ def test_layer_fused_under_torch_compile_fullgraph():
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("backward")
 def test_layer_fused_captures_into_a_cuda_graph():
     from ragdot.measure.timing import capture_graph, warm_off_stream
 
@@ -266,6 +285,7 @@ def test_layer_fused_captures_into_a_cuda_graph():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.usefixtures("backward")
 def test_fused_matches_unfused_on_gpu_tiles(dtype):
     """Shapes big enough for several 128-row tiles per expert and partial column tiles."""
     _assert_match(_operands(1000, 512, 352, 16, 4, dtype), TOL[dtype])
@@ -281,7 +301,7 @@ def test_gpu_benchmark_rows_on_a_tiny_layer():
     spec.loader.exec_module(bench)
     layer = MoELayer(16, 16, 4, 2, path="sparse", dtype=torch.float32, device=DEV)
     rows = list(bench._rows_for(layer, "tiny", 8, DEV, 1e12, reps=1))
-    assert {r["variant"] for r in rows} == {"fused", "unfused", "peer"}
+    assert {r["variant"] for r in rows} == {"fused", "fused-kernels", "unfused", "peer"}
     assert all(r["status"] in ("ok", "n/a: host sync") for r in rows), rows
 
 
@@ -356,6 +376,7 @@ def test_fused_sweep_runs_on_the_cpu(tmp_path, capsys):
     assert {r["kernel"] for r in got} == {"up", "wgrad_down"} and all(r["status"] == "ok" for r in got)
 
 
+@pytest.mark.usefixtures("backward")
 def test_transposed_weight_views_get_gradients_in_their_own_layout():
     """Weights stored [E, out, in] and passed as transposed views (transformers' layout): the fused backward
     computes their gradients in that memory order, with the values of contiguous weights."""

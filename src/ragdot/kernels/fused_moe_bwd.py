@@ -27,7 +27,7 @@ from ragdot.kernels.configs import dot_precision, next_pow2
 from ragdot.kernels.fused_moe import FusedConfig, _consts, _gathered_rows, _grid, fused_config, launch_bound
 from ragdot.kernels.ragged_m import _group_table, _locate
 
-__all__ = ["down_bwd_swiglu", "weight_grad"]
+__all__ = ["down_bwd_swiglu", "swiglu_backward", "weight_grad"]
 
 
 @triton.jit
@@ -132,6 +132,44 @@ def _weight_grad_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=p_ok[:, None] & q_ok[None, :])
 
 
+@triton.jit
+def _swiglu_bwd_kernel(
+    g_ptr,  # [M, N]: the down projection's data gradient per permuted row (row stride stride_g, unit columns)
+    pre_ptr,  # [M, 2N] contiguous: the forward's gate | up
+    order_ptr,  # int32 [M]: assignment held by permuted row r
+    weights_ptr,  # float [M]: router weights in assignment order
+    dpre_ptr,  # [M, 2N] contiguous out: d gate | d up of w * g
+    act_ptr,  # [M, N] contiguous out: w * silu(gate) * up, the activation recomputed and scaled
+    dw_ptr,  # float32 [M] out: <g, silu(gate) * up> at the assignment's index
+    M,  # scalar: permuted rows
+    stride_g,  # scalar: row stride of g
+    N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < M
+    a = tl.load(order_ptr + rows, mask=ok, other=0)
+    w = tl.load(weights_ptr + a, mask=ok, other=0.0).to(tl.float32)[:, None]
+    r64 = rows.to(tl.int64)[:, None]
+    dot = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for n0 in range(0, N, BLOCK_N):  # N is a compile-time bound: one fixed order of the row sums
+        cols = n0 + tl.arange(0, BLOCK_N)
+        m = ok[:, None] & (cols < N)[None, :]
+        g = tl.load(g_ptr + r64 * stride_g + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        pre = pre_ptr + r64 * (2 * N) + cols[None, :]
+        gate = tl.load(pre, mask=m, other=0.0).to(tl.float32)
+        up = tl.load(pre + N, mask=m, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(gate)
+        silu = gate * sig
+        act = (silu * up).to(act_ptr.dtype.element_ty).to(tl.float32)  # the forward's rounded activation
+        dot += tl.sum(g * act, axis=1)
+        tl.store(act_ptr + r64 * N + cols[None, :], (act * w).to(act_ptr.dtype.element_ty), mask=m)
+        d_act = g * w
+        dpre = dpre_ptr + r64 * (2 * N) + cols[None, :]
+        tl.store(dpre, (d_act * up * sig * (1.0 + gate * (1.0 - sig))).to(dpre_ptr.dtype.element_ty), mask=m)
+        tl.store(dpre + N, (d_act * silu).to(dpre_ptr.dtype.element_ty), mask=m)
+    tl.store(dw_ptr + a, dot, mask=ok)
+
+
 def down_bwd_swiglu(
     dy: torch.Tensor,  # [T, D] cotangent of y, unit column stride
     w_down: torch.Tensor,  # [E, H, D]
@@ -187,3 +225,24 @@ def weight_grad(
                  left, right, order, sizes, left if weights is None else weights, out, p, q, e,
                  left.stride(0), right.stride(0))  # fmt: skip
     return out
+
+
+def swiglu_backward(
+    g: torch.Tensor,  # [A, H] the down projection's data gradient per permuted row, unit column stride
+    pre: torch.Tensor,  # [A, 2H] the forward's gate | up, contiguous
+    order: torch.Tensor,  # int32 [A]
+    weights: torch.Tensor,  # float [A] router weights in assignment order
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dpre [A, 2H], w * act [A, H] in pre.dtype, dw float32 [A] in assignment order): dSwiGLU of w * g,
+    the recomputed activation scaled by the router weight, and the router weights' gradient <g, act>."""
+    a, h2 = pre.shape
+    h = h2 // 2
+    dpre, act = pre.new_empty((a, h2)), pre.new_empty((a, h))
+    if a == 0 or h == 0:
+        return dpre, act, pre.new_zeros((a,), dtype=torch.float32)
+    dw = pre.new_empty((a,), dtype=torch.float32)
+    block_n = min(128, next_pow2(h))
+    cfg = FusedConfig(16, block_n, 16, 1, 4, 1)
+    launch_bound(_swiglu_bwd_kernel, (triton.cdiv(a, 16),), dict(N=h, BLOCK_R=16, BLOCK_N=block_n), cfg,
+                 pre.device, g, pre, order, weights, dpre, act, dw, a, g.stride(0))  # fmt: skip
+    return dpre, act, dw

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ragdot import ops as _ops
 from ragdot.moe import routing_kernels as _rk
 from ragdot.ops import stored_transposed
 
@@ -123,7 +124,51 @@ _fused_op.register_autograd(_fused_backward, setup_context=_fused_setup)
 
 
 # ------------------------------------------------------------------------------------------------ backward
+# Which backward runs: "gemms" gathers the token rows of x and dy once into the permuted order and runs the four
+# products as ragdot's own tuned ragged GEMMs (TMA kernels where the device has them) around one elementwise
+# dSwiGLU kernel; "fused" runs the index-reading kernels of `ragdot.kernels.fused_moe_bwd` (pointer loads).
+BACKWARDS = ("gemms", "fused")
+backward_kind = "gemms"
+
+
 def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
+    if backward_kind == "gemms":
+        return _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx)
+    return _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx)
+
+
+def _ragged_m(a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """a [A, K] rows grouped by expert, b [E, K, N] (any view) -> [A, N] through ragdot's chosen backend."""
+    return _ops.run("ragged_m", a[None], b[None], sizes, a.dtype, "auto")[0]
+
+
+def _ragged_k(left: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per expert, left^T right over its rows -> [E, P, Q] in w's memory order (see `_weight_grad`)."""
+    if stored_transposed(w):
+        return _ops.run("ragged_k", right[None], left[None], sizes, w.dtype, "auto")[:, 0].transpose(1, 2)
+    return _ops.run("ragged_k", left[None], right[None], sizes, w.dtype, "auto")[:, 0]
+
+
+def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
+    _, fb = _kernels()
+    tokens = torch.div(order, top_k, rounding_mode="floor")
+    dy_rows = dy.index_select(0, tokens)  # [A, D]: dy of each permuted row's token
+    g = _ragged_m(dy_rows, w_down.transpose(1, 2), sizes)  # [A, H]
+    dpre, act_w, dw = fb.swiglu_backward(g, pre, order, weights.reshape(-1))
+    del g
+    dwd = _ragged_k(act_w, dy_rows, sizes, w_down)  # sum over rows of (w * act)^T dy
+    del act_w, dy_rows
+    dwgu = _ragged_k(x.index_select(0, tokens), dpre, sizes, w_gate_up)
+    if not need_dx:
+        return x.new_empty((0, x.shape[1])), dw.view(weights.shape), dwgu, dwd
+    rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
+    slots = torch.empty_like(order).scatter_(0, order.long(), torch.arange(order.numel(), dtype=order.dtype,
+                                                                           device=order.device))
+    dx = _rk.combine(rows, slots, None, top_k, "triton" if rows.is_cuda else "torch")
+    return dx, dw.view(weights.shape), dwgu, dwd
+
+
+def _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
     fm, fb = _kernels()
     w_flat = weights.reshape(-1)
     dpre, act, dw = fb.down_bwd_swiglu(dy, w_down, order, sizes, w_flat, pre, top_k)
