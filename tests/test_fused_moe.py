@@ -234,12 +234,23 @@ def test_layer_fused_matches_unfused(dtype):
         assert nerr(g[name], ref) <= TOL[dtype], name
 
 
-def test_layer_runs_the_fused_block_only_when_asked():
-    layer = MoELayer(16, 8, 4, 2, device=DEV)
-    x = torch.randn(3, 16, device=DEV)
-    assert not layer.uses_fused(x) and "fused=None" in repr(layer)
+def test_layer_runs_the_fused_block_by_default_where_it_measured_faster():
+    """fused=None: the fused block for 16-bit inputs on CUDA with backend None/"auto" and no recompute; the
+    unfused path elsewhere (CPU, float32, a backend asked for by name, recompute); True / False force either."""
+    layer = MoELayer(16, 8, 4, 2, device=DEV, dtype=torch.bfloat16)
+    x = torch.randn(3, 16, device=DEV, dtype=torch.bfloat16)
+    assert "fused=None" in repr(layer)
+    assert layer.uses_fused(x) == (DEV.type == "cuda")
+    assert not layer.uses_fused(x.float())
+    for setting in ({"backend": "triton"}, {"backend": "torch"}, {"recompute": True}):
+        for name, value in setting.items():
+            setattr(layer, name, value)
+        assert not layer.uses_fused(x), setting
+        layer.backend, layer.recompute = None, False
     layer.fused = True
-    assert layer.uses_fused(x)
+    assert layer.uses_fused(x.float().cpu())
+    layer.fused = False
+    assert not layer.uses_fused(x)
 
 
 @pytest.mark.usefixtures("backward")

@@ -9,9 +9,10 @@ weights; all set to None before each step, outside the clock). The layer shapes 
 expert hidden width, experts, top-k) of ``ragdot.moe.model.LAYER_CONFIGS``, without shared experts.
 Variants: ``peer`` (``ragdot.moe.peer``: the plain layer on ``torch._grouped_mm``, on the very parameters of
 the ragdot layer) and ragdot's ``MoELayer(path="sparse")`` per backend (``sparse-torch``, ``sparse-triton``,
-``sparse-auto``), ``sparse-recompute`` (auto, with the rows and the SwiGLU output remade in the backward,
-``MoELayer(recompute=True)``; on request) and ``sparse-fused`` (the fused expert kernels,
-``MoELayer(fused=True)``); ragdot's layer also
+``sparse-auto``: the layer's default, which on CUDA with 16-bit inputs is the fused block), ``sparse-unfused``
+(auto with ``MoELayer(fused=False)``: permute, two ragged_dot calls, SwiGLU, combine), ``sparse-recompute`` (the
+unfused path with the rows and the SwiGLU output remade in the backward, ``MoELayer(recompute=True)``; on
+request) and ``sparse-fused`` (the fused block forced, ``MoELayer(fused=True)``); ragdot's layer also
 computes its router losses in the forward (not back-propagated here).
 Modes: ``eager`` (Python-driven calls) and ``compile`` (``torch.compile`` of the forward, so that AOTAutograd
 compiles forward and backward; ``fullgraph=True`` unless ``--allow-graph-breaks``, ``dynamic=False``, dynamo
@@ -57,7 +58,8 @@ from ragdot.measure.timing import free_memory, synchronize, timed_call
 
 __all__ = ["LAYER_VARIANTS", "DEFAULT_TOKENS", "MODES", "add_layer_arguments", "default_configs", "run_layer"]
 
-LAYER_VARIANTS: tuple[str, ...] = ("peer", "sparse-torch", "sparse-triton", "sparse-auto", "sparse-fused")
+LAYER_VARIANTS: tuple[str, ...] = ("peer", "sparse-torch", "sparse-triton", "sparse-auto", "sparse-unfused",
+                                   "sparse-fused")
 DEFAULT_TOKENS: tuple[int, ...] = (8192, 32768)
 MODES: tuple[str, ...] = ("eager", "compile")
 PREFERRED_CONFIGS: tuple[str, ...] = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like")

@@ -27,4 +27,7 @@ from ragdot.jax._api import UnsupportedArgument, ragged_dot, ragged_dot_general
 from ragdot.jax._ffi import clear_plans
 from ragdot.jax._ffi import stats as bridge_stats
 
-__all__ = ["RaggedDotDimensionNumbers", "UnsupportedArgument", "ragged_dot", "ragged_dot_general", "clear_plans", "bridge_stats"]
+__all__ = [
+    "RaggedDotDimensionNumbers", "UnsupportedArgument", "ragged_dot", "ragged_dot_general", "clear_plans",
+    "bridge_stats",
+]

@@ -20,11 +20,13 @@ Paths:
                     ``recompute=True`` keeps neither the permuted rows nor the SwiGLU output for the
                     backward: it gathers and applies SwiGLU again there (eager autograd, not the fused or the
                     expert-parallel path; ragdot.moe.recompute).
-                    ``fused=True`` runs the fused kernels instead (``ragdot.moe.fused``: gather in the up
-                    projection's loads, SwiGLU in its epilogue, weighted scatter in the down projection's,
-                    a fused backward). ``fused=None`` (default) and ``False`` keep the unfused path: on
-                    an H200 the fused kernels, untuned, were slower (qwen3-30b-a3b, 8192 tokens, layer
-                    fwd+bwd eager: 7.43 ms fused, 5.79 ms unfused; docs/fused-moe.md).
+                    The fused block (``ragdot.moe.fused``: gather in the up projection's loads, SwiGLU in
+                    its epilogue, weighted scatter in the down projection's; its backward through ragdot's
+                    ragged GEMMs) runs where it measured faster: ``fused=None`` (default) runs it for
+                    16-bit inputs on CUDA with ``backend`` None or "auto" and ``recompute=False`` (on an
+                    H200, layer fwd+bwd at 8192 tokens, graph clock: 0.88-0.97x the unfused path's time
+                    on qwen3-30b-a3b, deepseek2-16b, gpt-oss-like and the deepseek3-671b slice;
+                    docs/fused-moe.md), the unfused path elsewhere; ``True`` / ``False`` force either.
     dense_dropless  every token through every expert, then the router weights (0 off the top-k) combine
                     them. Work ~ T*E rows.
     dense_drop      capacity C = ceil(S*k/E * capacity_factor) per sequence (S tokens; the whole input is
@@ -45,7 +47,7 @@ from torch import nn
 import ragdot
 from ragdot.backends import BACKEND_NAMES
 from ragdot.moe import routing_kernels
-from ragdot.moe.fused import fused_experts, sort_experts
+from ragdot.moe.fused import fused_experts, fused_supported, sort_experts
 from ragdot.moe.permute import IMPLS, combine_rows, permute_rows, resolve_impl
 from ragdot.moe.recompute import remade
 from ragdot.moe.router import Router, RouterOutput, expert_counts
@@ -277,9 +279,13 @@ class MoELayer(nn.Module):
         self._recompute = value
 
     def uses_fused(self, x: torch.Tensor) -> bool:
-        """Whether the sparse path runs the fused kernels for input x: only when asked (``fused=True``), until
-        they win a measured comparison (``fused=None`` is the unfused path)."""
-        return bool(self.fused)
+        """Whether the sparse path runs the fused block for input x: as ``fused`` says when it is a bool; for
+        None, where the block measured faster than the unfused path (16-bit inputs on CUDA), unless the layer
+        asks for a backend by name or for ``recompute``."""
+        if self.fused is not None:
+            return self.fused
+        return (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and self.backend in (None, "auto")
+                and not self.recompute and fused_supported(x, self.w_gate_up, self.w_down))
 
     def capacity(self, seq_len: int) -> int:
         """Rows per expert and sequence on the dense_drop path."""

@@ -24,7 +24,8 @@ VARIANTS: dict[str, Variant] = {
     "sparse-padded": Variant("sparse", "padded", False),
     "sparse-torch": Variant("sparse", "torch", False),
     "sparse-triton": Variant("sparse", "triton", None),
-    "sparse-auto": Variant("sparse", "auto", None),
+    "sparse-auto": Variant("sparse", "auto", None),  # the layer's default: the fused block where it is faster
+    "sparse-unfused": Variant("sparse", "auto", False),
     "sparse-recompute": Variant("sparse", "auto", None, True),
     "sparse-fused": Variant("sparse", "auto", True),
     "dense_dropless": Variant("dense_dropless", None, None),
