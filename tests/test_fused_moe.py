@@ -234,12 +234,17 @@ def test_layer_fused_matches_unfused(dtype):
         assert nerr(g[name], ref) <= TOL[dtype], name
 
 
-def test_layer_runs_the_fused_block_by_default_where_it_measured_faster():
-    """fused=None: the fused block for 16-bit inputs on CUDA with backend None/"auto" and no recompute; the
-    unfused path elsewhere (CPU, float32, a backend asked for by name, recompute); True / False force either."""
+def test_layer_runs_the_fused_block_by_default_where_it_measured_faster(monkeypatch):
+    """fused=None: the fused block for 16-bit inputs on CUDA with backend None/"auto", no recompute and a
+    forward of FUSED_MIN_FLOPS or more; the unfused path elsewhere (CPU, float32, a backend asked for by name,
+    recompute, less work); True / False force either."""
+    from ragdot.moe import layer as layer_mod
+
     layer = MoELayer(16, 8, 4, 2, device=DEV, dtype=torch.bfloat16)
     x = torch.randn(3, 16, device=DEV, dtype=torch.bfloat16)
     assert "fused=None" in repr(layer)
+    assert not layer.uses_fused(x)  # 6 * 3 * 2 * 16 * 8 FLOPs: below the threshold (and not capturing)
+    monkeypatch.setattr(layer_mod, "FUSED_MIN_FLOPS", 6 * 3 * 2 * 16 * 8)
     assert layer.uses_fused(x) == (DEV.type == "cuda")
     assert not layer.uses_fused(x.float())
     for setting in ({"backend": "triton"}, {"backend": "torch"}, {"recompute": True}):

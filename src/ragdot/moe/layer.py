@@ -23,10 +23,11 @@ Paths:
                     The fused block (``ragdot.moe.fused``: gather in the up projection's loads, SwiGLU in
                     its epilogue, weighted scatter in the down projection's; its backward through ragdot's
                     ragged GEMMs) runs where it measured faster: ``fused=None`` (default) runs it for
-                    16-bit inputs on CUDA with ``backend`` None or "auto" and ``recompute=False`` (on an
-                    H200, layer fwd+bwd at 8192 tokens, graph clock: 0.88-0.97x the unfused path's time
-                    on qwen3-30b-a3b, deepseek2-16b, gpt-oss-like and the deepseek3-671b slice;
-                    docs/fused-moe.md), the unfused path elsewhere; ``True`` / ``False`` force either.
+                    16-bit inputs on CUDA with ``backend`` None or "auto", ``recompute=False`` and a forward
+                    of at least ``FUSED_MIN_FLOPS`` or under CUDA-graph capture (on an H200, layer fwd+bwd
+                    at 8192 tokens, graph clock: 0.88-0.97x the unfused path's time on qwen3-30b-a3b,
+                    deepseek2-16b, gpt-oss-like and the deepseek3-671b slice; docs/fused-moe.md), the
+                    unfused path elsewhere; ``True`` / ``False`` force either.
     dense_dropless  every token through every expert, then the router weights (0 off the top-k) combine
                     them. Work ~ T*E rows.
     dense_drop      capacity C = ceil(S*k/E * capacity_factor) per sequence (S tokens; the whole input is
@@ -54,7 +55,14 @@ from ragdot.moe.router import Router, RouterOutput, expert_counts
 from ragdot.moe.router_losses import router_losses
 from ragdot.ops import _transformed
 
-__all__ = ["MoELayer", "SwiGLU", "PATHS"]
+__all__ = ["MoELayer", "SwiGLU", "PATHS", "FUSED_MIN_FLOPS"]
+
+# The fused block's default threshold: the routed experts' forward FLOPs (6 x tokens x top-k x dim x hidden) from
+# which `fused=None` runs it outside CUDA graphs. Measured on an H200 (eager train steps, one process): the
+# fused block was faster from 3.1e11 (qwen3-30b-a3b, gemma4-26b, deepseek2-16b steps: 1-7% less time) and
+# slower at 5.2e10 (deepseek3-test, a host-bound step: 25.7 against 21.1 ms), where it was faster on graph
+# replays (9.6 against 10.4 ms).
+FUSED_MIN_FLOPS = 1e11
 
 PATHS: tuple[str, ...] = ("sparse", "dense_dropless", "dense_drop")
 
@@ -279,13 +287,19 @@ class MoELayer(nn.Module):
         self._recompute = value
 
     def uses_fused(self, x: torch.Tensor) -> bool:
-        """Whether the sparse path runs the fused block for input x: as ``fused`` says when it is a bool; for
-        None, where the block measured faster than the unfused path (16-bit inputs on CUDA), unless the layer
-        asks for a backend by name or for ``recompute``."""
+        """Whether the sparse path runs the fused block for input x [tokens, dim]: as ``fused`` says when it is
+        a bool; for None, where the block measured faster than the unfused path: 16-bit inputs on CUDA, no
+        backend asked for by name, no ``recompute``, and a forward of at least ``FUSED_MIN_FLOPS`` (below it the
+        step is host time, where the block's Python costs more than the unfused path's replayed calls) or a
+        CUDA-graph capture (where host time does not count)."""
         if self.fused is not None:
             return self.fused
-        return (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and self.backend in (None, "auto")
-                and not self.recompute and fused_supported(x, self.w_gate_up, self.w_down))
+        if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and self.backend in (None, "auto")
+                and not self.recompute and fused_supported(x, self.w_gate_up, self.w_down)):
+            return False
+        if 6 * x.shape[0] * self.top_k * self.dim * self.hidden_dim >= FUSED_MIN_FLOPS:
+            return True
+        return not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing()
 
     def capacity(self, seq_len: int) -> int:
         """Rows per expert and sequence on the dense_drop path."""
