@@ -138,7 +138,7 @@ def _swiglu_bwd_kernel(
     pre_ptr,  # [M, 2N] contiguous: the forward's gate | up
     order_ptr,  # int32 [M]: assignment held by permuted row r
     weights_ptr,  # float [M]: router weights in assignment order
-    dpre_ptr,  # [M, 2N] contiguous out: d gate | d up of w * g
+    dpre_ptr,  # [M, 2N] contiguous out: d gate | d up of w * g (may be pre_ptr: read, then written in place)
     act_ptr,  # [M, N] contiguous out: w * silu(gate) * up, the activation recomputed and scaled
     dw_ptr,  # float32 [M] out: <g, silu(gate) * up> at the assignment's index
     M,  # scalar: permuted rows
@@ -232,12 +232,13 @@ def swiglu_backward(
     pre: torch.Tensor,  # [A, 2H] the forward's gate | up, contiguous
     order: torch.Tensor,  # int32 [A]
     weights: torch.Tensor,  # float [A] router weights in assignment order
+    in_place: bool = False,  # write dpre over pre (each element is read before the same program writes it)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dpre [A, 2H], w * act [A, H] in pre.dtype, dw float32 [A] in assignment order): dSwiGLU of w * g,
     the recomputed activation scaled by the router weight, and the router weights' gradient <g, act>."""
     a, h2 = pre.shape
     h = h2 // 2
-    dpre, act = pre.new_empty((a, h2)), pre.new_empty((a, h))
+    dpre, act = pre if in_place else pre.new_empty((a, h2)), pre.new_empty((a, h))
     if a == 0 or h == 0:
         return dpre, act, pre.new_zeros((a,), dtype=torch.float32)
     dw = pre.new_empty((a,), dtype=torch.float32)

@@ -9,19 +9,25 @@ assignment's row at its (token, choice) slot of a ``[T, k, D]`` buffer) and a fi
 choices. Only the gate|up pre-activation ``[T*k, 2H]`` is kept for the backward (when one is needed); the
 activation is recomputed there, inside the dSwiGLU epilogue.
 
-Backward (``ragdot.kernels.fused_moe_bwd``): one data-gradient GEMM over gathered rows of ``dy`` with dSwiGLU,
-the router-weight gradient and the recomputed activation in its epilogue; two ragged-K weight gradients that
-read token rows through the same index; the input gradient through the scatter kernel and the choice sum.
+Backward (``backward_kind``, default "gemms"): the token rows of ``dy`` and ``x`` gathered once into the permuted
+order, the four products as ragdot's own ragged GEMMs (``ragdot.ops.run``, ``auto``: the tuned TMA kernels)
+around one elementwise kernel (``ragdot.kernels.fused_moe_bwd.swiglu_backward``: dSwiGLU of w * g, the activation
+recomputed and scaled by the router weight, the router weights' gradient), the input gradient as a ragged product
+in the permuted order and a fixed-order sum over the choices. "fused" runs the index-reading kernels of
+``ragdot.kernels.fused_moe_bwd`` instead (slower on an H200: docs/fused-moe.md).
 
-Everything is a ``torch.library`` custom op (``ragdot::moe_sort``, ``ragdot::fused_moe``,
-``ragdot::fused_moe_backward``) with a fake kernel, so it traces under ``torch.compile(fullgraph=True)``; no
-metadata is copied to the host, so it captures into CUDA graphs. Default mode: no atomics, bitwise
-reproducible; ``deterministic=False`` opts into float32 atomics for the forward's combine.
+Under ``torch.compile``, tracers and torch.func transforms everything is a ``torch.library`` custom op
+(``ragdot::moe_sort``, ``ragdot::fused_moe``, ``ragdot::fused_moe_backward``) with a fake kernel, so it traces
+under ``fullgraph=True``; plain eager autograd runs the same bodies through one ``autograd.Function`` (less host
+time), whose backward writes dpre over the saved pre-activation (``backward_in_place``). No metadata is copied to
+the host, so it captures into CUDA graphs. Default mode: no atomics, bitwise reproducible;
+``deterministic=False`` opts into float32 atomics for the forward's combine.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ragdot import ops as _ops
 from ragdot.moe import routing_kernels as _rk
@@ -67,6 +73,8 @@ def sort_experts(experts: torch.Tensor, num_experts: int, impl: str | None = Non
         impl = "triton" if _rk.HAS_TRITON and experts.device.type == "cuda" else "torch"
     if impl not in ("triton", "torch") or (impl == "triton" and not _rk.HAS_TRITON):
         raise ValueError(f"impl={impl!r} is unknown or unavailable; expected 'triton' (needs triton), 'torch' or None")
+    if _plain_eager(experts):  # the body itself, without the custom op's dispatch
+        return _rk.sort_order(experts, num_experts, impl)
     return torch.ops.ragdot.moe_sort(experts, num_experts, impl)
 
 
@@ -109,18 +117,50 @@ def _fused_setup(ctx, inputs, output) -> None:
     ctx.top_k = top_k
 
 
-def _fused_backward(ctx, grad_y, _grad_pre):
+def _grads(ctx, grad_y) -> tuple:
+    """(dx or None, None, None, dweights, dw_gate_up, dw_down) from the tensors the forward saved."""
     x, order, sizes, weights, w_gate_up, w_down, pre = ctx.saved_tensors
     if pre.shape[0] != order.numel():
         raise RuntimeError("fused_moe: the forward ran without saving its activations (save=False)")
     need_dx = bool(ctx.needs_input_grad[0])
-    dx, dw, dwgu, dwd = torch.ops.ragdot.fused_moe_backward(
-        grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, ctx.top_k, need_dx
-    )
-    return (dx if need_dx else None), None, None, dw.to(weights.dtype), dwgu, dwd, None, None, None
+    args = (grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, ctx.top_k, need_dx)
+    if _plain_eager(grad_y, pre):  # the body itself, dpre written over pre, which only this backward reads
+        dx, dw, dwgu, dwd = _backward_op_body(*args, in_place=backward_in_place)
+    else:  # functional: what the compilers, tracers and torch.func transforms see
+        dx, dw, dwgu, dwd = torch.ops.ragdot.fused_moe_backward(*args)
+    return (dx if need_dx else None), None, None, dw.to(weights.dtype), dwgu, dwd
+
+
+def _fused_backward(ctx, grad_y, _grad_pre):
+    return *_grads(ctx, grad_y), None, None, None
 
 
 _fused_op.register_autograd(_fused_backward, setup_context=_fused_setup)
+
+
+class _FusedEager(torch.autograd.Function):
+    """The fused block in plain eager autograd: the forward and backward bodies called directly, without the
+    custom ops' dispatch and their autograd wrapper (host time per layer); the same values as the ops."""
+
+    @staticmethod
+    def forward(ctx, x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic):
+        y, pre = _forward(x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, top_k, True,
+                          deterministic)
+        ctx.save_for_backward(x, order, sizes, weights, w_gate_up, w_down, pre)
+        ctx.top_k = top_k
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        return *_grads(ctx, grad_y), None, None
+
+
+def _plain_eager(*tensors: torch.Tensor) -> bool:
+    """Whether this backward runs eagerly on real tensors: no compiler, tracer, dispatch mode (fake, proxy,
+    functional) or torch.func transform is active and the tensors are plain."""
+    if torch.compiler.is_compiling() or _ops._transformed() or _current_dispatch_mode() is not None:
+        return False
+    return all(type(t) is torch.Tensor for t in tensors)
 
 
 # ------------------------------------------------------------------------------------------------ backward
@@ -129,11 +169,14 @@ _fused_op.register_autograd(_fused_backward, setup_context=_fused_setup)
 # dSwiGLU kernel; "fused" runs the index-reading kernels of `ragdot.kernels.fused_moe_bwd` (pointer loads).
 BACKWARDS = ("gemms", "fused")
 backward_kind = "gemms"
+# Whether the eager "gemms" backward writes dpre over the saved pre-activation (the forward op's second output,
+# which `fused_experts` never hands out): its peak then holds that [T*k, 2H] buffer once instead of twice.
+backward_in_place = True
 
 
-def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
+def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place):
     if backward_kind == "gemms":
-        return _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx)
+        return _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place)
     return _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx)
 
 
@@ -149,22 +192,28 @@ def _ragged_k(left: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor, w: t
     return _ops.run("ragged_k", left[None], right[None], sizes, w.dtype, "auto")[:, 0]
 
 
-def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
+def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place):
+    """The transients are freed as soon as they are used and the largest weight gradient comes last; with
+    `in_place`, dpre is written over pre (its version bumped, so a second backward through a retained graph
+    fails autograd's check instead of reading dpre as pre): the peak then holds pre's memory once."""
     _, fb = _kernels()
     tokens = torch.div(order, top_k, rounding_mode="floor")
     dy_rows = dy.index_select(0, tokens)  # [A, D]: dy of each permuted row's token
     g = _ragged_m(dy_rows, w_down.transpose(1, 2), sizes)  # [A, H]
-    dpre, act_w, dw = fb.swiglu_backward(g, pre, order, weights.reshape(-1))
+    dpre, act_w, dw = fb.swiglu_backward(g, pre, order, weights.reshape(-1), in_place=in_place)
+    if in_place:
+        torch.autograd.graph.increment_version(pre)
     del g
     dwd = _ragged_k(act_w, dy_rows, sizes, w_down)  # sum over rows of (w * act)^T dy
     del act_w, dy_rows
+    dx = x.new_empty((0, x.shape[1]))
+    if need_dx:
+        rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
+        slots = torch.empty_like(order).scatter_(0, order.long(), torch.arange(order.numel(), dtype=order.dtype,
+                                                                               device=order.device))
+        dx = _rk.combine(rows, slots, None, top_k, "triton" if rows.is_cuda else "torch")
+        del rows
     dwgu = _ragged_k(x.index_select(0, tokens), dpre, sizes, w_gate_up)
-    if not need_dx:
-        return x.new_empty((0, x.shape[1])), dw.view(weights.shape), dwgu, dwd
-    rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
-    slots = torch.empty_like(order).scatter_(0, order.long(), torch.arange(order.numel(), dtype=order.dtype,
-                                                                           device=order.device))
-    dx = _rk.combine(rows, slots, None, top_k, "triton" if rows.is_cuda else "torch")
     return dx, dw.view(weights.shape), dwgu, dwd
 
 
@@ -211,9 +260,13 @@ def _fused_backward_op(
     top_k: int,
     need_dx: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_op_body(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx)
+
+
+def _backward_op_body(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place=False):
     dy = grad_y.to(x.dtype).contiguous()
     return _backward(dy, x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, pre, top_k,
-                     need_dx)
+                     need_dx, in_place)
 
 
 @_fused_backward_op.register_fake
@@ -241,6 +294,8 @@ def fused_experts(
     top_k = weights.shape[1]
     grads = (x, weights, w_gate_up, w_down)
     save = torch.is_grad_enabled() and any(t.requires_grad for t in grads)
+    if save and _plain_eager(x):
+        return _FusedEager.apply(x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic)
     y, _ = torch.ops.ragdot.fused_moe(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic)
     return y
 
