@@ -8,6 +8,7 @@ import weakref
 import pytest
 import torch
 
+from helpers import TOL, nerr
 from ragdot.moe import MoELayer
 from ragdot.moe import layer as layer_mod
 from ragdot.moe import routing_kernels as rk
@@ -115,7 +116,8 @@ def test_remade_block_keeps_what_it_is_not_told_to_remake():
 
 
 def test_recompute_under_torch_compile_keeps_what_it_saves():
-    """Under torch.compile the layer keeps its tensors as usual (AOTAutograd decides what to save): same results."""
+    """Under torch.compile the layer keeps its tensors as usual (AOTAutograd decides what to save): the same results
+    up to float32 rounding (eager `auto` weighs host time and may run another backend than the compiled graph's)."""
     torch.manual_seed(0)
     layer = MoELayer(16, 12, 6, 2, dtype=torch.float32, device=DEV, recompute=True,
                      backend="torch" if DEV.type == "cpu" else None)
@@ -126,7 +128,7 @@ def test_recompute_under_torch_compile_keeps_what_it_saves():
     x.grad = None
     y = layer(x)
     y.sum().backward()
-    assert torch.allclose(compiled[0], y.detach()) and torch.allclose(compiled[1], x.grad)
+    assert nerr(compiled[0], y.detach()) <= TOL[torch.float32] and nerr(compiled[1], x.grad) <= TOL[torch.float32]
 
 
 @pytest.mark.gpu
