@@ -178,6 +178,27 @@ def test_gradients_without_x_grad():
         assert nerr(g, ref) <= TOL[torch.float32]
 
 
+def test_no_grad_forward_gives_the_training_forwards_bits():
+    """Without grad the forward runs its body directly; with grad through the eager Function: the same bits."""
+    x, chosen, weights, wgu, wd = _operands(23, 32, 16, 5, 2, torch.float32)
+    with torch.no_grad():
+        y_plain = _fused(x, chosen, weights, wgu, wd)
+    y_grad = _fused(x, chosen, weights, wgu, wd)
+    assert torch.equal(y_plain, y_grad.detach())
+
+
+def test_torch_func_is_refused_and_the_layer_does_not_choose_the_block_there():
+    """The fused block has no torch.func rules: fused_experts says so in one clear error, and MoELayer does not
+    choose it under a transform, even with fused=True."""
+    x, chosen, weights, wgu, wd = _operands(17, 32, 16, 5, 2, torch.float32)
+    with pytest.raises(NotImplementedError, match="torch.func"):
+        torch.func.vjp(lambda t: _fused(t, chosen, weights, wgu, wd), x.detach())
+    layer = MoELayer(32, 16, 5, 2, path="sparse", dtype=torch.float32, device=DEV, fused=True)
+    seen = []
+    torch.func.grad(lambda t: (seen.append(layer.uses_fused(t)), t.sum())[1])(torch.randn(6, 32, device=DEV))
+    assert seen == [False] and layer.uses_fused(torch.randn(6, 32, device=DEV))
+
+
 def test_no_grad_forward_saves_nothing():
     x, chosen, weights, wgu, wd = _operands(12, 16, 16, 4, 2, torch.float32)
     sizes, order = sort_experts(chosen, 4)

@@ -16,11 +16,12 @@ recomputed and scaled by the router weight, the router weights' gradient), the i
 in the permuted order and a fixed-order sum over the choices. "fused" runs the index-reading kernels of
 ``ragdot.kernels.fused_moe_bwd`` instead (slower on an H200: docs/fused-moe.md).
 
-Under ``torch.compile``, tracers and torch.func transforms everything is a ``torch.library`` custom op
-(``ragdot::moe_sort``, ``ragdot::fused_moe``, ``ragdot::fused_moe_backward``) with a fake kernel, so it traces
-under ``fullgraph=True``; plain eager autograd runs the same bodies through one ``autograd.Function`` (less host
-time), whose backward writes dpre over the saved pre-activation (``backward_in_place``). No metadata is copied to
-the host, so it captures into CUDA graphs. Default mode: no atomics, bitwise reproducible;
+Under ``torch.compile`` and tracers everything is a ``torch.library`` custom op (``ragdot::moe_sort``,
+``ragdot::fused_moe``, ``ragdot::fused_moe_backward``) with a fake kernel, so it traces under ``fullgraph=True``;
+plain eager autograd runs the same bodies through one ``autograd.Function`` (less host time), whose backward
+writes dpre over the saved pre-activation (``backward_in_place``). torch.func transforms and forward-mode AD
+are refused with a NotImplementedError (``MoELayer`` does not choose the block under them). No metadata is
+copied to the host, so it captures into CUDA graphs. Default mode: no atomics, bitwise reproducible;
 ``deterministic=False`` opts into float32 atomics for the forward's combine.
 """
 
@@ -123,11 +124,11 @@ def _grads(ctx, grad_y) -> tuple:
     if pre.shape[0] != order.numel():
         raise RuntimeError("fused_moe: the forward ran without saving its activations (save=False)")
     need_dx = bool(ctx.needs_input_grad[0])
-    args = (grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, ctx.top_k, need_dx)
+    tensors = (grad_y, x, order, sizes, weights, w_gate_up, w_down, pre)
     if _plain_eager(grad_y, pre):  # the body itself, dpre written over pre, which only this backward reads
-        dx, dw, dwgu, dwd = _backward_op_body(*args, in_place=backward_in_place)
-    else:  # functional: what the compilers, tracers and torch.func transforms see
-        dx, dw, dwgu, dwd = torch.ops.ragdot.fused_moe_backward(*args)
+        dx, dw, dwgu, dwd = _backward_op_body(*tensors, ctx.top_k, need_dx, in_place=backward_in_place)
+    else:  # functional: what the compilers and tracers see
+        dx, dw, dwgu, dwd = torch.ops.ragdot.fused_moe_backward(*tensors, ctx.top_k, need_dx)
     return (dx if need_dx else None), None, None, dw.to(weights.dtype), dwgu, dwd
 
 
@@ -143,15 +144,19 @@ class _FusedEager(torch.autograd.Function):
     custom ops' dispatch and their autograd wrapper (host time per layer); the same values as the ops."""
 
     @staticmethod
-    def forward(ctx, x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic):
-        y, pre = _forward(x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, top_k, True,
-                          deterministic)
-        ctx.save_for_backward(x, order, sizes, weights, w_gate_up, w_down, pre)
-        ctx.top_k = top_k
-        return y
+    def forward(x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic):
+        return _forward(x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, top_k, True,
+                        deterministic)
 
     @staticmethod
-    def backward(ctx, grad_y):
+    def setup_context(ctx, inputs, output):
+        x, order, sizes, weights, w_gate_up, w_down, top_k, _det = inputs
+        ctx.save_for_backward(x, order, sizes, weights, w_gate_up, w_down, output[1])
+        ctx.mark_non_differentiable(output[1])
+        ctx.top_k = top_k
+
+    @staticmethod
+    def backward(ctx, grad_y, _grad_pre):
         return *_grads(ctx, grad_y), None, None
 
 
@@ -294,8 +299,14 @@ def fused_experts(
     top_k = weights.shape[1]
     grads = (x, weights, w_gate_up, w_down)
     save = torch.is_grad_enabled() and any(t.requires_grad for t in grads)
-    if save and _plain_eager(x):
-        return _FusedEager.apply(x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic)
+    if _plain_eager(x):  # without the custom op's dispatch
+        if save:
+            return _FusedEager.apply(x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic)[0]
+        return _forward(x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, top_k, False,
+                        deterministic)[0]
+    if _ops._transformed() and not torch.compiler.is_compiling():
+        raise NotImplementedError("fused_experts does not run under torch.func transforms or forward-mode AD; "
+                                  "MoELayer takes its unfused path there (or pass fused=False)")
     y, _ = torch.ops.ragdot.fused_moe(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic)
     return y
 

@@ -59,9 +59,9 @@ __all__ = ["MoELayer", "SwiGLU", "PATHS", "FUSED_MIN_FLOPS"]
 
 # The fused block's default threshold: the routed experts' forward FLOPs (6 x tokens x top-k x dim x hidden) from
 # which `fused=None` runs it outside CUDA graphs. Measured on an H200 (eager train steps, one process): the
-# fused block was faster from 3.1e11 (qwen3-30b-a3b, gemma4-26b, deepseek2-16b steps: 1-7% less time) and
-# slower at 5.2e10 (deepseek3-test, a host-bound step: 25.7 against 21.1 ms), where it was faster on graph
-# replays (9.6 against 10.4 ms).
+# fused block was faster from 3.1e11 (qwen3-30b-a3b, gemma4-26b, deepseek2-16b steps: 1-7% less time); at 5.2e10
+# (deepseek3-test, a host-bound step) it was slower through the custom ops (25.7 against 21.1 ms) and level
+# without them (21.3 ms both), and faster on graph replays (9.5 against 10.5 ms): no eager win measured there.
 FUSED_MIN_FLOPS = 1e11
 
 PATHS: tuple[str, ...] = ("sparse", "dense_dropless", "dense_drop")
@@ -287,11 +287,14 @@ class MoELayer(nn.Module):
         self._recompute = value
 
     def uses_fused(self, x: torch.Tensor) -> bool:
-        """Whether the sparse path runs the fused block for input x [tokens, dim]: as ``fused`` says when it is
-        a bool; for None, where the block measured faster than the unfused path: 16-bit inputs on CUDA, no
-        backend asked for by name, no ``recompute``, and a forward of at least ``FUSED_MIN_FLOPS`` (below it the
+        """Whether the sparse path runs the fused block for input x [tokens, dim]: never under torch.func
+        transforms or forward-mode AD (the block has no rules for them); as ``fused`` says when it is a bool; for
+        None, where the block measured faster than the unfused path: 16-bit inputs on CUDA, no backend asked
+        for by name, no ``recompute``, and a forward of at least ``FUSED_MIN_FLOPS`` (below it the
         step is host time, where the block's Python costs more than the unfused path's replayed calls) or a
         CUDA-graph capture (where host time does not count)."""
+        if _transformed():
+            return False
         if self.fused is not None:
             return self.fused
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and self.backend in (None, "auto")
