@@ -281,6 +281,8 @@ def test_layer_runs_the_fused_block_by_default_where_it_measured_faster(monkeypa
     assert not layer.uses_fused(x)  # 6 * 3 * 2 * 16 * 8 FLOPs: below the threshold (and not capturing)
     monkeypatch.setattr(layer_mod, "FUSED_MIN_FLOPS", 6 * 3 * 2 * 16 * 8)
     assert layer.uses_fused(x) == (DEV.type == "cuda")
+    with torch.no_grad():  # inference: the block's forward alone was not measured against the unfused path
+        assert not layer.uses_fused(x)
     assert not layer.uses_fused(x.float())
     for setting in ({"backend": "triton"}, {"backend": "torch"}, {"recompute": True}):
         for name, value in setting.items():

@@ -22,10 +22,10 @@ Paths:
                     expert-parallel path; ragdot.moe.recompute).
                     The fused block (``ragdot.moe.fused``: gather in the up projection's loads, SwiGLU in
                     its epilogue, weighted scatter in the down projection's; its backward through ragdot's
-                    ragged GEMMs) runs where it measured faster: ``fused=None`` (default) runs it for
-                    16-bit inputs on CUDA with ``backend`` None or "auto", ``recompute=False`` and a forward
-                    of at least ``FUSED_MIN_FLOPS`` or under CUDA-graph capture (on an H200, layer fwd+bwd
-                    at 8192 tokens, graph clock: 0.88-0.97x the unfused path's time on qwen3-30b-a3b,
+                    ragged GEMMs) runs where it measured faster: ``fused=None`` (default) runs it in
+                    training for 16-bit inputs on CUDA with ``backend`` None or "auto", ``recompute=False``
+                    and a forward of at least ``FUSED_MIN_FLOPS`` or under CUDA-graph capture (layer fwd+bwd
+                    on an H200, 8192 tokens, graph clock: 0.88-0.97x the unfused path's time on qwen3-30b-a3b,
                     deepseek2-16b, gpt-oss-like and the deepseek3-671b slice; docs/fused-moe.md), the
                     unfused path elsewhere; ``True`` / ``False`` force either.
     dense_dropless  every token through every expert, then the router weights (0 off the top-k) combine
@@ -289,9 +289,9 @@ class MoELayer(nn.Module):
     def uses_fused(self, x: torch.Tensor) -> bool:
         """Whether the sparse path runs the fused block for input x [tokens, dim]: never under torch.func
         transforms or forward-mode AD (the block has no rules for them); as ``fused`` says when it is a bool; for
-        None, where the block measured faster than the unfused path: 16-bit inputs on CUDA, no backend asked
-        for by name, no ``recompute``, and a forward of at least ``FUSED_MIN_FLOPS`` (below it the
-        step is host time, where the block's Python costs more than the unfused path's replayed calls) or a
+        None, where the block measured faster than the unfused path: training (a backward will run), 16-bit
+        inputs on CUDA, no backend asked for by name, no ``recompute``, and a forward of at least
+        ``FUSED_MIN_FLOPS`` (below it the step is host time, where the block has not measured faster) or a
         CUDA-graph capture (where host time does not count)."""
         if _transformed():
             return False
@@ -300,6 +300,9 @@ class MoELayer(nn.Module):
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and self.backend in (None, "auto")
                 and not self.recompute and fused_supported(x, self.w_gate_up, self.w_down)):
             return False
+        grads = (x, self.w_gate_up, self.w_down)
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in grads)):
+            return False  # measured as forward+backward; the forward alone was not compared
         if 6 * x.shape[0] * self.top_k * self.dim * self.hidden_dim >= FUSED_MIN_FLOPS:
             return True
         return not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing()
