@@ -136,11 +136,11 @@ def _suites() -> dict[str, Suite]:
         )),
         "layer": Suite("ragdot moe-bench --layer: one MoE layer fwd+bwd against the plain-PyTorch peer", (
             Step("eager", (*moe, "--layer", "--modes", "eager", "--tokens", "8192", "32768", "--configs",
-                           *LAYER_CONFIGS, "--variants", "peer", "sparse-auto", "sparse-recompute", "--out", "{out}"),
+                           *LAYER_CONFIGS, "--variants", "peer", "sparse-auto", "sparse-unfused", "--out", "{out}"),
                  180, tail=40),
             Step("compile", (*moe, "--layer", "--modes", "compile", "--tokens", "8192", "32768", "--configs",
-                             *LAYER_CONFIGS, "--variants", "peer", "sparse-auto", "--budget", "230", "--out", "{out}"),
-                 260, tail=30),
+                             *LAYER_CONFIGS, "--variants", "peer", "sparse-auto", "sparse-unfused", "--budget", "230",
+                             "--out", "{out}"), 260, tail=30),
         )),
         "host": Suite("ragdot host-bench (host time per call), then benchmarks/host_profile.py (its pieces)", (
             Step("host-bench", (*RAGDOT, "host-bench", "--out", "{out}"), 300, tail=60),
@@ -227,7 +227,10 @@ def _suites() -> dict[str, Suite]:
             Step("moe-host", ("{py}", "benchmarks/moe_host_profile.py", "--device", "cuda", "--out", "{out}"), 240,
                  tail=20),
         )),
-        "fused": Suite("benchmarks/fused_sweep.py: fused MoE kernels' tile configs at two layer shapes (graph clock)", (
+        "fused": Suite("the fused MoE block against the unfused layer (fused_gpu.py), then its kernels' tile configs "
+                       "at two layer shapes (fused_sweep.py; graph clock)", (
+            Step("layer", ("{py}", "benchmarks/fused_gpu.py", "--tokens", "8192", "--budget-s", "250", "--out",
+                           "{out}/layer"), 330, tail=40),
             Step("deepseek-v3", ("{py}", "benchmarks/fused_sweep.py", "--limit", "10", "--out", "{out}/deepseek-v3"),
                  300, tail=12),
             Step("qwen3", ("{py}", "benchmarks/fused_sweep.py", "--dim", "2048", "--hidden", "768", "--experts", "128",
