@@ -150,14 +150,24 @@ def test_repeats_are_bitwise_identical():
 
 
 def test_second_backward_through_a_retained_graph_is_refused():
-    """The eager backward writes dpre over the saved pre-activation (less memory at its peak) and says so to
-    autograd: a second backward through the retained graph fails its version check, never reusing dpre as pre."""
+    """The eager backward writes dpre over the saved pre-activation (less memory at its peak): a second backward
+    through the retained graph is refused with an error naming the switch, never reusing dpre as pre."""
     x, chosen, weights, wgu, wd = _operands(12, 16, 16, 4, 2, torch.float32)
     y = _fused(x, chosen, weights, wgu, wd)
     first = torch.autograd.grad(y.sum(), (x, wgu), retain_graph=True)
     assert all(torch.isfinite(g).all() for g in first)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    with pytest.raises(RuntimeError, match="retained graph needs ragdot.moe.fused.backward_in_place = False"):
         torch.autograd.grad(y.sum(), (x, wgu))
+
+
+def test_a_second_backward_runs_with_the_in_place_write_off(monkeypatch):
+    monkeypatch.setattr(fused_mod, "backward_in_place", False)
+    x, chosen, weights, wgu, wd = _operands(12, 16, 16, 4, 2, torch.float32)
+    y = _fused(x, chosen, weights, wgu, wd)
+    first = torch.autograd.grad(y.sum(), (x, wgu), retain_graph=True)
+    second = torch.autograd.grad(y.sum(), (x, wgu))
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
 
 
 def test_atomic_mode_is_opt_in_and_close():

@@ -120,6 +120,11 @@ def _fused_setup(ctx, inputs, output) -> None:
 
 def _grads(ctx, grad_y) -> tuple:
     """(dx or None, None, None, dweights, dw_gate_up, dw_down) from the tensors the forward saved."""
+    if getattr(ctx, "pre_overwritten", False):
+        raise RuntimeError(
+            "the fused MoE block's backward already ran for this graph and wrote its gradients over the saved "
+            "pre-activation (less memory): a second backward through a retained graph needs "
+            "ragdot.moe.fused.backward_in_place = False, or MoELayer(fused=False)")
     x, order, sizes, weights, w_gate_up, w_down, pre = ctx.saved_tensors
     if pre.shape[0] != order.numel():
         raise RuntimeError("fused_moe: the forward ran without saving its activations (save=False)")
@@ -127,6 +132,7 @@ def _grads(ctx, grad_y) -> tuple:
     tensors = (grad_y, x, order, sizes, weights, w_gate_up, w_down, pre)
     if _plain_eager(grad_y, pre):  # the body itself, dpre written over pre, which only this backward reads
         dx, dw, dwgu, dwd = _backward_op_body(*tensors, ctx.top_k, need_dx, in_place=backward_in_place)
+        ctx.pre_overwritten = backward_in_place and backward_kind == "gemms"
     else:  # functional: what the compilers and tracers see
         dx, dw, dwgu, dwd = torch.ops.ragdot.fused_moe_backward(*tensors, ctx.top_k, need_dx)
     return (dx if need_dx else None), None, None, dw.to(weights.dtype), dwgu, dwd
@@ -175,7 +181,8 @@ def _plain_eager(*tensors: torch.Tensor) -> bool:
 BACKWARDS = ("gemms", "fused")
 backward_kind = "gemms"
 # Whether the eager "gemms" backward writes dpre over the saved pre-activation (the forward op's second output,
-# which `fused_experts` never hands out): its peak then holds that [T*k, 2H] buffer once instead of twice.
+# which `fused_experts` never hands out): its peak then holds that [T*k, 2H] buffer once instead of twice, and a
+# second backward through a retained graph is refused (False allows it).
 backward_in_place = True
 
 
@@ -199,8 +206,8 @@ def _ragged_k(left: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor, w: t
 
 def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place):
     """The transients are freed as soon as they are used and the largest weight gradient comes last; with
-    `in_place`, dpre is written over pre (its version bumped, so a second backward through a retained graph
-    fails autograd's check instead of reading dpre as pre): the peak then holds pre's memory once."""
+    `in_place`, dpre is written over pre (its version bumped; `_grads` refuses a second backward through a
+    retained graph): the peak then holds pre's memory once."""
     _, fb = _kernels()
     tokens = torch.div(order, top_k, rounding_mode="floor")
     dy_rows = dy.index_select(0, tokens)  # [A, D]: dy of each permuted row's token
