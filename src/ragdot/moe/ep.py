@@ -35,6 +35,7 @@ import ragdot
 from ragdot.moe import ep_comm
 from ragdot.moe.permute import Routing, permute, unpermute
 from ragdot.moe.router import RouterOutput
+from ragdot.moe.routing_kernels import inverse_permutation
 
 MoELayer = torch.nn.Module  # the layer (ragdot.moe.layer imports this module, not the other way round)
 
@@ -127,7 +128,7 @@ class ExpertParallel:
         out = ragdot.ragged_dot(_swiglu(h), layer.w_down, sizes, backend=layer.backend)
         if order is None:
             return out
-        return out.index_select(0, _inverse(order))
+        return out.index_select(0, inverse_permutation(order))
 
     # ---------------------------------------------------------------------------------- capacity mode
     def capacity(
@@ -183,12 +184,7 @@ def _block_transpose(sizes: torch.Tensor, total: int) -> torch.Tensor:
     block = torch.repeat_interleave(torch.arange(w * lx, device=sizes.device), flat, output_size=total)
     position = torch.arange(total, device=sizes.device) - src_start[block]
     dst = dst_start[block] + position  # row i of (source, expert) order lands at dst[i]
-    return _inverse(dst)
-
-
-def _inverse(perm: torch.Tensor) -> torch.Tensor:
-    inverse = torch.empty_like(perm)
-    return inverse.scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))
+    return inverse_permutation(dst)
 
 
 def _capacity_slots(experts: torch.Tensor, num_experts: int, cap: int) -> tuple[torch.Tensor, torch.Tensor]:

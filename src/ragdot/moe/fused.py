@@ -82,6 +82,7 @@ def sort_experts(experts: torch.Tensor, num_experts: int, impl: str | None = Non
 # ------------------------------------------------------------------------------------------------ forward
 def _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic):
     fm, _ = _kernels()
+    x, weights = x.contiguous(), weights.contiguous()
     act, pre = fm.up_swiglu(x, w_gate_up, order, sizes, top_k, save)
     w_flat = weights.reshape(-1)
     if not deterministic:
@@ -102,8 +103,7 @@ def _fused_op(
     save: bool,
     deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, top_k, save,
-                    deterministic)
+    return _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic)
 
 
 @_fused_op.register_fake
@@ -151,8 +151,7 @@ class _FusedEager(torch.autograd.Function):
 
     @staticmethod
     def forward(x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic):
-        return _forward(x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, top_k, True,
-                        deterministic)
+        return _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, True, deterministic)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -221,9 +220,7 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
     dx = x.new_empty((0, x.shape[1]))
     if need_dx:
         rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
-        slots = torch.empty_like(order).scatter_(0, order.long(), torch.arange(order.numel(), dtype=order.dtype,
-                                                                               device=order.device))
-        dx = _rk.combine(rows, slots, None, top_k, "triton" if rows.is_cuda else "torch")
+        dx = _rk.combine(rows, _rk.inverse_permutation(order), None, top_k, "triton" if rows.is_cuda else "torch")
         del rows
     dwgu = _ragged_k(x.index_select(0, tokens), dpre, sizes, w_gate_up)
     return dx, dw.view(weights.shape), dwgu, dwd
@@ -309,8 +306,7 @@ def fused_experts(
     if _plain_eager(x):  # without the custom op's dispatch
         if save:
             return _FusedEager.apply(x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic)[0]
-        return _forward(x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, top_k, False,
-                        deterministic)[0]
+        return _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, False, deterministic)[0]
     if _ops._transformed() and not torch.compiler.is_compiling():
         raise NotImplementedError("fused_experts does not run under torch.func transforms or forward-mode AD; "
                                   "MoELayer takes its unfused path there (or pass fused=False)")

@@ -39,7 +39,7 @@ try:
 except ImportError:  # pragma: no cover - triton is optional
     HAS_TRITON = False
 
-__all__ = ["HAS_TRITON", "sort_and_dispatch", "sort_order", "combine", "combine_backward"]
+__all__ = ["HAS_TRITON", "sort_and_dispatch", "sort_order", "combine", "combine_backward", "inverse_permutation"]
 
 _SORT_BLOCK = 128  # assignments per program of the sort kernels
 _SCAN_TILE = 8192  # counts per program of the scan (NB_POW2 x BLOCK_E)
@@ -267,9 +267,13 @@ def _sort_torch(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
     order = torch.argsort(flat, stable=True)
     sizes = torch.zeros((num_experts,), dtype=torch.int32, device=flat.device)
     sizes.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-    positions = torch.arange(flat.numel(), dtype=torch.int32, device=flat.device)
-    slots = torch.empty_like(positions).scatter_(0, order, positions)
-    return sizes, slots, order
+    return sizes, inverse_permutation(order, torch.int32), order
+
+
+def inverse_permutation(perm: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """inv [N] with inv[perm[i]] = i, in `dtype` (perm's by default): e.g. slots from order."""
+    positions = torch.arange(perm.numel(), dtype=dtype or perm.dtype, device=perm.device)
+    return torch.empty_like(positions).scatter_(0, perm.long(), positions)
 
 
 def _dispatch_torch(x: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
