@@ -1,17 +1,24 @@
 """Fused MoE layer on a GPU: fused == unfused on real shapes, then layer fwd+bwd times and peak memory.
 
     PYTHONPATH=src python3 benchmarks/fused_gpu.py --out DIR [--tokens 8192,32768] [--models a,b] [--budget-s 360]
+        [--variants fused,unfused,peer] [--layout layer|transposed]
 
 For every model (qwen3-30b-a3b, deepseek2-16b, gpt-oss-like, the deepseek3-671b slice; routed experts only, no
 shared expert, bf16) and token count:
-1. check: one fwd+bwd of ``MoELayer(path="sparse")`` with ``fused=True`` (both backwards) and ``fused=False``
-   on the same parameters and input; normalised error of y and of every gradient (x, router, w_gate_up, w_down);
-2. time: fwd+bwd (``torch.autograd.grad`` of y against x and the parameters, one fixed cotangent) of
-   ``fused`` (its backward through ragdot's ragged GEMMs), ``fused-kernels`` (the index-reading backward
-   kernels), ``unfused`` and ``peer`` (the plain-PyTorch layer, ``ragdot.moe.peer``) on two clocks of
+1. check: one fwd+bwd of ``MoELayer(path="sparse")`` with ``fused=True`` (each fused variant asked for) and
+   ``fused=False`` on the same parameters and input; normalised error of y and of every gradient (x, router,
+   w_gate_up, w_down) against the unfused path;
+2. time: fwd+bwd (``torch.autograd.grad`` of y against x and the parameters, one fixed cotangent) of the
+   variants: ``fused`` (the block's defaults: forward and backward through ragdot's ragged GEMMs on gathered
+   rows), ``fused-up-kernel`` (the fused up projection, gather in its loads and SwiGLU in its epilogue),
+   ``fused-fwd-kernels`` (both index-reading forward kernels), ``fused-kernels`` (those and the index-reading
+   backward kernels), ``unfused`` and ``peer`` (the plain-PyTorch layer, ``ragdot.moe.peer``) on two clocks of
    ``ragdot.measure.timing``: ``eager`` (CUDA events around every call) and ``graph`` (CUDA events around
    replays of a CUDA graph of the call; ``peer`` syncs on the host in bincount, so it has no graph time);
 3. memory: peak allocated bytes of one fwd+bwd above what is allocated before it (parameters, input).
+
+``--layout transposed`` stores both expert weights as transformers does, ``[E, out, in]``, and hands the layer
+(and ``peer``) transposed views of them.
 
 TFLOP/s count useful work, 18 * T * k * dim * hidden per fwd+bwd (three GEMM-sized products per direction
 pair: 6 forward, 12 backward), without the router; ``sol_pct`` is that rate over the dense bf16 matmul rate
@@ -40,10 +47,12 @@ from ragdot.moe import MoELayer, fused
 from ragdot.moe.peer import peer_moe
 
 MODELS = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like", "deepseek3-671b-reduced")
-# fused: the fused forward, its backward through ragdot's ragged GEMMs on gathered rows (the default);
-# fused-kernels: the same forward, the backward's index-reading kernels (`ragdot.moe.fused.backward_kind`)
-VARIANTS = ("fused", "fused-kernels", "unfused", "peer")
-COLUMNS = ("model", "tokens", "variant", "clock", "ms", "tflops", "sol_pct", "peak_mib", "max_err", "status")
+# fused variants: (ragdot.moe.fused.forward_kind, backward_kind)
+FUSED = {"fused": ("gemms", "gemms"), "fused-up-kernel": ("up-kernel", "gemms"),
+         "fused-fwd-kernels": ("fused", "gemms"), "fused-kernels": ("fused", "fused")}
+VARIANTS = (*FUSED, "unfused", "peer")
+DEFAULT_VARIANTS = ("fused", "fused-up-kernel", "fused-fwd-kernels", "unfused", "peer")
+COLUMNS = ("model", "tokens", "layout", "variant", "clock", "ms", "tflops", "sol_pct", "peak_mib", "max_err", "status")
 TOL = 3e-2  # bf16 normalised error allowed between fused and unfused
 
 
@@ -54,13 +63,34 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated catalog names")
     p.add_argument("--budget-s", type=float, default=360.0, help="seconds for the whole run (watchdog +60 s)")
     p.add_argument("--reps", type=int, default=10, help="timed calls per clock")
-    return p.parse_args(argv)
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--layout", choices=("layer", "transposed"), default="layer",
+                   help="expert weights as MoELayer stores them, or [E, out, in] as transformers does (views)")
+    args = p.parse_args(argv)
+    args.variants = args.variants.split(",")
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        p.error(f"unknown variants {unknown}; expected some of {', '.join(VARIANTS)}")
+    return args
 
 
-def _layer(name: str, device: torch.device) -> MoELayer:
+def _layer(name: str, device: torch.device, layout: str) -> MoELayer:
     m = get_model(name)
     torch.manual_seed(0)
-    return MoELayer(m.dim, m.moe_hidden, m.experts, m.top_k, path="sparse", dtype=torch.bfloat16, device=device)
+    layer = MoELayer(m.dim, m.moe_hidden, m.experts, m.top_k, path="sparse", dtype=torch.bfloat16, device=device)
+    return with_layout(layer, layout)
+
+
+def with_layout(layer: MoELayer, layout: str) -> MoELayer:
+    """The layer with its expert weights stored as `layout` says: "layer" as built, "transposed" [E, out, in]
+    (transformers' layout) and used through transposed views; the same values."""
+    if layout == "transposed":
+        for attr in ("w_gate_up", "w_down"):
+            view = getattr(layer, attr).detach().transpose(1, 2).contiguous().transpose(1, 2)
+            setattr(layer, attr, torch.nn.Parameter(view))
+            if getattr(layer, attr).stride() != view.stride():
+                raise RuntimeError(f"the parameter {attr} did not keep the transposed view's strides")
+    return layer
 
 
 def _step(layer: MoELayer, variant: str, x: torch.Tensor, cot: torch.Tensor):
@@ -70,19 +100,20 @@ def _step(layer: MoELayer, variant: str, x: torch.Tensor, cot: torch.Tensor):
         if variant == "peer":
             y = peer_moe(x, layer.router.weight, layer.w_gate_up, layer.w_down, layer.top_k)
         else:
-            layer.fused = variant.startswith("fused")
-            fused.backward_kind = "fused" if variant == "fused-kernels" else "gemms"
+            layer.fused = variant in FUSED
+            if layer.fused:
+                fused.forward_kind, fused.backward_kind = FUSED[variant]
             y = layer(x)
         return (y.detach(), *torch.autograd.grad(y, (x, *params), cot))
 
     return run
 
 
-def _check(layer: MoELayer, x: torch.Tensor, cot: torch.Tensor) -> float:
-    """The largest normalised error of either fused backward's output and gradients against the unfused path."""
+def _check(layer: MoELayer, x: torch.Tensor, cot: torch.Tensor, variants: list[str]) -> float:
+    """The largest normalised error of the fused variants' outputs and gradients against the unfused path."""
     unfused = _step(layer, "unfused", x, cot)()
-    errs = []
-    for variant in ("fused", "fused-kernels"):
+    errs = [0.0]
+    for variant in (v for v in variants if v in FUSED):
         errs += [normalised_error(a, b) for a, b in zip(_step(layer, variant, x, cot)(), unfused)]
     return max(errs)
 
@@ -100,19 +131,19 @@ def _peak_mib(fn, device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
-def _rows_for(layer, name, tokens, device, peak, reps):
+def _rows_for(layer, name, tokens, device, peak, args):
     dtype = layer.w_gate_up.dtype
     x = torch.randn(tokens, layer.dim, device=device, dtype=dtype, requires_grad=True)
     cot = torch.randn(tokens, layer.dim, device=device, dtype=dtype)
     try:
-        err = _check(layer, x, cot)
+        err = _check(layer, x, cot, args.variants)
         status = "ok" if err <= TOL else "MISMATCH"
     except Exception as exc:  # noqa: BLE001 - the timings of the other variants still come
         err, status = float("nan"), f"check failed: {type(exc).__name__}: {exc}"[:200]
     flops = 18 * tokens * layer.top_k * layer.dim * layer.hidden_dim
-    for variant in VARIANTS:
+    for variant in args.variants:
         fn = _step(layer, variant, x, cot)
-        base = dict(model=name, tokens=tokens, variant=variant, max_err=f"{err:.2e}")
+        base = dict(model=name, tokens=tokens, layout=args.layout, variant=variant, max_err=f"{err:.2e}")
         try:
             mib = _peak_mib(fn, device)
         except Exception as exc:  # noqa: BLE001 - a failed variant is a row, not the end of the run
@@ -123,7 +154,7 @@ def _rows_for(layer, name, tokens, device, peak, reps):
                 yield {**base, "clock": clock, "peak_mib": f"{mib:.0f}", "status": "n/a: host sync"}
                 continue
             try:
-                ms = median_ms(fn, device, graph=clock == "graph", reps=reps)
+                ms = median_ms(fn, device, graph=clock == "graph", reps=args.reps)
             except Exception as exc:  # noqa: BLE001 - a failed clock is a row, not the end of the run
                 yield {**base, "clock": clock, "peak_mib": f"{mib:.0f}", "status": f"n/a: {type(exc).__name__}"}
                 continue
@@ -155,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"fused_gpu: budget spent, skipping {name} at {tokens}", flush=True)
                 continue
             try:
-                layer = _layer(name, device)
-                for row in _rows_for(layer, name, tokens, device, ceilings.peak_flops, args.reps):
+                layer = _layer(name, device, args.layout)
+                for row in _rows_for(layer, name, tokens, device, ceilings.peak_flops, args):
                     writer.add(row)
                     print(" ".join(f"{k}={row.get(k, '')}" for k in COLUMNS), flush=True)
             except Exception as exc:  # noqa: BLE001 - one model failing (memory) leaves the others

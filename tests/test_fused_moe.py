@@ -23,11 +23,18 @@ DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda
 TOL = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
-@pytest.fixture(params=fused_mod.BACKWARDS)
+# (forward_kind, backward_kind): every forward and every backward of the fused block at least once
+KINDS = [("gemms", "gemms"), ("up-kernel", "gemms"), ("fused", "fused")]
+assert {f for f, _ in KINDS} == set(fused_mod.FORWARDS) and {b for _, b in KINDS} == set(fused_mod.BACKWARDS)
+
+
+@pytest.fixture(params=KINDS, ids=["-".join(k) for k in KINDS])
 def backward(request, monkeypatch):
-    """Each backward of the fused block: ragdot's ragged GEMMs on gathered rows, or the index-reading kernels."""
-    monkeypatch.setattr(fused_mod, "backward_kind", request.param)
-    return request.param
+    """The fused block's forward (ragdot's ragged GEMMs on gathered rows, the index-reading kernels, or the fused up
+    projection with a GEMM down projection) with a backward (the GEMMs, or the index-reading kernels)."""
+    monkeypatch.setattr(fused_mod, "forward_kind", request.param[0])
+    monkeypatch.setattr(fused_mod, "backward_kind", request.param[1])
+    return request.param[1]
 
 
 def _operands(tokens, dim, hidden, experts, top_k, dtype, seed=0):
@@ -170,7 +177,8 @@ def test_a_second_backward_runs_with_the_in_place_write_off(monkeypatch):
         assert torch.equal(a, b)
 
 
-def test_atomic_mode_is_opt_in_and_close():
+def test_atomic_mode_is_opt_in_and_close(monkeypatch):
+    monkeypatch.setattr(fused_mod, "forward_kind", "fused")  # the one forward whose combine has an atomic mode
     x, chosen, weights, wgu, wd = _operands(29, 32, 16, 6, 3, torch.float32)
     with torch.no_grad():
         y = _fused(x, chosen, weights, wgu, wd)
@@ -188,6 +196,7 @@ def test_gradients_without_x_grad():
         assert nerr(g, ref) <= TOL[torch.float32]
 
 
+@pytest.mark.usefixtures("backward")
 def test_no_grad_forward_gives_the_training_forwards_bits():
     """Without grad the forward runs its body directly; with grad through the eager Function: the same bits."""
     x, chosen, weights, wgu, wd = _operands(23, 32, 16, 5, 2, torch.float32)
@@ -209,6 +218,7 @@ def test_torch_func_is_refused_and_the_layer_does_not_choose_the_block_there():
     assert seen == [False] and layer.uses_fused(torch.randn(6, 32, device=DEV))
 
 
+@pytest.mark.usefixtures("backward")
 def test_no_grad_forward_saves_nothing():
     x, chosen, weights, wgu, wd = _operands(12, 16, 16, 4, 2, torch.float32)
     sizes, order = sort_experts(chosen, 4)
@@ -353,8 +363,9 @@ def test_fused_matches_unfused_on_gpu_tiles(dtype):
     """Shapes big enough for several 128-row tiles per expert and partial column tiles."""
     _assert_match(_operands(1000, 512, 352, 16, 4, dtype), TOL[dtype])
 
-def test_gpu_benchmark_rows_on_a_tiny_layer():
-    """benchmarks/fused_gpu.py's row loop on a tiny float32 layer (the wall clock on a CPU)."""
+@pytest.mark.parametrize("layout", ["layer", "transposed"])
+def test_gpu_benchmark_rows_on_a_tiny_layer(layout, tmp_path):
+    """benchmarks/fused_gpu.py's row loop on a tiny float32 layer (the wall clock on a CPU), both weight layouts."""
     import importlib.util
     from pathlib import Path
 
@@ -362,10 +373,14 @@ def test_gpu_benchmark_rows_on_a_tiny_layer():
     spec = importlib.util.spec_from_file_location("fused_gpu", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    layer = MoELayer(16, 16, 4, 2, path="sparse", dtype=torch.float32, device=DEV)
-    rows = list(bench._rows_for(layer, "tiny", 8, DEV, 1e12, reps=1))
-    assert {r["variant"] for r in rows} == {"fused", "fused-kernels", "unfused", "peer"}
+    variants = ",".join(bench.VARIANTS)
+    args = bench._args(["--out", str(tmp_path), "--reps", "1", "--layout", layout, "--variants", variants])
+    layer = bench.with_layout(MoELayer(16, 16, 4, 2, path="sparse", dtype=torch.float32, device=DEV), layout)
+    assert layer.w_down.is_contiguous() == (layout == "layer")
+    rows = list(bench._rows_for(layer, "tiny", 8, DEV, 1e12, args))
+    assert {r["variant"] for r in rows} == set(bench.VARIANTS)
     assert all(r["status"] in ("ok", "n/a: host sync") for r in rows), rows
+    assert all(float(r["max_err"]) <= 1e-4 for r in rows), rows
 
 
 def test_explicit_tile_configs_give_the_heuristics_results():

@@ -31,7 +31,7 @@ from ragdot.kernels.configs import dot_precision, next_pow2, wide_shared_memory
 from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_m import _group_table, _locate
 
-__all__ = ["FusedConfig", "fused_config", "up_swiglu", "down_scatter", "sum_choices", "launch_bound"]
+__all__ = ["FusedConfig", "fused_config", "up_swiglu", "down_scatter", "sum_choices", "swiglu", "launch_bound"]
 
 
 @dataclass(frozen=True)
@@ -223,6 +223,24 @@ def _sum_choices_kernel(
     tl.store(out_ptr + toks.to(tl.int64)[:, None] * N + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
 
 
+@triton.jit
+def _swiglu_kernel(
+    pre_ptr,  # [M, 2N] contiguous: gate | up pre-activation
+    act_ptr,  # [M, N] contiguous out: silu(gate) * up
+    M, N,  # scalars: rows, hidden width
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = (rows < M)[:, None] & (cols < N)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    pre = pre_ptr + r64 * (2 * N) + cols[None, :]
+    gate = tl.load(pre, mask=m, other=0.0).to(tl.float32)
+    up = tl.load(pre + N, mask=m, other=0.0).to(tl.float32)
+    act = gate * tl.sigmoid(gate) * up  # as _up_swiglu_kernel's epilogue: the backward recomputes the same bits
+    tl.store(act_ptr + r64 * N + cols[None, :], act.to(act_ptr.dtype.element_ty), mask=m)
+
+
 def _grid(m: int, n: int, e: int, cfg: FusedConfig) -> int:
     return (triton.cdiv(m, cfg.block_m) + e) * triton.cdiv(n, cfg.block_n)
 
@@ -282,6 +300,21 @@ def down_scatter(
                  rows, b, order, sizes, rows if weights is None else weights, out, a, n, k, e, rows.stride(0),
                  *b.stride(), grid)  # fmt: skip
     return out
+
+
+def swiglu(pre: torch.Tensor) -> torch.Tensor:
+    """pre [A, 2H] contiguous (gate | up) -> silu(gate) * up [A, H] in pre.dtype, computed in float32 from the
+    rounded pre as the up projection's epilogue computes it."""
+    a, h2 = pre.shape
+    h = h2 // 2
+    act, pre = pre.new_empty((a, h)), pre.contiguous()
+    if a == 0 or h == 0:
+        return act
+    block_r, block_n = 32, min(128, max(16, next_pow2(h)))
+    grid = (triton.cdiv(a, block_r), triton.cdiv(h, block_n))
+    launch_bound(_swiglu_kernel, grid, dict(BLOCK_R=block_r, BLOCK_N=block_n), FusedConfig(num_warps=4, num_stages=1),
+                 pre.device, pre, act, a, h)  # fmt: skip
+    return act
 
 
 def sum_choices(buf: torch.Tensor, top_k: int) -> torch.Tensor:

@@ -3,11 +3,15 @@
     sizes, order = sort_experts(experts, num_experts)                  # no permuted copy of x
     y = fused_experts(x, order, sizes, weights, w_gate_up, w_down)     # x [T, D] -> y [T, D]
 
-Forward: two launches of ``ragdot.kernels.fused_moe`` (the up projection gathers token rows through ``order``
-and applies SwiGLU in its epilogue; the down projection multiplies by the router weight and stores each
-assignment's row at its (token, choice) slot of a ``[T, k, D]`` buffer) and a fixed-order float32 sum over the
-choices. Only the gate|up pre-activation ``[T*k, 2H]`` is kept for the backward (when one is needed); the
-activation is recomputed there, inside the dSwiGLU epilogue.
+Forward (``forward_kind``, default "gemms"): the token rows of x gathered once into the permuted order, the up
+and down projections as ragdot's own tuned ragged GEMMs (``ragdot.ops.run``, ``auto``) with SwiGLU between them
+as one elementwise kernel (``ragdot.kernels.fused_moe.swiglu``), and a fixed-order float32 sum of each token's
+weighted choices (``routing_kernels.combine``). "fused" runs the index-reading kernels of
+``ragdot.kernels.fused_moe`` instead (the up projection gathers token rows through ``order`` and applies SwiGLU in
+its epilogue; the down projection multiplies by the router weight and stores each assignment's row at its
+(token, choice) slot of a ``[T, k, D]`` buffer); "up-kernel" the fused up projection and the GEMM down
+projection. Only the gate|up pre-activation ``[T*k, 2H]`` is kept for the backward (when one is needed); the
+activation is recomputed there, inside the dSwiGLU kernel.
 
 Backward (``backward_kind``, default "gemms"): the token rows of ``dy`` and ``x`` gathered once into the permuted
 order, the four products as ragdot's own ragged GEMMs (``ragdot.ops.run``, ``auto``: the tuned TMA kernels)
@@ -22,7 +26,8 @@ plain eager autograd runs the same bodies through one ``autograd.Function`` (les
 writes dpre over the saved pre-activation (``backward_in_place``). torch.func transforms and forward-mode AD
 are refused with a NotImplementedError (``MoELayer`` does not choose the block under them). No metadata is
 copied to the host, so it captures into CUDA graphs. Default mode: no atomics, bitwise reproducible;
-``deterministic=False`` opts into float32 atomics for the forward's combine.
+``deterministic=False`` opts into float32 atomics for the "fused" forward's combine (the other forwards' combine
+has none).
 """
 
 from __future__ import annotations
@@ -80,15 +85,41 @@ def sort_experts(experts: torch.Tensor, num_experts: int, impl: str | None = Non
 
 
 # ------------------------------------------------------------------------------------------------ forward
+# Which forward runs: "gemms" gathers the token rows of x once into the permuted order, runs both products as
+# ragdot's tuned ragged GEMMs (TMA kernels where the device has them) with SwiGLU as one elementwise kernel
+# between them, and sums each token's weighted choices in a fixed order (`routing_kernels.combine`); "fused"
+# runs the index-reading kernels of `ragdot.kernels.fused_moe` (the gather in the up projection's loads, SwiGLU
+# in its epilogue, the router weight and the scatter in the down projection's); "up-kernel" runs the fused up
+# projection and the down projection as in "gemms". Each keeps only the pre-activation [T*k, 2H] for the
+# backward. `deterministic=False` (float32 atomics) changes "fused" only.
+FORWARDS = ("gemms", "fused", "up-kernel")
+forward_kind = "gemms"
+
+
+def _tokens(order: torch.Tensor, top_k: int) -> torch.Tensor:
+    """int32 [A]: the token of each permuted row."""
+    return torch.div(order, top_k, rounding_mode="floor")
+
+
 def _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic):
     fm, _ = _kernels()
     x, weights = x.contiguous(), weights.contiguous()
-    act, pre = fm.up_swiglu(x, w_gate_up, order, sizes, top_k, save)
-    w_flat = weights.reshape(-1)
-    if not deterministic:
-        return fm.down_scatter(act, w_down, order, sizes, w_flat, top_k, atomic=True).to(x.dtype), pre
-    buf = fm.down_scatter(act, w_down, order, sizes, w_flat, top_k)
-    return fm.sum_choices(buf, top_k), pre
+    if forward_kind == "gemms":
+        pre = _ragged_m(x.index_select(0, _tokens(order, top_k)), w_gate_up, sizes)  # [A, 2H]
+        act = fm.swiglu(pre)
+        if not save:  # a new empty tensor, not a view that would keep the whole buffer alive
+            pre = pre.new_empty((0, pre.shape[1]))
+    else:
+        act, pre = fm.up_swiglu(x, w_gate_up, order, sizes, top_k, save)
+    if forward_kind == "fused":
+        w_flat = weights.reshape(-1)
+        if not deterministic:
+            return fm.down_scatter(act, w_down, order, sizes, w_flat, top_k, atomic=True).to(x.dtype), pre
+        return fm.sum_choices(fm.down_scatter(act, w_down, order, sizes, w_flat, top_k), top_k), pre
+    rows = _ragged_m(act, w_down, sizes)  # [A, D]
+    del act
+    impl = "triton" if rows.is_cuda else "torch"
+    return _rk.combine(rows, _rk.inverse_permutation(order), weights, top_k, impl), pre
 
 
 @torch.library.custom_op("ragdot::fused_moe", mutates_args=())
@@ -208,7 +239,7 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
     `in_place`, dpre is written over pre (its version bumped; `_grads` refuses a second backward through a
     retained graph): the peak then holds pre's memory once."""
     _, fb = _kernels()
-    tokens = torch.div(order, top_k, rounding_mode="floor")
+    tokens = _tokens(order, top_k)
     dy_rows = dy.index_select(0, tokens)  # [A, D]: dy of each permuted row's token
     g = _ragged_m(dy_rows, w_down.transpose(1, 2), sizes)  # [A, H]
     dpre, act_w, dw = fb.swiglu_backward(g, pre, order, weights.reshape(-1), in_place=in_place)
