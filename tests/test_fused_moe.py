@@ -167,6 +167,22 @@ def test_second_backward_through_a_retained_graph_is_refused():
         torch.autograd.grad(y.sum(), (x, wgu))
 
 
+def test_the_eager_backward_gets_no_zero_filled_gradient_for_pre(monkeypatch):
+    """pre is an output without a gradient: autograd must not materialise a zero [T*k, 2H] for it (a fill kernel
+    and one more such buffer at the backward's peak)."""
+    seen = []
+    backward = fused_mod._FusedEager.backward
+
+    def spy(ctx, grad_y, grad_pre):
+        seen.append(grad_pre)
+        return backward(ctx, grad_y, grad_pre)
+
+    monkeypatch.setattr(fused_mod._FusedEager, "backward", staticmethod(spy))
+    x, chosen, weights, wgu, wd = _operands(12, 16, 16, 4, 2, torch.float32)
+    grads = torch.autograd.grad(_fused(x, chosen, weights, wgu, wd).sum(), (x, wgu))
+    assert seen == [None] and all(torch.isfinite(g).all() for g in grads)
+
+
 def test_a_second_backward_runs_with_the_in_place_write_off(monkeypatch):
     monkeypatch.setattr(fused_mod, "backward_in_place", False)
     x, chosen, weights, wgu, wd = _operands(12, 16, 16, 4, 2, torch.float32)

@@ -189,10 +189,15 @@ class _FusedEager(torch.autograd.Function):
         x, order, sizes, weights, w_gate_up, w_down, top_k, _det = inputs
         ctx.save_for_backward(x, order, sizes, weights, w_gate_up, w_down, output[1])
         ctx.mark_non_differentiable(output[1])
+        # pre has no gradient: without this autograd would hand the backward a zero-filled [T*k, 2H] for it
+        # (a fill kernel and one more such buffer at the backward's peak)
+        ctx.set_materialize_grads(False)
         ctx.top_k = top_k
 
     @staticmethod
     def backward(ctx, grad_y, _grad_pre):
+        if grad_y is None:  # y's gradient undefined: nothing flows back
+            return (None,) * 8
         return *_grads(ctx, grad_y), None, None
 
 
