@@ -309,13 +309,12 @@ def test_layer_runs_the_fused_block_by_default_where_it_measured_faster(monkeypa
     """fused=None: the fused block for 16-bit inputs on CUDA with backend None/"auto", no recompute and a
     forward of FUSED_MIN_FLOPS or more; the unfused path elsewhere (CPU, float32, a backend asked for by name,
     recompute, less work); True / False force either."""
-    from ragdot.moe import layer as layer_mod
 
     layer = MoELayer(16, 8, 4, 2, device=DEV, dtype=torch.bfloat16)
     x = torch.randn(3, 16, device=DEV, dtype=torch.bfloat16)
     assert "fused=None" in repr(layer)
     assert not layer.uses_fused(x)  # 6 * 3 * 2 * 16 * 8 FLOPs: below the threshold (and not capturing)
-    monkeypatch.setattr(layer_mod, "FUSED_MIN_FLOPS", 6 * 3 * 2 * 16 * 8)
+    monkeypatch.setattr(fused_mod, "FUSED_MIN_FLOPS", 6 * 3 * 2 * 16 * 8)
     assert layer.uses_fused(x) == (DEV.type == "cuda")
     with torch.no_grad():  # inference: the block's forward alone was not measured against the unfused path
         assert not layer.uses_fused(x)

@@ -159,6 +159,33 @@ def test_fused_variant_matches_grouped_mm(family):
         torch.testing.assert_close(g, o_grads[name], **TOL, msg=f"grad of {name}")
 
 
+def test_the_default_runs_the_fused_block_where_it_is_preferred(monkeypatch):
+    """register()'s default (fused=None) takes the fused block where it applies and `preferred` says it measured
+    faster, with ragged_dot's auto backend and outside torch.compile; never for a layout it does not apply to."""
+    _needs_triton()
+    seen = []
+    monkeypatch.setattr(rt, "preferred", lambda x, top_k, w_up, w_down: seen.append(top_k) or True)
+    for family, applies in (("qwen3_moe", True), ("gpt_oss", False)):
+        model = _model(family)
+        experts = next(m for m in model.modules() if type(m).__name__.endswith("Experts"))
+        x = torch.zeros(4, _hidden(experts))
+        assert rt._use_fused(experts, x, 2, None, None) == applies
+        assert rt._use_fused(experts, x, 2, True, None) == applies
+        assert not rt._use_fused(experts, x, 2, None, "torch")  # a backend named: ragged_dot on it
+        assert not rt._use_fused(experts, x, 2, False, None)
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        assert not rt._use_fused(experts, x, 2, None, None)
+        assert rt._use_fused(experts, x, 2, True, None) == applies
+        monkeypatch.undo()
+        monkeypatch.setattr(rt, "preferred", lambda x, top_k, w_up, w_down: seen.append(top_k) or True)
+    assert seen == [2]  # asked once: for the layout it applies to, fused=None, eager
+    monkeypatch.setattr(rt, "preferred", lambda *a: False)
+    experts = next(m for m in _model("qwen3_moe").modules() if type(m).__name__.endswith("Experts"))
+    assert not rt._use_fused(experts, torch.zeros(4, _hidden(experts)), 2, None, None)
+    with pytest.raises(TypeError, match="fused"):
+        rt.make_experts_forward(None, fused="yes")
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_greedy_generation_with_kv_cache_gives_the_same_tokens(family):
     model = _model(family, seed=2).eval()

@@ -32,12 +32,14 @@ Layout flags the decorator sets, and how they are honoured:
   gradient. Releases
   without the flag (5.17) may pass such ids at any time: they are always handled there.
 
-``fused=True`` (``register("ragdot_fused", fused=True)``) runs ``ragdot.moe.fused`` instead where the layout is
-plain SwiGLU: gate/up concatenated with the class's default ``_apply_gate``, a SiLU ``act_fn``, no biases, no
-post-expert norm, one dtype, Triton present, a CUDA device (or Triton's interpreter). The up projection gathers
-token rows itself (no permuted copy of the input), SwiGLU runs in its epilogue and the down projection applies
-the routing weights. Off-rank choices become expert 0 with weight 0 there (computed, then dropped). Other
-layouts take the unfused path.
+By default (``fused=None``) an eager training step runs ``ragdot.moe.fused`` where ``ragdot.moe.fused.preferred``
+says it measured faster (16-bit CUDA inputs, enough routed work; not under ``torch.compile``); ``fused=True``
+(``register("ragdot_fused", fused=True)``) runs it wherever it applies; ``fused=False`` never. It applies where
+the layout is plain SwiGLU: gate/up concatenated with the class's default ``_apply_gate``, a SiLU ``act_fn``, no
+biases, no post-expert norm, one dtype, Triton present, a CUDA device (or Triton's interpreter). Its forward
+gathers the token rows once and runs both projections as ragdot's tuned ragged GEMMs, keeping only the gate|up
+pre-activation for the backward. Off-rank choices become expert 0 with weight 0 there (computed, then dropped).
+Other layouts take the unfused path.
 
 Inputs in another dtype than the weights (autocast) are cast to the weights' dtype; the output has the input's.
 """
@@ -50,7 +52,7 @@ from collections.abc import Callable
 import torch
 
 from ragdot.api import _check_backend, ragged_dot
-from ragdot.moe.fused import fused_experts, fused_supported, sort_experts
+from ragdot.moe.fused import fused_experts, fused_supported, preferred, sort_experts
 from ragdot.moe.group_bias import add_group_bias
 from ragdot.moe.layer import _SwiGLU, _transformed
 from ragdot.moe.permute import permute, unpermute
@@ -62,7 +64,7 @@ __all__ = [
 NAME = "ragdot"
 FUSED_NAME = "ragdot_fused"
 
-_FORWARDS: dict[tuple[str | None, bool], Callable] = {}
+_FORWARDS: dict[tuple[str | None, bool | None], Callable] = {}
 _SILU = ("SiLU", "SiLUActivation")
 
 
@@ -240,13 +242,35 @@ def _fused_forward(
     return fused_experts(hidden_states, order, sizes, weights, w_up, w_down).to(hidden_states.dtype)
 
 
-def make_experts_forward(backend: str | None = None, *, fused: bool = False) -> Callable:
+def _use_fused(module: torch.nn.Module, hidden_states: torch.Tensor, top_k: int, fused: bool | None,
+               backend: str | None) -> bool:
+    """Whether this call runs ``ragdot.moe.fused``: where ``fused_applies``, always for ``fused=True``; for None
+    (the default) with ragged_dot's ``auto`` backend, outside ``torch.compile``, where ``ragdot.moe.fused.preferred``
+    says the block measured faster (training, 16-bit CUDA inputs, enough routed work). Compiled whole models
+    measured mixed on an H200 (Qwen3-MoE 0.99x, DeepSeek-V3-like 1.02x the unfused path's step, the latter with
+    1.04x its peak memory: docs/integrations.md), so compiled code keeps the unfused path unless asked."""
+    if fused is False or (fused is None and (backend is not None or torch.compiler.is_compiling())):
+        return False
+    _check_layout(module)
+    if not fused_applies(module, hidden_states):
+        return False
+    if fused:
+        return True
+    w_up = _as_rhs(module.gate_up_proj, _flag(module, "is_transposed", False), "gate_up_proj", module.num_experts)
+    w_down = _as_rhs(module.down_proj, _flag(module, "is_transposed", False), "down_proj", module.num_experts)
+    return preferred(hidden_states, top_k, w_up, w_down)
+
+
+def make_experts_forward(backend: str | None = None, *, fused: bool | None = None) -> Callable:
     """The experts forward for ``ExpertsInterface`` running ragged_dot on ``backend`` (None: ragdot's ``auto``).
 
-    ``fused=True``: ``ragdot.moe.fused`` where ``fused_applies`` (the backend is then not used), the
-    ragged_dot path elsewhere. One function object per (backend, fused), so registering twice changes nothing.
+    ``fused``: True runs ``ragdot.moe.fused`` wherever ``fused_applies`` (the backend is then not used); None (the
+    default) where it also measured faster (``_use_fused``); False never. The ragged_dot path elsewhere. One
+    function object per (backend, fused), so registering twice changes nothing.
     """
-    key = (backend, bool(fused))
+    if fused not in (None, True, False):
+        raise TypeError(f"fused must be None, True or False, got {fused!r}")
+    key = (backend, fused)
     if key not in _FORWARDS:
         _check_backend(backend)  # unknown or unusable here: one clear error now, not inside a model's forward
 
@@ -256,14 +280,12 @@ def make_experts_forward(backend: str | None = None, *, fused: bool = False) -> 
             top_k_index: torch.Tensor,
             top_k_weights: torch.Tensor,
         ) -> torch.Tensor:
-            if fused:
-                _check_layout(self)
-                if fused_applies(self, hidden_states):
-                    return _fused_forward(self, hidden_states, top_k_index, top_k_weights)
+            if _use_fused(self, hidden_states, top_k_index.shape[-1], fused, backend):
+                return _fused_forward(self, hidden_states, top_k_index, top_k_weights)
             return _forward(self, hidden_states, top_k_index, top_k_weights, backend)
 
         forward.__name__ = forward.__qualname__ = "ragdot_fused_experts_forward" if fused else "ragdot_experts_forward"
-        forward.__doc__ = f"ragdot experts forward (ragged_dot backend {backend or 'auto'!r}, fused={bool(fused)})."
+        forward.__doc__ = f"ragdot experts forward (ragged_dot backend {backend or 'auto'!r}, fused={fused})."
         _FORWARDS[key] = forward
     return _FORWARDS[key]
 
@@ -291,10 +313,11 @@ def _interface():
     return ExpertsInterface
 
 
-def register(name: str = NAME, *, backend: str | None = None, fused: bool = False) -> str:
+def register(name: str = NAME, *, backend: str | None = None, fused: bool | None = None) -> str:
     """Register the ragdot experts forward in transformers' ExpertsInterface under ``name``; returns ``name``.
 
-    ``fused=True`` registers the fused variant (see ``make_experts_forward``). Idempotent: calling it again with
+    ``fused``: see ``make_experts_forward`` (None: the fused block where it measured faster; True: wherever it
+    applies, as ``FUSED_NAME`` registers it; False: never). Idempotent: calling it again with
     the same arguments changes nothing. Afterwards
     ``experts_implementation=name`` works in ``from_pretrained``, in a config and in ``set_experts_implementation``.
     """

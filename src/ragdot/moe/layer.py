@@ -48,7 +48,7 @@ from torch import nn
 import ragdot
 from ragdot.backends import BACKEND_NAMES
 from ragdot.moe import routing_kernels
-from ragdot.moe.fused import fused_experts, fused_supported, sort_experts
+from ragdot.moe.fused import FUSED_MIN_FLOPS, fused_experts, preferred, sort_experts
 from ragdot.moe.permute import IMPLS, combine_rows, permute_rows, resolve_impl
 from ragdot.moe.recompute import remade
 from ragdot.moe.router import Router, RouterOutput, expert_counts
@@ -56,13 +56,6 @@ from ragdot.moe.router_losses import router_losses
 from ragdot.ops import _transformed
 
 __all__ = ["MoELayer", "SwiGLU", "PATHS", "FUSED_MIN_FLOPS"]
-
-# The fused block's default threshold: the routed experts' forward FLOPs (6 x tokens x top-k x dim x hidden) from
-# which `fused=None` runs it outside CUDA graphs. Measured on an H200 (eager train steps, one process): the
-# fused block was faster from 3.1e11 (qwen3-30b-a3b, gemma4-26b, deepseek2-16b steps: 1-7% less time); at 5.2e10
-# (deepseek3-test, a host-bound step) it was slower through the custom ops (25.7 against 21.1 ms) and level
-# without them (21.3 ms both), and faster on graph replays (9.5 against 10.5 ms): no eager win measured there.
-FUSED_MIN_FLOPS = 1e11
 
 PATHS: tuple[str, ...] = ("sparse", "dense_dropless", "dense_drop")
 
@@ -289,23 +282,16 @@ class MoELayer(nn.Module):
     def uses_fused(self, x: torch.Tensor) -> bool:
         """Whether the sparse path runs the fused block for input x [tokens, dim]: never under torch.func
         transforms or forward-mode AD (the block has no rules for them); as ``fused`` says when it is a bool; for
-        None, where the block measured faster than the unfused path: training (a backward will run), 16-bit
-        inputs on CUDA, no backend asked for by name, no ``recompute``, and a forward of at least
-        ``FUSED_MIN_FLOPS`` (below it the step is host time, where the block has not measured faster) or a
-        CUDA-graph capture (where host time does not count)."""
+        None, no backend asked for by name, no ``recompute``, and ``ragdot.moe.fused.preferred``: where the block
+        measured faster than the unfused path (training, 16-bit inputs on CUDA, a routed forward of at least
+        ``FUSED_MIN_FLOPS`` or a CUDA-graph capture)."""
         if _transformed():
             return False
         if self.fused is not None:
             return self.fused
-        if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and self.backend in (None, "auto")
-                and not self.recompute and fused_supported(x, self.w_gate_up, self.w_down)):
+        if self.backend not in (None, "auto") or self.recompute:
             return False
-        grads = (x, self.w_gate_up, self.w_down)
-        if not (torch.is_grad_enabled() and any(t.requires_grad for t in grads)):
-            return False  # measured as forward+backward; the forward alone was not compared
-        if 6 * x.shape[0] * self.top_k * self.dim * self.hidden_dim >= FUSED_MIN_FLOPS:
-            return True
-        return not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing()
+        return preferred(x, self.top_k, self.w_gate_up, self.w_down)
 
     def capacity(self, seq_len: int) -> int:
         """Rows per expert and sequence on the dense_drop path."""
