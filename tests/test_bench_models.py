@@ -71,6 +71,18 @@ def test_interleaved_rounds_visit_each_implementation_and_a_failure_ends_only_it
     assert visits == ["grouped_mm"] * 3 + ["ragdot_torch"] * 3
 
 
+def test_ragdot_unfused_is_registered_without_the_fused_block(tmp_path):
+    import ragdot.integrations.transformers as rt
+
+    code = main(["bench-models", "--tiny", "--impls", "grouped_mm", "ragdot_unfused", "--phases", "train", "--steps",
+                 "1", "--warmup", "0", "--out", str(tmp_path), "-q"])
+    assert code == 0
+    _, rows = _rows(tmp_path)
+    assert [r["impl"] for r in rows] == ["grouped_mm", "ragdot_unfused"] and all(r["status"] == "ok" for r in rows)
+    assert "vs_grouped_mm" in rows[1]
+    assert rt.is_registered("ragdot_unfused") and (None, False) in rt._FORWARDS
+
+
 @pytest.mark.parametrize("impls", [["ragdot"], ["grouped_mm", "ragdot"]], ids=["alone", "interleaved"])
 def test_profile_adds_kernel_time_and_top_kernels(tmp_path, impls):
     code = main(["bench-models", "--tiny", "--impls", *impls, "--phases", "train", "--steps", "1", "--warmup",

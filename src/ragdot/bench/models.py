@@ -7,7 +7,9 @@
 
 Per (mode, model, phase, batch) every experts implementation runs in turn on the same model (switched with
 ``set_experts_implementation``): transformers' own "grouped_mm", "batched_mm" and "eager", ragdot's "ragdot"
-(ragged_dot path) and "ragdot_fused" (``ragdot.moe.fused`` where the layout is plain SwiGLU). Phases:
+(``ragdot.moe.fused`` in eager training where it applies and is preferred, the ragged_dot path elsewhere),
+"ragdot_fused" (the fused block wherever the layout is plain SwiGLU) and on request "ragdot_unfused" (the
+ragged_dot path only) and "ragdot_triton" / "ragdot_torch" (ragged_dot's backend pinned). Phases:
 ``train`` (forward + loss + backward of ``batch x seq_len`` tokens), ``prefill`` (a no-grad forward of
 ``batch x prefill_len`` tokens filling a KV cache, logits of the last position only) and ``decode`` (one new
 token per sequence on a cache of ``prefill_len`` tokens, batch 1, 8 and 64 by default). Modes: ``eager`` and
@@ -60,10 +62,13 @@ from ragdot.measure import records
 HELP = "whole-model train, prefill and decode steps of transformers MoE models per experts implementation"
 
 IMPLS: tuple[str, ...] = ("grouped_mm", "ragdot", "ragdot_fused", "batched_mm", "eager")
-PINNED: dict[str, str] = {"ragdot_triton": "triton", "ragdot_torch": "torch"}  # ragdot with its backend pinned
+# ragdot registered with other arguments, on request: ragged_dot's backend pinned (then never the fused block), or
+# the unfused path only (the default "ragdot" takes the fused block in eager training where it is preferred)
+EXTRA: dict[str, dict] = {"ragdot_triton": {"backend": "triton"}, "ragdot_torch": {"backend": "torch"},
+                          "ragdot_unfused": {"fused": False}}
 MODES: tuple[str, ...] = ("eager", "compile")
 PHASES: tuple[str, ...] = ("train", "prefill", "decode")
-RAGDOT_IMPLS: tuple[str, ...] = ("ragdot", "ragdot_fused", *PINNED)
+RAGDOT_IMPLS: tuple[str, ...] = ("ragdot", "ragdot_fused", *EXTRA)
 CLOCK_CUDA = "CUDA events around each eager call, median"
 CLOCK_CPU = "wall clock around each call, median"
 STEPS_PER_VISIT = 2  # timed train or prefill steps per visit of an implementation (interleaved timing)
@@ -134,9 +139,9 @@ for _name, _spec in TINY_MODELS.items():
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), metavar="MODEL",
                         help=f"models (default all: {' '.join(MODELS)})")
-    parser.add_argument("--impls", nargs="+", choices=[*IMPLS, *PINNED], metavar="IMPL",
-                        help=f"experts implementations (default: {' '.join(IMPLS)}; also {' '.join(PINNED)}: "
-                        "ragdot with ragged_dot's backend pinned instead of auto)")
+    parser.add_argument("--impls", nargs="+", choices=[*IMPLS, *EXTRA], metavar="IMPL",
+                        help=f"experts implementations (default: {' '.join(IMPLS)}; also {' '.join(EXTRA)}: "
+                        "ragdot with ragged_dot's backend pinned instead of auto, or without the fused block)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), metavar="MODE", help="eager, compile (default both)")
     parser.add_argument("--phases", nargs="+", choices=list(PHASES), metavar="PHASE",
                         help="train, prefill, decode (default all)")
@@ -528,8 +533,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = parse_dtype(args.dtype, "bf16" if device.type == "cuda" else "fp32")
     rt.register()
     rt.register(rt.FUSED_NAME, fused=True)
-    for name in set(args.impls) & set(PINNED):
-        rt.register(name, backend=PINNED[name])
+    for name in set(args.impls) & set(EXTRA):
+        rt.register(name, **EXTRA[name])
     specs = _specs(args)
     items = plan(specs, args)
     console = Console(quiet=args.quiet)

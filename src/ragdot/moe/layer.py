@@ -20,14 +20,14 @@ Paths:
                     ``recompute=True`` keeps neither the permuted rows nor the SwiGLU output for the
                     backward: it gathers and applies SwiGLU again there (eager autograd, not the fused or the
                     expert-parallel path; ragdot.moe.recompute).
-                    The fused block (``ragdot.moe.fused``: gather in the up projection's loads, SwiGLU in
-                    its epilogue, weighted scatter in the down projection's; its backward through ragdot's
-                    ragged GEMMs) runs where it measured faster: ``fused=None`` (default) runs it in
-                    training for 16-bit inputs on CUDA with ``backend`` None or "auto", ``recompute=False``
-                    and a forward of at least ``FUSED_MIN_FLOPS`` or under CUDA-graph capture (layer fwd+bwd
-                    on an H200, 8192 tokens, graph clock: 0.88-0.97x the unfused path's time on qwen3-30b-a3b,
-                    deepseek2-16b, gpt-oss-like and the deepseek3-671b slice; docs/fused-moe.md), the
-                    unfused path elsewhere; ``True`` / ``False`` force either.
+                    The fused block (``ragdot.moe.fused``: token rows gathered once, both projections and
+                    its backward through ragdot's ragged GEMMs, only the gate|up pre-activation kept) runs
+                    where it measured faster: ``fused=None`` (default) runs it in training for 16-bit inputs
+                    on CUDA with ``backend`` None or "auto", ``recompute=False`` and a forward of at least
+                    ``FUSED_MIN_FLOPS`` or under CUDA-graph capture (``ragdot.moe.fused.preferred``; layer
+                    fwd+bwd on an H200, 8192 tokens, graph clock: 0.86-0.96x the unfused path's time on
+                    qwen3-30b-a3b, deepseek2-16b, gpt-oss-like and the deepseek3-671b slice;
+                    docs/fused-moe.md), the unfused path elsewhere; ``True`` / ``False`` force either.
     dense_dropless  every token through every expert, then the router weights (0 off the top-k) combine
                     them. Work ~ T*E rows.
     dense_drop      capacity C = ceil(S*k/E * capacity_factor) per sequence (S tokens; the whole input is
