@@ -10,8 +10,8 @@ shared expert, bf16) and token count:
    w_gate_up, w_down) against the unfused path;
 2. time: fwd+bwd (``torch.autograd.grad`` of y against x and the parameters, one fixed cotangent) of the
    variants: ``fused`` (the block's defaults: forward and backward through ragdot's ragged GEMMs on gathered
-   rows), ``fused-up-kernel`` (the fused up projection, gather in its loads and SwiGLU in its epilogue),
-   ``fused-fwd-kernels`` (both index-reading forward kernels), ``fused-kernels`` (those and the index-reading
+   rows), ``fused-fwd-kernels`` (the index-reading forward kernels: gather in the up projection's loads, SwiGLU
+   in its epilogue, the weighted scatter in the down projection's), ``fused-kernels`` (those and the index-reading
    backward kernels), ``unfused`` and ``peer`` (the plain-PyTorch layer, ``ragdot.moe.peer``) on two clocks of
    ``ragdot.measure.timing``: ``eager`` (CUDA events around every call) and ``graph`` (CUDA events around
    replays of a CUDA graph of the call; ``peer`` syncs on the host in bincount, so it has no graph time);
@@ -48,10 +48,9 @@ from ragdot.moe.peer import peer_moe
 
 MODELS = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like", "deepseek3-671b-reduced")
 # fused variants: (ragdot.moe.fused.forward_kind, backward_kind)
-FUSED = {"fused": ("gemms", "gemms"), "fused-up-kernel": ("up-kernel", "gemms"),
-         "fused-fwd-kernels": ("fused", "gemms"), "fused-kernels": ("fused", "fused")}
+FUSED = {"fused": ("gemms", "gemms"), "fused-fwd-kernels": ("fused", "gemms"), "fused-kernels": ("fused", "fused")}
 VARIANTS = (*FUSED, "unfused", "peer")
-DEFAULT_VARIANTS = ("fused", "fused-up-kernel", "fused-fwd-kernels", "unfused", "peer")
+DEFAULT_VARIANTS = ("fused", "fused-fwd-kernels", "unfused", "peer")
 COLUMNS = ("model", "tokens", "layout", "variant", "clock", "ms", "tflops", "sol_pct", "peak_mib", "max_err", "status")
 TOL = 3e-2  # bf16 normalised error allowed between fused and unfused
 

@@ -1,5 +1,5 @@
 """Fused MoE forward kernels: gather in the up projection's loads, SwiGLU in its epilogue, weighted scatter in the
-down projection's epilogue (``ragdot.moe.fused``'s forward_kind "fused" and "up-kernel"), and the elementwise SwiGLU
+down projection's epilogue (``ragdot.moe.fused``'s forward_kind "fused"), and the elementwise SwiGLU
 of its default forward (``swiglu``: the same formula from the rounded pre-activation).
 
     act[r]           = silu(x[t(r)] @ wg[e(r)]) * (x[t(r)] @ wu[e(r)])      up_swiglu     (no permuted copy of x)

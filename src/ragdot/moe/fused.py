@@ -9,9 +9,8 @@ as one elementwise kernel (``ragdot.kernels.fused_moe.swiglu``), and a fixed-ord
 weighted choices (``routing_kernels.combine``). "fused" runs the index-reading kernels of
 ``ragdot.kernels.fused_moe`` instead (the up projection gathers token rows through ``order`` and applies SwiGLU in
 its epilogue; the down projection multiplies by the router weight and stores each assignment's row at its
-(token, choice) slot of a ``[T, k, D]`` buffer); "up-kernel" the fused up projection and the GEMM down
-projection. Only the gate|up pre-activation ``[T*k, 2H]`` is kept for the backward (when one is needed); the
-activation is recomputed there, inside the dSwiGLU kernel.
+(token, choice) slot of a ``[T, k, D]`` buffer). Only the gate|up pre-activation ``[T*k, 2H]`` is kept for the
+backward (when one is needed); the activation is recomputed there, inside the dSwiGLU kernel.
 
 Backward (``backward_kind``, default "gemms"): the token rows of ``dy`` and ``x`` gathered once into the permuted
 order, the four products as ragdot's own ragged GEMMs (``ragdot.ops.run``, ``auto``: the tuned TMA kernels)
@@ -114,10 +113,10 @@ def sort_experts(experts: torch.Tensor, num_experts: int, impl: str | None = Non
 # ragdot's tuned ragged GEMMs (TMA kernels where the device has them) with SwiGLU as one elementwise kernel
 # between them, and sums each token's weighted choices in a fixed order (`routing_kernels.combine`); "fused"
 # runs the index-reading kernels of `ragdot.kernels.fused_moe` (the gather in the up projection's loads, SwiGLU
-# in its epilogue, the router weight and the scatter in the down projection's); "up-kernel" runs the fused up
-# projection and the down projection as in "gemms". Each keeps only the pre-activation [T*k, 2H] for the
-# backward. `deterministic=False` (float32 atomics) changes "fused" only.
-FORWARDS = ("gemms", "fused", "up-kernel")
+# in its epilogue, the router weight and the scatter in the down projection's; 0-8% slower on an H200,
+# docs/fused-moe.md). Each keeps only the pre-activation [T*k, 2H] for the backward. `deterministic=False`
+# (float32 atomics) changes "fused" only.
+FORWARDS = ("gemms", "fused")
 forward_kind = "gemms"
 
 
@@ -136,7 +135,6 @@ def _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, determini
             pre = pre.new_empty((0, pre.shape[1]))
     else:
         act, pre = fm.up_swiglu(x, w_gate_up, order, sizes, top_k, save)
-    if forward_kind == "fused":
         w_flat = weights.reshape(-1)
         if not deterministic:
             return fm.down_scatter(act, w_down, order, sizes, w_flat, top_k, atomic=True).to(x.dtype), pre
