@@ -18,7 +18,7 @@ if not torch.cuda.is_available():  # the interpreter must be chosen before trito
 import pytest  # noqa: E402
 
 from ragdot.moe import router_topk  # noqa: E402
-from ragdot.moe.router import Router  # noqa: E402
+from ragdot.moe.router import Router, gate_logits  # noqa: E402
 from ragdot.moe.router_topk import fused_softmax_topk, softmax_topk  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -178,6 +178,38 @@ def test_router_takes_the_kernels_where_they_apply(monkeypatch: pytest.MonkeyPat
     torch.testing.assert_close(out.probs, ref.probs, rtol=4e-6, atol=1e-9)
     torch.testing.assert_close(out.weights, ref.weights, rtol=4e-6, atol=1e-9)
     _assert_grad_close(g, g_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gate_keeps_the_16_bit_input_and_gives_the_plain_ops_bits(dtype: torch.dtype) -> None:
+    """The router's gate saves x and its weight in their own 16-bit dtype (the plain ops keep float32 copies:
+    twice x's bytes) and gives the same logits and the same gradient bits."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 48, generator=gen).to(DEVICE, dtype).requires_grad_(True)
+    w = torch.randn(12, 48, generator=gen).to(DEVICE, dtype).requires_grad_(True)
+    dl = torch.randn(64, 12, generator=gen).to(DEVICE)
+
+    def run(fn):
+        saved = []
+
+        def pack(t):
+            saved.append(t.untyped_storage().nbytes())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logits = fn()
+        return logits, torch.autograd.grad(logits, (x, w), dl), sum(saved)
+
+    logits, grads, saved = run(lambda: gate_logits(x, w))
+    ref_logits, ref_grads, ref_saved = run(lambda: torch.nn.functional.linear(x.float(), w.float()))
+    assert logits.dtype == torch.float32 and torch.equal(logits, ref_logits)
+    for g, ref in zip(grads, ref_grads):
+        assert g.dtype == dtype and torch.equal(g, ref)
+    assert saved == (x.numel() + w.numel()) * 2 and ref_saved == 2 * saved
+    with torch.no_grad():  # nothing to save: the plain ops
+        assert torch.equal(gate_logits(x, w), ref_logits)
+    x32 = x.detach().float().requires_grad_(True)
+    assert torch.equal(gate_logits(x32, w.float()), ref_logits)  # float32 input: no cast, the plain ops
 
 
 def test_bad_input_names_the_argument() -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as _fwad
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ragdot.backends import get_backend
 from ragdot.inductor_lowering import direct_out_name, maybe_install
@@ -225,6 +226,15 @@ def run(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | No
 def _transformed() -> bool:
     """Forward-mode AD or a torch.func transform is active."""
     return _fwad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+
+
+def plain_eager(*tensors: torch.Tensor) -> bool:
+    """Whether code runs eagerly on real tensors: no compiler, tracer, dispatch mode (fake, proxy, functional) or
+    torch.func transform is active and the tensors are plain (where a hand-written autograd.Function or a kernel
+    body called directly may stand in for what the tracers must see as ops)."""
+    if torch.compiler.is_compiling() or _transformed() or _current_dispatch_mode() is not None:
+        return False
+    return all(type(t) is torch.Tensor for t in tensors)
 
 
 # The backward products of each problem: for (da, db), the problem they are, their operands from the canonical

@@ -32,7 +32,6 @@ has none).
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ragdot import ops as _ops
 from ragdot.moe import routing_kernels as _rk
@@ -103,7 +102,7 @@ def sort_experts(experts: torch.Tensor, num_experts: int, impl: str | None = Non
         impl = "triton" if _rk.HAS_TRITON and experts.device.type == "cuda" else "torch"
     if impl not in ("triton", "torch") or (impl == "triton" and not _rk.HAS_TRITON):
         raise ValueError(f"impl={impl!r} is unknown or unavailable; expected 'triton' (needs triton), 'torch' or None")
-    if _plain_eager(experts):  # the body itself, without the custom op's dispatch
+    if _ops.plain_eager(experts):  # the body itself, without the custom op's dispatch
         return _rk.sort_order(experts, num_experts, impl)
     return torch.ops.ragdot.moe_sort(experts, num_experts, impl)
 
@@ -184,7 +183,7 @@ def _grads(ctx, grad_y) -> tuple:
         raise RuntimeError("fused_moe: the forward ran without saving its activations (save=False)")
     need_dx = bool(ctx.needs_input_grad[0])
     tensors = (grad_y, x, order, sizes, weights, w_gate_up, w_down, pre)
-    if _plain_eager(grad_y, pre):  # the body itself, dpre written over pre, which only this backward reads
+    if _ops.plain_eager(grad_y, pre):  # the body itself, dpre written over pre, which only this backward reads
         dx, dw, dwgu, dwd = _backward_op_body(*tensors, ctx.top_k, need_dx, in_place=backward_in_place)
         ctx.pre_overwritten = backward_in_place and backward_kind == "gemms"
     else:  # functional: what the compilers and tracers see
@@ -222,14 +221,6 @@ class _FusedEager(torch.autograd.Function):
         if grad_y is None:  # y's gradient undefined: nothing flows back
             return (None,) * 8
         return *_grads(ctx, grad_y), None, None
-
-
-def _plain_eager(*tensors: torch.Tensor) -> bool:
-    """Whether this backward runs eagerly on real tensors: no compiler, tracer, dispatch mode (fake, proxy,
-    functional) or torch.func transform is active and the tensors are plain."""
-    if torch.compiler.is_compiling() or _ops._transformed() or _current_dispatch_mode() is not None:
-        return False
-    return all(type(t) is torch.Tensor for t in tensors)
 
 
 # ------------------------------------------------------------------------------------------------ backward
@@ -362,7 +353,7 @@ def fused_experts(
     top_k = weights.shape[1]
     grads = (x, weights, w_gate_up, w_down)
     save = torch.is_grad_enabled() and any(t.requires_grad for t in grads)
-    if _plain_eager(x):  # without the custom op's dispatch
+    if _ops.plain_eager(x):  # without the custom op's dispatch
         if save:
             return _FusedEager.apply(x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic)[0]
         return _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, False, deterministic)[0]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ragdot.moe.router_topk import softmax_topk
+from ragdot.ops import plain_eager
 
 __all__ = ["Router", "RouterOutput", "load_balancing_loss", "router_z_loss", "expert_counts"]
 
@@ -60,10 +61,43 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> RouterOutput:
         """x [T, dim] -> RouterOutput."""
-        dt = torch.promote_types(x.dtype, torch.float32)
-        logits = F.linear(x.to(dt), self.weight.to(dt))
+        logits = gate_logits(x, self.weight)
         probs, weights, experts = softmax_topk(logits, self.top_k, self.normalize)
         return RouterOutput(weights=weights, experts=experts, logits=logits, probs=probs)
+
+
+class _GateLinear(torch.autograd.Function):
+    """logits = x.to(dt) @ w.to(dt)^T that saves x and w in their own (16-bit) dtype and casts them again in the
+    backward, where autograd of the plain ops keeps the float32 copy of x [T, D] alive until the router's backward
+    (the layer's last): half the bytes saved for it. The casts are exact and the products are the ones autograd
+    runs, so the gradients are the same bits."""
+
+    @staticmethod
+    def forward(x, w, dt):
+        return F.linear(x.to(dt), w.to(dt))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, dt = inputs
+        ctx.save_for_backward(x, w)
+        ctx.dt = dt
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        dx = grad.mm(w.to(ctx.dt)).to(x.dtype) if ctx.needs_input_grad[0] else None
+        dw = grad.t().mm(x.to(ctx.dt)).to(w.dtype) if ctx.needs_input_grad[1] else None
+        return dx, dw, None
+
+
+def gate_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [T, D] @ weight [E, D]^T in float32 at least -> [T, E]. In plain eager autograd with a 16-bit x the float32
+    copy of x is not kept for the backward (``_GateLinear``); elsewhere (compilers, torch.func) the plain ops."""
+    dt = torch.promote_types(x.dtype, torch.float32)
+    if x.dtype != dt and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) \
+            and plain_eager(x):
+        return _GateLinear.apply(x, weight, dt)
+    return F.linear(x.to(dt), weight.to(dt))
 
 
 def expert_counts(experts: torch.Tensor, num_experts: int) -> torch.Tensor:
