@@ -133,7 +133,8 @@ def test_time_step_medians_and_resets():
 def test_speedups_per_config_tokens_and_mode():
     def row(variant, ms, mode="eager", tokens=8, status="ok", mib=None):
         return {"config": "c", "tokens": tokens, "mode": mode, "variant": variant, "ms": ms, "status": status,
-                "dim": 4, "hidden": 3, "top_k": 2, "peak_mib": mib, "saved_mib": None if mib is None else mib / 2}
+                "dim": 4, "hidden": 3, "top_k": 2, "peak_mib": mib, "saved_mib": None if mib is None else mib / 2,
+                "act_peak_mib": None if mib is None else mib - 4}
 
     rows = [row("peer", 2.0, mib=10.0), row("sparse-torch", 1.0, mib=6.0), row("sparse-torch", 4.0, mode="compile"),
             row("peer", 8.0, mode="compile"), row("sparse-auto", None, status="OOM"),
@@ -142,6 +143,7 @@ def test_speedups_per_config_tokens_and_mode():
     assert [r["vs_peer"] for r in rows] == [1.0, 2.0, 2.0, 1.0, None, None]
     assert [r["mem_vs_peer"] for r in rows] == [1.0, 0.6, None, None, None, None]
     assert [r["saved_vs_peer"] for r in rows] == [1.0, 0.6, None, None, None, None]
+    assert [r["act_vs_peer"] for r in rows] == [1.0, 2 / 6, None, None, None, None]
     flops = 18 * 8 * 2 * 4 * 3  # tokens x top-k x dim x hidden, forward and backward
     assert rows[1]["tflops"] == pytest.approx(flops / 1.0 / 1e9) and rows[4]["tflops"] is None
     assert rows[1]["sol_pct"] == pytest.approx(100 * rows[1]["tflops"] / 1e-9)

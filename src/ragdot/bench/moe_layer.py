@@ -23,7 +23,9 @@ top-k x dim x hidden (the forward's up projection to 2 x hidden and down project
 data and weight gradients of both, twice that; the router left out); ``sol_pct`` = that rate over the dense
 matmul rate measured at the start of the run (``ragdot.bench.ceilings``, in the run's meta); ``peak_mib`` = on
 CUDA, the peak allocation of one more step above what was allocated before it (activations, gradients,
-temporaries; not x, dy or the weights), ``mem_vs_peer`` = that peak over peer's; ``saved_mib`` = what the same
+temporaries; not x, dy or the weights), ``mem_vs_peer`` = that peak over peer's; ``act_peak_mib`` = that peak
+less the gradients the step leaves (of x and of the layer's parameters: its results, the same in every variant),
+i.e. the activations and temporaries at the peak, ``act_vs_peer`` = that over peer's; ``saved_mib`` = what the same
 step holds between its forward and its backward (the output and the activations kept for the backward),
 ``saved_vs_peer`` = that over peer's.
 
@@ -66,7 +68,8 @@ PREFERRED_CONFIGS: tuple[str, ...] = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss
 QUICK_TOKENS = 256
 COLUMNS: tuple[str, ...] = (
     "config", "dim", "hidden", "experts", "top_k", "tokens", "variant", "mode", "status", "ms", "host_ms",
-    "clock", "vs_peer", "tflops", "sol_pct", "saved_mib", "saved_vs_peer", "peak_mib", "mem_vs_peer",
+    "clock", "vs_peer", "tflops", "sol_pct", "saved_mib", "saved_vs_peer", "peak_mib", "mem_vs_peer", "act_peak_mib",
+    "act_vs_peer",
     "host_bound", "steps", "compile_s", "graphs", "dtype", "gpu", "commit", "date", "torch", "note",
 )  # fmt: skip
 
@@ -174,7 +177,7 @@ def measure_row(layer, x, dy, variant: str, mode: str, args: argparse.Namespace)
     try:
         t = time_step(step, reset, x.device, args.warmup, args.steps, args.max_seconds)
         reset()
-        memory = step_memory(fn, x, dy)
+        memory = step_memory(fn, x, dy, layer.parameters())
     except Exception as exc:  # OOM, a backend that cannot serve, a compile failure: report it, run on
         status, note = failure_status(exc)
         return {"status": status, "note": _root_cause(exc) if status == "error" else note}
@@ -189,14 +192,16 @@ def measure_row(layer, x, dy, variant: str, mode: str, args: argparse.Namespace)
     return row
 
 
-def step_memory(fn, x: torch.Tensor, dy: torch.Tensor) -> dict[str, float | None]:
-    """One more step on CUDA, its memory in MiB above what was allocated before it (x, dy, the weights):
-    ``saved_mib`` held between the forward and the backward (the output and what the backward keeps),
-    ``peak_mib`` at the peak of the whole step (weight gradients and temporaries too). None off CUDA."""
+def step_memory(fn, x: torch.Tensor, dy: torch.Tensor, params=()) -> dict[str, float | None]:
+    """One more step on CUDA (x's and `params`' gradients unset before it), its memory in MiB above what was
+    allocated before it (x, dy, the weights): ``saved_mib`` held between the forward and the backward (the output
+    and what the backward keeps), ``peak_mib`` at the peak of the whole step (weight gradients and temporaries
+    too), ``act_peak_mib`` that peak less the gradients of x and `params` the step leaves. None off CUDA."""
     device = x.device
+    params = [p for p in params if p is not x]
     if device.type != "cuda":
         fn(x).backward(dy)
-        return {"saved_mib": None, "peak_mib": None}
+        return {"saved_mib": None, "peak_mib": None, "act_peak_mib": None}
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -206,7 +211,10 @@ def step_memory(fn, x: torch.Tensor, dy: torch.Tensor) -> dict[str, float | None
     y.backward(dy)
     del y
     torch.cuda.synchronize(device)
-    return {"saved_mib": saved / 2**20, "peak_mib": (torch.cuda.max_memory_allocated(device) - base) / 2**20}
+    peak = torch.cuda.max_memory_allocated(device) - base
+    grads = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
+             for g in (t.grad for t in (x, *params)) if g is not None}
+    return {"saved_mib": saved / 2**20, "peak_mib": peak / 2**20, "act_peak_mib": (peak - sum(grads.values())) / 2**20}
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -234,15 +242,16 @@ def useful_flops(row: dict[str, Any]) -> int:
 
 
 def speedups(rows: list[dict[str, Any]], peak_tflops: float | None = None) -> None:
-    """In place: vs_peer = peer ms / variant ms, mem_vs_peer and saved_vs_peer = the variant's peak and saved MiB
-    over peer's, of the same (config, tokens, mode) (None without both); tflops and, given the measured matmul
-    rate, sol_pct of ok rows."""
+    """In place: vs_peer = peer ms / variant ms, mem_vs_peer, act_vs_peer and saved_vs_peer = the variant's peak,
+    activation peak and saved MiB over peer's, of the same (config, tokens, mode) (None without both); tflops
+    and, given the measured matmul rate, sol_pct of ok rows."""
     peer = {(r["config"], r["tokens"], r["mode"]): r for r in rows if r["variant"] == "peer"}
     for r in rows:
         ref, ok = peer.get((r["config"], r["tokens"], r["mode"]), {}), r.get("status") == "ok"
         base, own = ref.get("ms"), r.get("ms")
         r["vs_peer"] = base / own if ok and base and own else None
-        for key, ratio in (("peak_mib", "mem_vs_peer"), ("saved_mib", "saved_vs_peer")):
+        for key, ratio in (("peak_mib", "mem_vs_peer"), ("saved_mib", "saved_vs_peer"),
+                           ("act_peak_mib", "act_vs_peer")):
             base_mib, own_mib = ref.get(key), r.get(key)
             r[ratio] = own_mib / base_mib if ok and base_mib and own_mib is not None else None
         r["tflops"] = useful_flops(r) / own / 1e9 if ok and own else None
@@ -257,7 +266,7 @@ def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
     )
     title = f"MoE layer forward+backward, median ms ({clock})"
     head = ("config", "tokens", "mode", "variant", "ms", "host ms", "vs peer", "TFLOP/s", "% SOL", "saved MiB",
-            "peak MiB", "compile s", "graphs", "status")
+            "peak MiB", "act MiB", "compile s", "graphs", "status")
     body = [_cells(r) for r in rows]
     from ragdot.measure.console import Console, Table  # plain text where rich is not installed
 
@@ -283,7 +292,7 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
         status += f": {str(r['note'])[:60]}"
     return (r["config"], str(r["tokens"]), r["mode"], r["variant"], num("ms", "{:.3f}"), host,
             num("vs_peer", "{:.2f}x"), num("tflops", "{:.0f}"), num("sol_pct", "{:.1f}"), num("saved_mib", "{:.0f}"),
-            num("peak_mib", "{:.0f}"),
+            num("peak_mib", "{:.0f}"), num("act_peak_mib", "{:.0f}"),
             num("compile_s", "{:.1f}"), num("graphs", "{}"), status)  # fmt: skip
 
 
