@@ -182,6 +182,28 @@ def test_the_eager_backward_gets_no_zero_filled_gradient_for_pre(monkeypatch):
     assert seen == [None] and all(torch.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_backward_writes_the_same_bits_over_its_inputs(dtype):
+    """dpre over pre and w * act over g (the backward's transients; less memory at its peak): the same bits as into
+    new buffers."""
+    from ragdot.kernels import fused_moe_bwd as fb
+
+    gen = torch.Generator().manual_seed(3)
+    a, h = 37, 24
+    g = torch.randn(a, h, generator=gen).to(DEV, dtype)
+    pre = torch.randn(a, 2 * h, generator=gen).to(DEV, dtype)
+    order = torch.randperm(a, generator=gen).to(DEV, torch.int32)
+    w = torch.rand(a, generator=gen).to(DEV)
+    ref = fb.swiglu_backward(g, pre, order, w)
+    g2, pre2 = g.clone(), pre.clone()
+    out = fb.swiglu_backward(g2, pre2, order, w, in_place=True, act_over_g=True)
+    assert out[0] is pre2 and out[1] is g2
+    for x, y in zip(out, ref):
+        assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="act_over_g"):
+        fb.swiglu_backward(g.t().contiguous().t(), pre, order, w, act_over_g=True)
+
+
 def test_a_second_backward_runs_with_the_in_place_write_off(monkeypatch):
     monkeypatch.setattr(fused_mod, "backward_in_place", False)
     x, chosen, weights, wgu, wd = _operands(12, 16, 16, 4, 2, torch.float32)

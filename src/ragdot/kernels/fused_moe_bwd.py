@@ -139,7 +139,7 @@ def _swiglu_bwd_kernel(
     order_ptr,  # int32 [M]: assignment held by permuted row r
     weights_ptr,  # float [M]: router weights in assignment order
     dpre_ptr,  # [M, 2N] contiguous out: d gate | d up of w * g (may be pre_ptr: read, then written in place)
-    act_ptr,  # [M, N] contiguous out: w * silu(gate) * up, the activation recomputed and scaled
+    act_ptr,  # [M, N] contiguous out: w * silu(gate) * up, the activation recomputed and scaled (may be g_ptr)
     dw_ptr,  # float32 [M] out: <g, silu(gate) * up> at the assignment's index
     M,  # scalar: permuted rows
     stride_g,  # scalar: row stride of g
@@ -233,12 +233,16 @@ def swiglu_backward(
     order: torch.Tensor,  # int32 [A]
     weights: torch.Tensor,  # float [A] router weights in assignment order
     in_place: bool = False,  # write dpre over pre (each element is read before the same program writes it)
+    act_over_g: bool = False,  # write w * act over g (g contiguous; read before written, as pre)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dpre [A, 2H], w * act [A, H] in pre.dtype, dw float32 [A] in assignment order): dSwiGLU of w * g,
     the recomputed activation scaled by the router weight, and the router weights' gradient <g, act>."""
     a, h2 = pre.shape
     h = h2 // 2
-    dpre, act = pre if in_place else pre.new_empty((a, h2)), pre.new_empty((a, h))
+    if act_over_g and (not g.is_contiguous() or g.dtype != pre.dtype):
+        raise ValueError(f"act_over_g needs a contiguous g in pre's dtype {pre.dtype}, got {g.dtype} {g.stride()}")
+    dpre = pre if in_place else pre.new_empty((a, h2))
+    act = g if act_over_g else pre.new_empty((a, h))
     if a == 0 or h == 0:
         return dpre, act, pre.new_zeros((a,), dtype=torch.float32)
     dw = pre.new_empty((a,), dtype=torch.float32)

@@ -261,7 +261,8 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
     tokens = _tokens(order, top_k)
     dy_rows = dy.index_select(0, tokens)  # [A, D]: dy of each permuted row's token
     g = _ragged_m(dy_rows, w_down.transpose(1, 2), sizes)  # [A, H]
-    dpre, act_w, dw = fb.swiglu_backward(g, pre, order, weights.reshape(-1), in_place=in_place)
+    # w * act written over g (a transient of this backward only): the peak holds one [A, H] buffer less
+    dpre, act_w, dw = fb.swiglu_backward(g, pre, order, weights.reshape(-1), in_place=in_place, act_over_g=True)
     if in_place:
         torch.autograd.graph.increment_version(pre)
     del g
