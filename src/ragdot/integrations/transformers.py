@@ -249,8 +249,10 @@ def _use_fused(module: torch.nn.Module, hidden_states: torch.Tensor, top_k: int,
     says the block measured faster (training, 16-bit CUDA inputs, enough routed work). Compiled whole models
     measured mixed on an H200 (Qwen3-MoE 0.99x, DeepSeek-V3-like 1.02x the unfused path's step, the latter with
     1.04x its peak memory: docs/integrations.md), so compiled code keeps the unfused path unless asked."""
-    if fused is False or (fused is None and (backend is not None or torch.compiler.is_compiling())):
+    if fused is False:
         return False
+    if fused is None and (backend is not None or not torch.is_grad_enabled() or torch.compiler.is_compiling()):
+        return False  # inference (decode) leaves here first: no layout checks on its host time
     _check_layout(module)
     if not fused_applies(module, hidden_states):
         return False
