@@ -210,6 +210,9 @@ def test_gate_keeps_the_16_bit_input_and_gives_the_plain_ops_bits(dtype: torch.d
         assert torch.equal(gate_logits(x, w), ref_logits)
     x32 = x.detach().float().requires_grad_(True)
     assert torch.equal(gate_logits(x32, w.float()), ref_logits)  # float32 input: no cast, the plain ops
+    x3 = x.detach().reshape(4, 16, 48).requires_grad_(True)  # a batch axis: the plain ops, which take any rank
+    (g3,) = torch.autograd.grad(gate_logits(x3, w), x3, dl.reshape(4, 16, 12))
+    assert torch.equal(g3.reshape(64, 48), ref_grads[0])
 
 
 def test_bad_input_names_the_argument() -> None:

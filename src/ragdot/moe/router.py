@@ -91,11 +91,12 @@ class _GateLinear(torch.autograd.Function):
 
 
 def gate_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [T, D] @ weight [E, D]^T in float32 at least -> [T, E]. In plain eager autograd with a 16-bit x the float32
-    copy of x is not kept for the backward (``_GateLinear``); elsewhere (compilers, torch.func) the plain ops."""
+    """x [T, D] @ weight [E, D]^T in float32 at least -> [T, E]. In plain eager autograd with a 16-bit 2-D x the
+    float32 copy of x is not kept for the backward (``_GateLinear``); elsewhere (compilers, torch.func, other ranks)
+    the plain ops."""
     dt = torch.promote_types(x.dtype, torch.float32)
-    if x.dtype != dt and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) \
-            and plain_eager(x):
+    if x.dim() == 2 and x.dtype != dt and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) \
+            and plain_eager(x):  # the Function's backward multiplies 2-D matrices
         return _GateLinear.apply(x, weight, dt)
     return F.linear(x.to(dt), weight.to(dt))
 
