@@ -31,6 +31,10 @@ TRITON_TILES = {
     "t64x256": TileConfig(64, 256, 64, group_m=8, num_warps=4, num_stages=4, persistent=True, tma=True, flat=True),
     "t128x128p2": TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
                              tma=True, flat=True),
+    "t128x256+t64": TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, persistent=True, tma=True,
+                               flat=True, tail_m=64),
+    "t128x128p2+t64": TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True,
+                                 programs_per_sm=2, tma=True, flat=True, tail_m=64),
 }
 
 
@@ -46,14 +50,14 @@ def _pad(sizes: torch.Tensor, block_m: int) -> float:
     return float(((sizes + block_m - 1) // block_m * block_m).sum() / sizes.sum())
 
 
-def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> dict[str, callable]:
+def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool) -> dict[str, callable]:
     out: dict[str, callable] = {"vendor": lambda: torch._grouped_mm(a[0], b[0], offs=ends)}
     k, n, g = a.shape[2], b.shape[3], b.shape[1]
     heur = pick_config("ragged_m", a.shape[1], k, n, g, a.dtype, a.device)
     for label, cfg in {"triton-heuristic": heur, **TRITON_TILES}.items():
         prep = triton_m.Prepared(a, b, a.dtype, cfg)
         out[f"{label} ({cfg.short()})"] = lambda prep=prep: prep(a, b, ends)
-    for cfg in gluon_m_tuning_configs(k, n):
+    for cfg in gluon_m_tuning_configs(k, n) if gluon else ():
         try:
             prep = gluon_m.Prepared(a, b, a.dtype, cfg)
         except NotImplementedError:
@@ -68,6 +72,7 @@ def main() -> None:
     p.add_argument("--tokens", nargs="+", type=int, default=[8192])
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--no-gluon", action="store_true", help="leave the Gluon tiles out")
     args = p.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     rows = []
@@ -88,7 +93,7 @@ def main() -> None:
                 pads = {bm: round(_pad(sizes, bm), 3) for bm in (64, 128)}
                 for prob, (a, b) in problems.items():
                     flops = 2 * m * a.shape[2] * b.shape[3]
-                    for system, fn in _systems(a, b, ends).items():
+                    for system, fn in _systems(a, b, ends, not args.no_gluon).items():
                         ms = median_ms(fn, dev, graph=True, reps=args.reps)
                         row = {"layer": name, "tokens": t, "routing": routing, "problem": prob, "system": system,
                                "ms": ms, "tflops": flops / ms / 1e9, "pad64": pads[64], "pad128": pads[128]}
