@@ -31,10 +31,6 @@ TRITON_TILES = {
     "t64x256": TileConfig(64, 256, 64, group_m=8, num_warps=4, num_stages=4, persistent=True, tma=True, flat=True),
     "t128x128p2": TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
                              tma=True, flat=True),
-    "t128x256+t64": TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, persistent=True, tma=True,
-                               flat=True, tail_m=64),
-    "t128x128p2+t64": TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True,
-                                 programs_per_sm=2, tma=True, flat=True, tail_m=64),
 }
 
 

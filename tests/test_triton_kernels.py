@@ -150,41 +150,6 @@ def test_ragged_m_tma_kernels(cfg: TileConfig, b_t: bool, batch: int, monkeypatc
     assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float16]
 
 
-SPLIT = TileConfig(32, 16, 16, group_m=2, num_warps=4, num_stages=2, persistent=True, tma=True, flat=True,
-                   tail_m=16)
-
-
-@pytest.mark.parametrize("b_t", [False, True])
-@pytest.mark.parametrize("sizes", [[40, 0, 30, 5, 33, 8, 64, 48], [16, 17, 1, 0]])
-def test_ragged_m_split_tail_tiles(sizes: list[int], b_t: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A `tail_m` config: groups whose last 32-row tile holds at most 16 rows (40, 5, 33, 8, 16, 1) finish in
-    the second launch's 16-row tiles, the others (30, 64, 48, 17) in the first; empty groups, tail rows past
-    the groups zeroed, every row written (poisoned output), NaN in unused rows never leaks; the result equals
-    the same tiles without the split bit for bit."""
-    if DEVICE == "cpu":
-        monkeypatch.setattr(rm_mod, "tma_capable", lambda device: True)
-    m, k, n = sum(sizes) + 11, 40, 24
-    a = operand((1, m, k), torch.float16, False)
-    b = operand((1, len(sizes), k, n), torch.float16, b_t)
-    ends = ends_of(sizes, m)
-    a[:, int(ends[-1]) :] = float("nan")
-    out = torch.full((1, m, n), float("nan"), dtype=torch.float16, device=DEVICE)
-    c, _ = rm_mod.launch(a, b, ends, config=SPLIT, out=out)
-    assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
-    assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float16]
-    whole, _ = rm_mod.launch(a, b, ends, config=TileConfig(**{**SPLIT.__dict__, "tail_m": 0}))
-    assert torch.equal(c, whole)
-
-
-def test_tail_m_needs_flat_and_a_smaller_power_of_two() -> None:
-    with pytest.raises(ValueError, match="tail_m needs flat"):
-        TileConfig(128, 128, 64, tail_m=64)
-    for bad in (128, 48, 8):
-        with pytest.raises(ValueError, match="tail_m"):
-            TileConfig(128, 128, 64, persistent=True, tma=True, flat=True, tail_m=bad)
-    assert TileConfig(128, 256, 64, persistent=True, tma=True, flat=True, tail_m=64).short().endswith(" t64")
-
-
 def test_ragged_m_clamped_ends_and_int64() -> None:
     """int64 group_ends, ends clamped at M (sizes summing past M), default heuristic config."""
     m, k, n = 20, 16, 16

@@ -53,9 +53,6 @@ class TileConfig:
         so the software pipeline loads the next tile's operands while the current tile finishes and stores.
         ragged_k (whose persistent kernel is always one such loop): a and b rows come through ragged TMA views
         clipped at each group's end instead of masked pointer loads (row-major operands on sm_90).
-    tail_m: ragged_m with `flat` (0: off): a group's last row tile, where it holds at most tail_m of the
-        block_m rows, runs in a second launch with tail_m-row tiles (`tail_config`), so that a group of
-        block_m + 5 rows computes block_m + tail_m rows instead of 2 * block_m.
     """
 
     block_m: int = 128
@@ -69,7 +66,6 @@ class TileConfig:
     tma: bool = False
     max_regs: int = 0
     flat: bool = False
-    tail_m: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -88,11 +84,6 @@ class TileConfig:
             raise ValueError("TileConfig.flat needs persistent=True and tma=True")
         if not isinstance(self.programs_per_sm, int) or self.programs_per_sm < 1:
             raise ValueError(f"TileConfig.programs_per_sm={self.programs_per_sm!r}: expected an int >= 1")
-        if self.tail_m and not (isinstance(self.tail_m, int) and _is_pow2(self.tail_m)
-                                and 16 <= self.tail_m <= self.block_m // 2):
-            raise ValueError(f"TileConfig.tail_m={self.tail_m!r}: expected 0 or a power of two in [16, block_m / 2]")
-        if self.tail_m and not self.flat:
-            raise ValueError("TileConfig.tail_m needs flat=True")
 
     def short(self) -> str:
         """A compact name, e.g. `128x128x64 g8 w4 s3` (+ ` p2` when persistent with 2 programs per SM)."""
@@ -100,14 +91,7 @@ class TileConfig:
         text += f" p{self.programs_per_sm}" if self.persistent else ""
         text += f" r{self.max_regs}" if self.max_regs else ""
         text += " tma" if self.tma else ""
-        text += " flat" if self.flat else ""
-        return text + (f" t{self.tail_m}" if self.tail_m else "")
-
-
-def tail_config(cfg: TileConfig) -> TileConfig:
-    """The second launch of a `tail_m` config: tail_m-row tiles of the same width and depth, one warpgroup."""
-    return TileConfig(cfg.tail_m, cfg.block_n, cfg.block_k, group_m=1, num_warps=4, num_stages=cfg.num_stages,
-                      persistent=True, tma=True, flat=True)
+        return text + (" flat" if self.flat else "")
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:
@@ -154,12 +138,8 @@ def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool) -> TileC
         # overlaps the other's main loop; each prefetches its next tile): 1.11-1.38x torch at 80 rows
         return TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
                           tma=True, flat=True)
-    # long groups: large wgmma tiles, TMA loads, one flat persistent program per SM; up to 1024 rows a group,
-    # a last tile of at most 64 rows runs in a second launch of 64-row tiles (routed sizes spread about the
-    # mean, so most groups end in a part-filled tile: at 256 rows a group 128-row tiles compute 1.25x the
-    # rows, benchmarks/results/h200-20261205/v2)
-    return TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, persistent=True, tma=True, flat=True,
-                      tail_m=64 if rows <= 1024 else 0)
+    # long groups: large wgmma tiles, TMA loads, one flat persistent program per SM
+    return TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, persistent=True, tma=True, flat=True)
 
 
 def _ragged_k_config(r: int, m: int, n: int, g: int, tma_loads: bool) -> TileConfig:
@@ -190,7 +170,6 @@ _TUNE_SPACE: dict[str, tuple[tuple[str, TileConfig], ...]] = {
         ("large", TileConfig(128, 128, 64, 8, 4, 3, True, 2, tma=True, flat=True)),
         ("large", TileConfig(64, 256, 64, 8, 4, 4, True, 1, tma=True, flat=True)),
         ("large", TileConfig(64, 256, 32, 8, 4, 4, True, 2, tma=True, flat=True)),
-        ("large", TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True, flat=True, tail_m=64)),
         ("large", TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True, flat=True)),
         ("large", TileConfig(64, 256, 32, 8, 4, 4, True, 2, tma=True)),
         ("large", TileConfig(128, 256, 64, 8, 8, 3, True, 1, tma=True)),

@@ -50,7 +50,7 @@ def _down_bwd_swiglu_kernel(
 ):
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
-    offs, starts, ends, first, tiles = _group_table(sizes_ptr, M, E, 1, BLOCK_M, BLOCK_G, True, 0, 0, False)
+    offs, starts, ends, first, tiles = _group_table(sizes_ptr, M, E, 1, BLOCK_M, BLOCK_G, True)
     if pid < tl.sum(tiles, 0) * num_n:
         g, row0, row_end, n_idx = _locate(pid, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
         rm, row_ok, a, tok = _gathered_rows(order_ptr, row0, row_end, TOP_K, BLOCK_M)

@@ -37,7 +37,6 @@ from ragdot.kernels.configs import (
     num_sms,
     prepared_output,
     resolve_config,
-    tail_config,
     tma_capable,
 )
 from ragdot.kernels.launch import BoundLaunch
@@ -45,8 +44,7 @@ from ragdot.kernels.launch import BoundLaunch
 
 @triton.jit
 def _group_table(
-    groups_ptr, M, G, size_scale, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, FROM_SIZES: tl.constexpr,
-    SPLIT_M: tl.constexpr, TAIL_M: tl.constexpr, TAIL_PART: tl.constexpr,
+    groups_ptr, M, G, size_scale, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, FROM_SIZES: tl.constexpr
 ):
     """Per-group vectors of length BLOCK_G (>= G + 1): first row, end row, first row tile, row tiles.
 
@@ -54,10 +52,6 @@ def _group_table(
     dtype): then each program clamps them (negatives count as 0) and forms the ends itself,
     ends = min(size_scale * cumsum(sizes), M), in int64 so no sizes can wrap the sum.
     Slot G is the tail group [ends[G-1], M); slots beyond it are empty groups at M.
-    With SPLIT_M (> 0: the tile height of the main launch of a split config), a group whose rows leave a last
-    tile of at most TAIL_M rows in SPLIT_M-row tiles loses those rows from its range (the main launch), or
-    keeps only those (TAIL_PART: the tail launch, TAIL_M-row tiles, no tail group): the two launches write
-    disjoint rows that together cover every group.
     """
     offs = tl.arange(0, BLOCK_G)
     if FROM_SIZES:
@@ -72,14 +66,6 @@ def _group_table(
     ends = tl.where(offs < G, ends, M)
     starts = tl.where(offs <= G, prev, M)
     ends = tl.maximum(ends, starts)
-    if SPLIT_M > 0:
-        rem = (ends - starts) % SPLIT_M
-        short = (offs < G) & (rem > 0) & (rem <= TAIL_M)
-        if TAIL_PART:
-            starts = tl.where(short, ends - rem, tl.where(offs < G, ends, M))
-            ends = tl.where(offs < G, ends, M)
-        else:
-            ends = tl.where(short, ends - rem, ends)
     tiles = (ends - starts + BLOCK_M - 1) // BLOCK_M
     first = tl.cumsum(tiles, 0) - tiles
     return offs, starts, ends, first, tiles
@@ -172,8 +158,7 @@ def ragged_m_kernel(
     pid = tl.program_id(0)
     bt = tl.program_id(1)
     num_n = tl.cdiv(N, BLOCK_N)
-    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, size_scale, BLOCK_M, BLOCK_G, FROM_SIZES,
-                                                    0, 0, False)
+    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, size_scale, BLOCK_M, BLOCK_G, FROM_SIZES)
     total = tl.sum(tiles, 0) * num_n
     if PERSISTENT:
         for tile in tl.range(pid, max_tiles, tl.num_programs(0)):
@@ -250,8 +235,7 @@ def ragged_m_tma_kernel(
     pid = tl.program_id(0)
     bt = tl.program_id(1)
     num_n = tl.cdiv(N, BLOCK_N)
-    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, size_scale, BLOCK_M, BLOCK_G, FROM_SIZES,
-                                                    0, 0, False)
+    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, size_scale, BLOCK_M, BLOCK_G, FROM_SIZES)
     total = tl.sum(tiles, 0) * num_n
     if PERSISTENT:
         for tile in tl.range(pid, max_tiles, tl.num_programs(0)):
@@ -281,16 +265,12 @@ def ragged_m_tma_flat_kernel(
     B_KMAJOR: tl.constexpr,  # b_desc describes b transposed (K contiguous)
     PRECISION: tl.constexpr,  # tl.dot input_precision
     FROM_SIZES: tl.constexpr,  # ends_ptr holds raw group sizes: the ends are formed in the kernel
-    SPLIT_M: tl.constexpr,  # 0; or the main launch's tile height of a split config (TileConfig.tail_m)
-    TAIL_M: tl.constexpr,  # the tail launch's tile height (split configs)
-    TAIL_PART: tl.constexpr,  # this launch computes the groups' short last tiles only (split configs)
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     bt = tl.program_id(1)
     num_n = tl.cdiv(N, BLOCK_N)
-    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, size_scale, BLOCK_M, BLOCK_G, FROM_SIZES,
-                                                    SPLIT_M, TAIL_M, TAIL_PART)
+    offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, size_scale, BLOCK_M, BLOCK_G, FROM_SIZES)
     real = tl.sum(tl.where(offs < G, tiles, 0), 0) * num_n  # tiles of the G groups; the tail group's follow
     total = tl.sum(tiles, 0) * num_n
     zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
@@ -366,25 +346,13 @@ class Prepared:
         self.kmajor = b.stride(3) != 1
         bv = b.transpose(2, 3) if self.kmajor else b
         self.tma = (cfg.tma and tma_capable(a.device) and _tma_strides_ok(a) and _tma_strides_ok(bv))
-        self.tail_launch = None
         if self.tma:
             self.a_desc = (list(a.shape), list(a.stride()), [1, cfg.block_m, cfg.block_k])
             bblock = [1, 1, cfg.block_n, cfg.block_k] if self.kmajor else [1, 1, cfg.block_k, cfg.block_n]
             self.b_desc = (list(bv.shape), list(bv.stride()), bblock)
             kernel = ragged_m_tma_flat_kernel if cfg.flat else ragged_m_tma_kernel
-            extra = {"SPLIT_M": cfg.block_m if cfg.tail_m else 0, "TAIL_M": cfg.tail_m, "TAIL_PART": False}
-            extra = extra if cfg.flat else {"PERSISTENT": cfg.persistent}
+            extra = {} if cfg.flat else {"PERSISTENT": cfg.persistent}
             self.tma_launch = BoundLaunch(kernel, grid, {**consts, "B_KMAJOR": self.kmajor, **extra}, opts, a.device)
-            if cfg.tail_m:  # the groups' short last tiles: at most one tile of tail_m rows per group and column
-                tail = tail_config(cfg)
-                self.a_tail_desc = (list(a.shape), list(a.stride()), [1, tail.block_m, tail.block_k])
-                tail_grid = (min(g * num_n, num_sms(a.device) * tail.programs_per_sm), bt)
-                self.tail_launch = BoundLaunch(
-                    kernel, tail_grid,
-                    {**consts, "BLOCK_M": tail.block_m, "GROUP_M": tail.group_m, "B_KMAJOR": self.kmajor,
-                     "SPLIT_M": cfg.block_m, "TAIL_M": tail.block_m, "TAIL_PART": True},
-                    launch_options(tail, a.device), a.device,
-                )
         self.strides = (*a.stride(), *b.stride())
         self.ptr_launch = BoundLaunch(
             ragged_m_kernel, grid,
@@ -404,10 +372,7 @@ class Prepared:
             # a descriptor's base gives only the address and dtype: shapes and strides are the prepared ones
             a_desc = host_descriptor(a, *self.a_desc)
             b_desc = host_descriptor(b, *self.b_desc)
-            handle = self.tma_launch(a_desc, b_desc, c, ends, *self.sizes)
-            if self.tail_launch is not None:
-                self.tail_launch(host_descriptor(a, *self.a_tail_desc), b_desc, c, ends, *self.sizes)
-            return c, handle
+            return c, self.tma_launch(a_desc, b_desc, c, ends, *self.sizes)
         return c, self.ptr_launch(a, b, c, ends, *self.sizes[:4], self.scale, *self.strides, self.max_tiles)
 
 
