@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,8 +48,8 @@ def _pad(sizes: torch.Tensor, block_m: int) -> float:
     return float(((sizes + block_m - 1) // block_m * block_m).sum() / sizes.sum())
 
 
-def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool) -> dict[str, callable]:
-    out: dict[str, callable] = {"vendor": lambda: torch._grouped_mm(a[0], b[0], offs=ends)}
+def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool) -> dict[str, Callable[[], Any]]:
+    out: dict[str, Callable[[], Any]] = {"vendor": lambda: torch._grouped_mm(a[0], b[0], offs=ends)}
     k, n, g = a.shape[2], b.shape[3], b.shape[1]
     heur = pick_config("ragged_m", a.shape[1], k, n, g, a.dtype, a.device)
     for label, cfg in {"triton-heuristic": heur, **TRITON_TILES}.items():
