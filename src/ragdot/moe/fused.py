@@ -35,6 +35,7 @@ import torch
 
 from ragdot import ops as _ops
 from ragdot.moe import routing_kernels as _rk
+from ragdot.moe.permute import default_impl
 from ragdot.ops import stored_transposed
 
 __all__ = ["sort_experts", "fused_experts", "fused_supported", "preferred", "FUSED_MIN_FLOPS"]
@@ -99,7 +100,7 @@ def sort_experts(experts: torch.Tensor, num_experts: int, impl: str | None = Non
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
         raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
     if impl is None:
-        impl = "triton" if _rk.HAS_TRITON and experts.device.type == "cuda" else "torch"
+        impl = default_impl(experts.device)
     if impl not in ("triton", "torch") or (impl == "triton" and not _rk.HAS_TRITON):
         raise ValueError(f"impl={impl!r} is unknown or unavailable; expected 'triton' (needs triton), 'torch' or None")
     if _ops.plain_eager(experts):  # the body itself, without the custom op's dispatch
@@ -140,8 +141,7 @@ def _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, determini
         return fm.sum_choices(fm.down_scatter(act, w_down, order, sizes, w_flat, top_k), top_k), pre
     rows = _ragged_m(act, w_down, sizes)  # [A, D]
     del act
-    impl = "triton" if rows.is_cuda else "torch"
-    return _rk.combine(rows, _rk.inverse_permutation(order), weights, top_k, impl), pre
+    return _rk.combine(rows, _rk.inverse_permutation(order), weights, top_k, default_impl(rows.device)), pre
 
 
 @torch.library.custom_op("ragdot::fused_moe", mutates_args=())
@@ -271,7 +271,7 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
     dx = x.new_empty((0, x.shape[1]))
     if need_dx:
         rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
-        dx = _rk.combine(rows, _rk.inverse_permutation(order), None, top_k, "triton" if rows.is_cuda else "torch")
+        dx = _rk.combine(rows, _rk.inverse_permutation(order), None, top_k, default_impl(rows.device))
         del rows
     dwgu = _ragged_k(x.index_select(0, tokens), dpre, sizes, w_gate_up)
     return dx, dw.view(weights.shape), dwgu, dwd
