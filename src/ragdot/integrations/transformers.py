@@ -226,13 +226,18 @@ def fused_applies(module: torch.nn.Module, hidden_states: torch.Tensor) -> bool:
     return on_device and hidden_states.dtype == w_up.dtype and fused_supported(hidden_states, w_up, w_down)
 
 
+def _fused_weights(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's operands: w_gate_up [E, D, 2H] and w_down [E, H, D], the module's weights or views of them."""
+    is_transposed = _flag(module, "is_transposed", False)
+    return (_as_rhs(module.gate_up_proj, is_transposed, "gate_up_proj", module.num_experts),
+            _as_rhs(module.down_proj, is_transposed, "down_proj", module.num_experts))
+
+
 def _fused_forward(
     module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
     num_experts = module.num_experts
-    is_transposed = _flag(module, "is_transposed", False)
-    w_up = _as_rhs(module.gate_up_proj, is_transposed, "gate_up_proj", num_experts)
-    w_down = _as_rhs(module.down_proj, is_transposed, "down_proj", num_experts)
+    w_up, w_down = _fused_weights(module)
     ids, weights = top_k_index, top_k_weights
     if _expert_parallel(module):
         # Off-rank choices run on expert 0 with weight 0: they add nothing to the output or to any gradient.
@@ -258,9 +263,7 @@ def _use_fused(module: torch.nn.Module, hidden_states: torch.Tensor, top_k: int,
         return False
     if fused:
         return True
-    w_up = _as_rhs(module.gate_up_proj, _flag(module, "is_transposed", False), "gate_up_proj", module.num_experts)
-    w_down = _as_rhs(module.down_proj, _flag(module, "is_transposed", False), "down_proj", module.num_experts)
-    return preferred(hidden_states, top_k, w_up, w_down)
+    return preferred(hidden_states, top_k, *_fused_weights(module))
 
 
 def make_experts_forward(backend: str | None = None, *, fused: bool | None = None) -> Callable:
