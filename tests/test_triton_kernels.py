@@ -257,6 +257,57 @@ def test_ragged_k_tma_loads(batch: int, sizes: list[int], monkeypatch: pytest.Mo
     assert torch.equal(prepared(a_odd, b, ends)[0], c_ptr)
 
 
+@pytest.mark.parametrize("side", ["a", "b"])
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_PERSISTENT_K, TMA_LOADS_K], ids=["pointer", "persistent", "tma"])
+def test_ragged_k_reads_one_operand_through_a_row_index(side: str, cfg: TileConfig, monkeypatch) -> None:
+    """`a_rows` / `b_rows`: the operand read through a row index gives the bits of the call on the pre-gathered
+    rows with the same tile (pointer, persistent, and TMA loads of the other operand); NaN in a source row no
+    token row names and past the other operand's last group never leaks; indices out of range are clamped into
+    the source (never read out of bounds), those past the last group are not read; empty groups exact zeros."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
+    s, r, m, n, sizes = 23, 50, 24, 40, [7, 0, 20, 13, 1]  # 41 of 50 token rows in groups
+    gen = torch.Generator().manual_seed(3)
+    index = torch.randint(0, s - 2, (r,), generator=gen)
+    index[[2, 30]] = torch.tensor([s + 100, -4])  # inside groups: clamped to s - 1 and 0
+    index[45:] = 10**6  # past the last group: never read
+    index = index.to(DEVICE)
+    src = operand((1, s, m if side == "a" else n), torch.float16, False)
+    src[:, s - 2] = float("nan")  # no token row names this one
+    other = operand((1, r, n if side == "a" else m), torch.float16, False)
+    ends = ends_of(sizes, r)
+    other[:, int(ends[-1]):] = float("nan")
+    gathered = src[:, index.clamp(0, s - 1)]
+    if side == "a":
+        got = rk_mod.ragged_k(src, other, ends, config=cfg, a_rows=index.int())
+        want = rk_mod.ragged_k(gathered, other, ends, config=cfg)
+        ref = ref_ragged_k(gathered.nan_to_num(0), other.nan_to_num(0), ends)
+    else:
+        got = rk_mod.ragged_k(other, src, ends, config=cfg, b_rows=index)  # int64 indices too
+        want = rk_mod.ragged_k(other, gathered, ends, config=cfg)
+        ref = ref_ragged_k(other.nan_to_num(0), gathered.nan_to_num(0), ends)
+    assert torch.equal(got, want) and not got.isnan().any()
+    assert (got[1] == 0).all()
+    assert rel_err(got, ref) < TOL[torch.float16]
+
+
+def test_ragged_k_row_index_errors() -> None:
+    a = torch.randn(1, 6, 4, device=DEVICE)
+    b = torch.randn(1, 8, 5, device=DEVICE)
+    ends = torch.tensor([3, 8], dtype=torch.int32, device=DEVICE)
+    rows = torch.arange(8, device=DEVICE) % 6
+    with pytest.raises(ValueError, match="at most one operand"):
+        rk_mod.ragged_k(a, b, ends, a_rows=rows, b_rows=rows)
+    with pytest.raises(TypeError, match="a_rows: expected a 1-D integer tensor"):
+        rk_mod.ragged_k(a, b, ends, a_rows=rows.float())
+    with pytest.raises(ValueError, match="a_rows: 7 rows, but the other operand has 8"):
+        rk_mod.ragged_k(a, b, ends, a_rows=rows[:7])
+    with pytest.raises(ValueError, match="b_rows: needs batch-1 operands"):
+        rk_mod.ragged_k(b.expand(2, 8, 5), a.expand(2, 6, 4), ends, b_rows=rows)
+    with pytest.raises(ValueError, match="b: expected shape"):
+        rk_mod.ragged_k(a, b, ends)
+
+
 @pytest.mark.parametrize("cfg", [SMALL_PERSISTENT_K, TMA_LOADS_K], ids=["pointer", "tma"])
 @pytest.mark.parametrize("sizes,scale", [([7, -2, 20, 0, 13, 1], 1), ([40, 7, 30, 1], 1), ([3, 2, -1, 9, 0], 2),
                                          ([0, 0, 0], 1)])
@@ -462,6 +513,10 @@ _COMPILE_SCRIPT = textwrap.dedent(
                 h = rk.launch(a, torch.empty(1, m, n, dtype=bf), torch.zeros(g, dtype=torch.int32), config=cfg,
                               sched=torch.zeros(3, g, dtype=torch.int32))[1]
                 out[f"ragged_k {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
+            rows = torch.zeros(m, dtype=torch.int32)  # a read through a row index, b through its ragged view
+            h = rk.launch(a[:, :1], torch.empty(1, m, n, dtype=bf), torch.zeros(g, dtype=torch.int32), config=cfg,
+                          sched=torch.zeros(3, g, dtype=torch.int32), a_rows=rows)[1]
+            out[f"ragged_k a_rows {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
     print(json.dumps(out))
     """
 )
@@ -480,7 +535,7 @@ def test_sm90_code_uses_wgmma_without_spills() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     usage = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(usage) == 24 and sum(" flat" in name and name.startswith("ragged_k") for name in usage) == 6
+    assert len(usage) == 30 and sum(" flat" in name and name.startswith("ragged_k") for name in usage) == 12
     assert any(" 16x128x128" in name for name in usage)  # the decode tile (rows <= 16 a group) on sm_90
     for name, info in usage.items():
         if " 32x" not in name and " 16x" not in name:  # tiles under 64 rows run mma.sync (memory bound)
@@ -618,6 +673,32 @@ def test_gpu_ragged_k_tma_loads(cfg: TileConfig, batch: int) -> None:
     c_ptr = rk_mod.ragged_k(a, b, ends, config=TileConfig(**{**cfg.__dict__, "flat": False}))
     assert rel_err(c, c_ptr.double()) < 1e-2
     assert handle.n_spills == 0 and "wgmma" in handle.asm["ptx"]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_gpu_ragged_k_row_index(side: str) -> None:
+    """bf16 weight gradient with one operand read through a row index (the fused MoE block's x [T, D] through
+    its token index) and the other through its ragged TMA view, heuristic tile: the bits of the call on the
+    pre-gathered rows, NaN rows of x that no token row names and past the last group never leak."""
+    t, r, d, q = 1500, 2600, 1000, 744
+    sizes = [160, 0, 129, 64, 65, 300, 1, 256, 192, 1200]  # sum 2367: 233 rows past the last group
+    ends = ends_of(sizes, r)
+    x = torch.randn(1, t, d, device="cuda", dtype=torch.bfloat16)
+    x[:, t - 1] = float("nan")
+    index = torch.randint(0, t - 1, (r,), device="cuda", dtype=torch.int32)
+    other = torch.randn(1, r, q, device="cuda", dtype=torch.bfloat16)
+    other[:, int(ends[-1]):] = float("nan")
+    gathered = x[:, index.long()]
+    if side == "a":
+        got = rk_mod.ragged_k(x, other, ends, a_rows=index)
+        want = rk_mod.ragged_k(gathered, other, ends)
+    else:
+        got = rk_mod.ragged_k(other, x, ends, b_rows=index)
+        want = rk_mod.ragged_k(other, gathered, ends)
+    assert not got.isnan().any() and (got[1] == 0).all()
+    assert torch.equal(got, want)
 
 
 @gpu

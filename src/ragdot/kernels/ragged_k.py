@@ -128,40 +128,46 @@ def _tile_of(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: 
 
 
 @triton.jit
+def _load_rows(
+    ptr, idx_ptr, bt, k, end, pid, C, src_rows, stride_b, stride_r, stride_c,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_C: tl.constexpr, GATHER: tl.constexpr,
+):
+    """Token rows [k, k + BLOCK_K) of one operand, columns of tile `pid`: [BLOCK_K, BLOCK_C]; rows >= end are 0.
+    GATHER: token row r is the operand's row idx[r] (clamped into [0, src_rows)), batch entry 0."""
+    rk = tl.arange(0, BLOCK_K)
+    rc = pid * BLOCK_C + tl.arange(0, BLOCK_C)
+    k_ok = rk < end - k  # rows of this group only: a select, so NaN elsewhere never enters
+    if GATHER:
+        src = tl.load(idx_ptr + k + rk, mask=k_ok, other=0)
+        rows = tl.minimum(tl.maximum(src, 0), src_rows - 1).to(tl.int64)
+    else:
+        rows = (k + rk).to(tl.int64)
+    ptrs = ptr + bt.to(tl.int64) * stride_b + rows[:, None] * stride_r + rc.to(tl.int64)[None, :] * stride_c
+    if EVEN_C:
+        return tl.load(ptrs, mask=k_ok[:, None], other=0.0)
+    return tl.load(ptrs, mask=k_ok[:, None] & (rc < C)[None, :], other=0.0)
+
+
+@triton.jit
 def _load_chunk(
-    a_ptr, b_ptr, bt, k, end, pid_m, pid_n, M, N,
+    a_ptr, b_ptr, a_idx_ptr, b_idx_ptr, bt, k, end, pid_m, pid_n, M, N, src_rows,
     stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    GATHER_A: tl.constexpr, GATHER_B: tl.constexpr,
 ):
     """Token rows [k, k + BLOCK_K) of a (columns of row tile pid_m) and b (column tile pid_n); rows >= end are 0."""
-    rk = tl.arange(0, BLOCK_K)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = (k + rk).to(tl.int64)
-    k_ok = rk < end - k  # rows of this group only: a select, so NaN elsewhere never enters
-    a_ptrs = a_ptr + bt.to(tl.int64) * stride_ab + rows[:, None] * stride_ar + rm.to(tl.int64)[None, :] * stride_am
-    b_ptrs = b_ptr + bt.to(tl.int64) * stride_bb + rows[:, None] * stride_br + rn.to(tl.int64)[None, :] * stride_bn
-    if EVEN_M:
-        a = tl.load(a_ptrs, mask=k_ok[:, None], other=0.0)
-    else:
-        a = tl.load(a_ptrs, mask=k_ok[:, None] & (rm < M)[None, :], other=0.0)
-    if EVEN_N:
-        b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-    else:
-        b = tl.load(b_ptrs, mask=k_ok[:, None] & (rn < N)[None, :], other=0.0)
+    a = _load_rows(a_ptr, a_idx_ptr, bt, k, end, pid_m, M, src_rows, stride_ab, stride_ar, stride_am,
+                   BLOCK_M, BLOCK_K, EVEN_M, GATHER_A)
+    b = _load_rows(b_ptr, b_idx_ptr, bt, k, end, pid_n, N, src_rows, stride_bb, stride_br, stride_bn,
+                   BLOCK_N, BLOCK_K, EVEN_N, GATHER_B)
     return a, b
 
 
 @triton.jit
-def _load_chunk_tma(a_desc, b_desc, bt, R, k, end, pid_m, pid_n,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """`_load_chunk` through the ragged views of a and b: rows [k, k + BLOCK_K) of batch entry bt, rows >= end
-    zero-filled by TMA (out of the view's bounds), columns past M / N likewise."""
-    stop = bt * R + end
-    row = RAGGED_BASE - end + k
-    a = a_desc.load([RAGGED_BASE, stop, row, pid_m * BLOCK_M]).reshape(BLOCK_K, BLOCK_M)
-    b = b_desc.load([RAGGED_BASE, stop, row, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
-    return a, b
+def _load_rows_tma(desc, bt, R, k, end, pid, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`_load_rows` through the operand's ragged view: rows [k, k + BLOCK_K) of batch entry bt, rows >= end
+    zero-filled by TMA (out of the view's bounds), columns past the operand's width likewise."""
+    return desc.load([RAGGED_BASE, bt * R + end, RAGGED_BASE - end + k, pid * BLOCK_C]).reshape(BLOCK_K, BLOCK_C)
 
 
 @triton.jit
@@ -188,7 +194,10 @@ def ragged_k_kernel(
     c_ptr,  # [G, Bt, M, N] output, contiguous
     c_desc,  # TMA descriptor of c viewed [G*Bt, M, N], block [1, BLOCK_M, BLOCK_N] (None without TMA_STORE)
     sched_ptr,  # [3, G] int32 from _schedule_kernel: per slot, group / first token row / end token row
+    a_idx_ptr,  # GATHER_A: [R] int32, the row of a [1, src_rows, M] that token row r reads (else not read)
+    b_idx_ptr,  # GATHER_B: [R] int32, likewise for b [1, src_rows, N]
     M, N, G, Bt,  # scalars: output sizes, groups, batch count
+    src_rows,  # scalar: rows of the gathered operand (indices are clamped into [0, src_rows))
     stride_ab, stride_ar, stride_am,  # scalars: strides of a, in elements
     stride_bb, stride_br, stride_bn,  # scalars: strides of b, in elements
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -197,6 +206,8 @@ def ragged_k_kernel(
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
     TMA_STORE: tl.constexpr,  # store the output tile through c_desc
     PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32" (used for float32 inputs)
+    GATHER_A: tl.constexpr,  # a's token rows come through a_idx_ptr
+    GATHER_B: tl.constexpr,  # b's token rows come through b_idx_ptr
 ):
     slot = tl.program_id(1)
     bt = tl.program_id(2)
@@ -206,9 +217,9 @@ def ragged_k_kernel(
     pid_m, pid_n = _tile_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(start, end, BLOCK_K):
-        a, b = _load_chunk(a_ptr, b_ptr, bt, k, end, pid_m, pid_n, M, N,
+        a, b = _load_chunk(a_ptr, b_ptr, a_idx_ptr, b_idx_ptr, bt, k, end, pid_m, pid_n, M, N, src_rows,
                            stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
-                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N)
+                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N, GATHER_A, GATHER_B)
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
     _store_tile(c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, TMA_STORE)
 
@@ -224,8 +235,11 @@ def ragged_k_persistent_kernel(
     sched_ptr,  # [3, G] int32 from _schedule_kernel: per slot, group / first token row / end token row;
     #             INLINE: [programs, 4, G] int32 scratch, each program's own schedule and clamped ends
     sizes_ptr,  # INLINE: [G] raw group sizes, any integer dtype (else not read)
+    a_idx_ptr,  # GATHER_A: [R] int32, the row of a [1, src_rows, M] that token row r reads (else not read)
+    b_idx_ptr,  # GATHER_B: [R] int32, likewise for b [1, src_rows, N]
     M, N, G, Bt, R,  # scalars: output sizes, groups, batch count, token rows per batch entry
     size_scale,  # scalar: rows per unit of group size (INLINE only)
+    src_rows,  # scalar: rows of the gathered operand (indices are clamped into [0, src_rows))
     stride_ab, stride_ar, stride_am,  # scalars: strides of a, in elements
     stride_bb, stride_br, stride_bn,  # scalars: strides of b, in elements
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -237,8 +251,10 @@ def ragged_k_persistent_kernel(
     EVEN_M: tl.constexpr,  # M % BLOCK_M == 0
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
     TMA_STORE: tl.constexpr,  # store the output tile through c_desc
-    TMA_LOAD: tl.constexpr,  # read a and b through a_desc / b_desc
+    TMA_LOAD: tl.constexpr,  # read a and b through a_desc / b_desc (a gathered operand: masked pointer loads)
     PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32" (used for float32 inputs)
+    GATHER_A: tl.constexpr,  # a's token rows come through a_idx_ptr (Bt == 1)
+    GATHER_B: tl.constexpr,  # b's token rows come through b_idx_ptr (Bt == 1)
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -280,13 +296,22 @@ def ragged_k_persistent_kernel(
             rest = item % per_slot
             bt = rest // tiles
             pid_m, pid_n = _tile_of(rest % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        k = start + kk * BLOCK_K
         if TMA_LOAD:
-            a, b = _load_chunk_tma(a_desc, b_desc, bt, R, start + kk * BLOCK_K, end, pid_m, pid_n,
-                                   BLOCK_M, BLOCK_N, BLOCK_K)
+            if GATHER_A:
+                a = _load_rows(a_ptr, a_idx_ptr, bt, k, end, pid_m, M, src_rows, stride_ab, stride_ar, stride_am,
+                               BLOCK_M, BLOCK_K, EVEN_M, True)
+            else:
+                a = _load_rows_tma(a_desc, bt, R, k, end, pid_m, BLOCK_M, BLOCK_K)
+            if GATHER_B:
+                b = _load_rows(b_ptr, b_idx_ptr, bt, k, end, pid_n, N, src_rows, stride_bb, stride_br, stride_bn,
+                               BLOCK_N, BLOCK_K, EVEN_N, True)
+            else:
+                b = _load_rows_tma(b_desc, bt, R, k, end, pid_n, BLOCK_N, BLOCK_K)
         else:
-            a, b = _load_chunk(a_ptr, b_ptr, bt, start + kk * BLOCK_K, end, pid_m, pid_n, M, N,
+            a, b = _load_chunk(a_ptr, b_ptr, a_idx_ptr, b_idx_ptr, bt, k, end, pid_m, pid_n, M, N, src_rows,
                                stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
-                               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N)
+                               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N, GATHER_A, GATHER_B)
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
         kk += 1
         if kk == n_i:  # last chunk: write the tile and start the next one from zero
@@ -334,15 +359,23 @@ class Prepared:
     """`ragged_k` for one static signature (shapes, strides, dtypes, device, config): checks, config, grid and
     kernel choice resolved once; a call allocates the output, ranks the groups and launches. With
     `from_sizes` the third argument of a call is the raw group sizes ([G], any integer dtype; `scale` rows
-    per unit), which the ranking kernel turns into clamped ends."""
+    per unit), which the ranking kernel turns into clamped ends. With `gather` ("a" or "b") that operand is
+    read through a row index given to each call (`index`, int32 [R]): it is the source [1, S, X] whose row
+    index[r] stands at token row r (indices clamped into [0, S)); the other operand holds the R token rows."""
 
     # a call is BoundLaunches and ragdot.kernels.record's hooks alone (ragdot.kernels.replay and ragdot.jax replay it)
     replayable = True
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype, config: TileConfig | None,
-                 from_sizes: bool = False, scale: int = 1):
-        bt, r, m = a.shape
-        n = b.shape[2]
+                 from_sizes: bool = False, scale: int = 1, gather: str | None = None):
+        if gather not in (None, "a", "b"):
+            raise ValueError(f"gather={gather!r}: expected None, 'a' or 'b'")
+        if gather is not None and (a.shape[0] != 1 or b.shape[0] != 1):
+            raise ValueError(f"gather: needs batch 1 operands, got a {tuple(a.shape)}, b {tuple(b.shape)}")
+        self.gather = gather
+        bt, m, n = a.shape[0], a.shape[2], b.shape[2]
+        r = (b if gather == "a" else a).shape[1]  # the token rows (the index's length when gathering)
+        src_rows = (a if gather == "a" else b).shape[1] if gather else 0
         self.shape = (g, bt, m, n)
         self.sizes_extent = r if from_sizes else None
         self.scale = scale
@@ -355,6 +388,8 @@ class Prepared:
             return
         if g > 65535 or bt > 65535:
             raise ValueError(f"group_ends/a: {g} groups x batch {bt} exceed the grid's 65535 per axis")
+        if gather and src_rows == 0:
+            raise ValueError(f"gather: the gathered operand {gather} has no rows to read")
         elem = torch.empty((), dtype=out_dtype).element_size()
         self.tma = bool(cfg.tma and tma_capable(a.device) and (n * elem) % 16 == 0)
         self.c_desc = ([g * bt, m, n], [m * n, n, 1], [1, cfg.block_m, cfg.block_n])
@@ -362,6 +397,7 @@ class Prepared:
         consts = dict(
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             EVEN_M=m % cfg.block_m == 0, EVEN_N=n % cfg.block_n == 0, PRECISION=dot_precision(a.dtype),
+            GATHER_A=gather == "a", GATHER_B=gather == "b",
         )
         opts = launch_options(cfg, a.device)
         self.persistent = cfg.persistent
@@ -369,18 +405,21 @@ class Prepared:
         # from raw sizes, a persistent program ranks up to INLINE_GROUPS groups itself on problems of up to
         # INLINE_FLOPS: one launch, not two, where the call's host time matters
         self.inline = bool(cfg.persistent and from_sizes and g <= INLINE_GROUPS and 2 * bt * r * m * n <= INLINE_FLOPS)
+        strides = (*a.stride(), *b.stride())
         if cfg.persistent:
-            views = (rows_view(a), rows_view(b))
-            self.tma_load = bool(cfg.flat and tma_capable(a.device) and None not in views and fits_ragged_rows(bt, r))
+            # TMA reads the operands that hold the token rows; a gathered one is read through masked pointer loads
+            views = (None if gather == "a" else rows_view(a), None if gather == "b" else rows_view(b))
+            needed = [v for side, v in zip("ab", views) if side != gather]
+            self.tma_load = bool(cfg.flat and tma_capable(a.device) and None not in needed and fits_ragged_rows(bt, r))
             if self.tma_load:  # built once: a bound launch compares later calls' descriptor layouts by identity
-                self.views = ((*ragged_view(m, views[0][1]), [1, 1, cfg.block_k, cfg.block_m]),
-                              (*ragged_view(n, views[1][1]), [1, 1, cfg.block_k, cfg.block_n]))
-            self.scalars = (m, n, g, bt, r, scale, *a.stride(), *b.stride())
+                self.views = tuple(None if v is None else (*ragged_view(width, v[1]), [1, 1, cfg.block_k, block])
+                                   for v, width, block in zip(views, (m, n), (cfg.block_m, cfg.block_n)))
+            self.scalars = (m, n, g, bt, r, scale, src_rows, *strides)
             self.programs = min(g * bt * tiles, num_sms(a.device) * cfg.programs_per_sm)
             kernel, grid = ragged_k_persistent_kernel, (self.programs,)
             consts = {**consts, "BLOCK_I": 128, "BLOCK_G": min(next_pow2(g), 128), "BLOCK_H": 32}
         else:
-            self.scalars = (m, n, g, bt, *a.stride(), *b.stride())
+            self.scalars = (m, n, g, bt, src_rows, *strides)
             kernel, grid = ragged_k_kernel, (tiles, g, bt)
         self.launches = {
             (store, load, inline): BoundLaunch(kernel, grid, {**consts, "TMA_STORE": store, **(
@@ -390,12 +429,15 @@ class Prepared:
 
     def __call__(
         self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None,
-        sched: torch.Tensor | None = None,
+        sched: torch.Tensor | None = None, index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, object]:
-        """a [Bt, R, M], b [Bt, R, N], ends int32/int64 [G] -> (c [G, Bt, M, N], kernel handle or None)."""
+        """a [Bt, R, M], b [Bt, R, N], ends int32/int64 [G] -> (c [G, Bt, M, N], kernel handle or None);
+        with `gather`, `index` int32 [R] (the gathered operand is its [1, S, X] source)."""
         c, done = prepared_output(self, out)
         if done:
             return c, None
+        if (index is None) != (self.gather is None):
+            raise ValueError("index: a call of a gathering ragged_k takes an int32 row index, others none")
         # a call recorded for a fixed workspace (ragdot.jax's, which holds one [4, G] ranking) ranks separately
         rec = active()
         inline = self.inline and sched is None and (rec is None or rec.workspace is None)
@@ -403,14 +445,41 @@ class Prepared:
             sched = scratch((self.programs, 4, self.shape[0]), torch.int32, self.device)
         elif sched is None:
             sched = schedule(ends, self.sizes_extent, self.scale)
+        idx = (index if self.gather == "a" else sched, index if self.gather == "b" else sched)
         tma = self.tma and c.data_ptr() % 16 == 0
         c_desc = host_descriptor(c, *self.c_desc) if tma else None
         if not self.persistent:
-            return c, self.launches[tma, False, False](a, b, c, c_desc, sched, *self.scalars)
-        load = self.tma_load and (a.data_ptr() | b.data_ptr()) % 16 == 0
-        descs = (host_descriptor(a, *self.views[0]), host_descriptor(b, *self.views[1])) if load else (None, None)
-        return c, self.launches[tma, load, inline](a, b, c, c_desc, *descs, sched, ends if inline else sched,
+            return c, self.launches[tma, False, False](a, b, c, c_desc, sched, *idx, *self.scalars)
+        read = [t for side, t in zip("ab", (a, b)) if side != self.gather]
+        load = self.tma_load and all(t.data_ptr() % 16 == 0 for t in read)
+        descs = tuple(None if not load or view is None else host_descriptor(t, *view)
+                      for t, view in zip((a, b), self.views)) if load else (None, None)
+        return c, self.launches[tma, load, inline](a, b, c, c_desc, *descs, sched, ends if inline else sched, *idx,
                                                    *self.scalars)
+
+
+def _row_index(a: torch.Tensor, b: torch.Tensor, a_rows: torch.Tensor | None,
+               b_rows: torch.Tensor | None) -> tuple[str | None, torch.Tensor | None, int]:
+    """(gathered operand or None, its int32 row index, token rows R) of a `ragged_k` call, checked."""
+    if a_rows is None and b_rows is None:
+        if b.shape[0] != a.shape[0] or b.shape[1] != a.shape[1]:
+            raise ValueError(f"b: expected shape [{a.shape[0]}, {a.shape[1]}, N] to match a {tuple(a.shape)}, "
+                             f"got {tuple(b.shape)}")
+        return None, None, a.shape[1]
+    if a_rows is not None and b_rows is not None:
+        raise ValueError("a_rows, b_rows: at most one operand is read through a row index")
+    side, index = ("a", a_rows) if a_rows is not None else ("b", b_rows)
+    name = f"{side}_rows"
+    if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.is_floating_point() or index.is_complex():
+        raise TypeError(f"{name}: expected a 1-D integer tensor [R], got {index!r:.60}")
+    if index.device != a.device:
+        raise ValueError(f"{name}: on {index.device}, the operands on {a.device}")
+    if a.shape[0] != 1 or b.shape[0] != 1:
+        raise ValueError(f"{name}: needs batch-1 operands, got a {tuple(a.shape)}, b {tuple(b.shape)}")
+    other = b if side == "a" else a
+    if other.shape[1] != index.shape[0]:
+        raise ValueError(f"{name}: {index.shape[0]} rows, but the other operand has {other.shape[1]} token rows")
+    return side, index.to(torch.int32).contiguous(), index.shape[0]
 
 
 def launch(
@@ -422,19 +491,20 @@ def launch(
     config: TileConfig | None = None,
     out: torch.Tensor | None = None,
     sched: torch.Tensor | None = None,
+    a_rows: torch.Tensor | None = None,
+    b_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, object]:
     """`ragged_k` returning also the launched kernel handle (compiled kernel on a GPU), for inspection."""
     check_operands(a, b, 3)
-    bt, r, m = a.shape
-    if b.shape[0] != bt or b.shape[1] != r:
-        raise ValueError(f"b: expected shape [{bt}, {r}, N] to match a {tuple(a.shape)}, got {tuple(b.shape)}")
+    gather, index, _r = _row_index(a, b, a_rows, b_rows)
     if not isinstance(group_ends, torch.Tensor) or group_ends.dim() != 1:
         raise ValueError("group_ends: expected a 1-D integer tensor [G]")
+    bt, m = a.shape[0], a.shape[2]
     g, n = group_ends.shape[0], b.shape[2]
     ends = check_group_ends(group_ends, g, a.device)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     c = make_output("out", out, (g, bt, m, n), out_dtype, a.device)
-    return Prepared(a, b, g, out_dtype, config)(a, b, ends, c, sched)
+    return Prepared(a, b, g, out_dtype, config, gather=gather)(a, b, ends, c, sched, index)
 
 
 def ragged_k(
@@ -445,10 +515,16 @@ def ragged_k(
     *,
     config: TileConfig | None = None,
     out: torch.Tensor | None = None,
+    a_rows: torch.Tensor | None = None,
+    b_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """c[G, Bt, M, N]: c[g, bt] = a[bt, rows of g]^T @ b[bt, rows of g]; an empty group gives exact zeros.
 
     a [Bt, R, M] and b [Bt, R, N] may be any strided views of one float dtype; group_ends is int32 or int64
     [G], non-decreasing, each in [0, R]; rows past ends[-1] contribute to no group.
+
+    `a_rows` (or `b_rows`), integer [R]: that operand is read through the index instead of being gathered
+    first (batch 1): a [1, S, M] is the source, and token row r is a[0, a_rows[r]] (indices clamped into
+    [0, S), so none reads out of bounds); the result equals `ragged_k(a[:, a_rows], b, ...)` bit for bit.
     """
-    return launch(a, b, group_ends, out_dtype, config=config, out=out)[0]
+    return launch(a, b, group_ends, out_dtype, config=config, out=out, a_rows=a_rows, b_rows=b_rows)[0]

@@ -233,6 +233,11 @@ backward_kind = "gemms"
 # which `fused_experts` never hands out): its peak then holds that [T*k, 2H] buffer once instead of twice, and a
 # second backward through a retained graph is refused (False allows it).
 backward_in_place = True
+# Whether the "gemms" backward's last product, w_gate_up's weight gradient, reads the token rows of x through the
+# routing index (ragdot's Triton ragged_k with a row index) instead of a gathered [T*k, D] copy: that copy sat
+# beside dpre and every weight gradient at the backward's peak (`moe-bench --layer`'s act_peak_mib). False: the
+# copy, and the product through ragdot's chosen backend (`auto`).
+wgrad_reads_index = True
 
 
 def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place):
@@ -273,8 +278,33 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
         rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
         dx = _rk.combine(rows, _rk.inverse_permutation(order), None, top_k, default_impl(rows.device))
         del rows
-    dwgu = _ragged_k(x.index_select(0, tokens), dpre, sizes, w_gate_up)
+    if wgrad_reads_index:
+        dwgu = _ragged_k_rows(x, tokens, dpre, sizes, w_gate_up)
+    else:
+        dwgu = _ragged_k(x.index_select(0, tokens), dpre, sizes, w_gate_up)
     return dx, dw.view(weights.shape), dwgu, dwd
+
+
+_GATHERED: dict[tuple, object] = {}
+
+
+def _ragged_k_rows(x: torch.Tensor, tokens: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor,
+                   w: torch.Tensor) -> torch.Tensor:
+    """`_ragged_k(x.index_select(0, tokens), right, sizes, w)` without the gathered copy: ragdot's Triton ragged_k
+    reads x [T, D] through the token index int32 [A] (its heuristic tile); right [A, Q] -> [E, D, Q] in w's order."""
+    from ragdot.kernels import ragged_k as rk_kernel
+
+    side = "b" if stored_transposed(w) else "a"
+    a, b = (right[None], x[None]) if side == "b" else (x[None], right[None])
+    key = (side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, sizes.shape[0], w.dtype)
+    prepared = _GATHERED.get(key)
+    if prepared is None:
+        if len(_GATHERED) >= 1024:  # many distinct token counts: start over rather than grow
+            _GATHERED.clear()
+        prepared = _GATHERED[key] = rk_kernel.Prepared(a, b, sizes.shape[0], w.dtype, None, from_sizes=True,
+                                                       gather=side)
+    c = prepared(a, b, sizes, index=tokens)[0][:, 0]
+    return c.transpose(1, 2) if side == "b" else c
 
 
 def _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):

@@ -1,0 +1,103 @@
+"""The MoE layer's last weight gradient (w_gate_up's) with x's token rows read through the routing index.
+
+    python benchmarks/wgrad_rows.py [--layers qwen3-30b-a3b gpt-oss-like] [--tokens 8192] [--out FILE]
+
+The product: per expert, the sum over its routed rows of x[token]^T dpre ([D, 2H] per expert) at the layer's
+widths, with the group sizes and token order of one random top-k routing (as `moe-bench --layer` routes).
+Systems:
+- `copy+auto`: the token rows gathered into a [T*k, D] copy, then ragdot's chosen backend (`ops.run`, auto):
+  what the fused block's backward ran before it read x through the index;
+- `auto`: the same product on rows gathered beforehand (the kernel alone);
+- `vendor`: raw `torch._grouped_mm` on the rows gathered beforehand;
+- `index <tile>`: ragdot's Triton ragged_k reading x through the token index (`a_rows`), no copy, per tile.
+Two clocks per row: graph (median of CUDA-graph replays: device time) and eager (median of CUDA events around
+single calls, host time included). TFLOP/s counts useful work (2 x T*k x D x 2H); % SOL against the device's
+bf16 dense rate measured at the start (`ragdot.bench.ceilings.measure_ceilings`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ragdot import ops
+from ragdot.kernels import ragged_k as rk
+from ragdot.kernels.configs import TileConfig, pick_config
+from ragdot.measure.timing import median_ms
+from ragdot.moe.model import LAYER_CONFIGS
+from ragdot.moe.routing_kernels import sort_order
+
+TILES = [TileConfig(128, 128, 32, 8, 4, s, True, 2, tma=True, flat=True) for s in (5, 6)] + [
+    TileConfig(128, 128, 64, 8, 4, s, True, 1, tma=True, flat=True) for s in (4, 5)] + [
+    TileConfig(128, 256, 64, 8, 8, s, True, 1, tma=True, flat=True) for s in (3, 5)] + [
+    TileConfig(128, 128, 32, 8, 4, 4, True, 2, tma=True)]
+
+
+def _systems(x: torch.Tensor, tokens: torch.Tensor, dpre: torch.Tensor, sizes: torch.Tensor,
+             tiles: list[TileConfig]) -> dict[str, Callable[[], Any]]:
+    rows = x.index_select(0, tokens)
+    ends = sizes.cumsum(0).to(torch.int32)
+    out: dict[str, Callable[[], Any]] = {
+        "copy+auto": lambda: ops.run("ragged_k", x.index_select(0, tokens)[None], dpre[None], sizes, x.dtype, "auto"),
+        "auto": lambda: ops.run("ragged_k", rows[None], dpre[None], sizes, x.dtype, "auto"),
+        "vendor": lambda: torch._grouped_mm(rows.t(), dpre, offs=ends),
+    }
+    heur = pick_config("ragged_k", x.shape[1], tokens.shape[0], dpre.shape[1], sizes.shape[0], x.dtype, x.device)
+    for cfg in [heur, *(t for t in tiles if t != heur)]:
+        prep = rk.Prepared(x[None], dpre[None], sizes.shape[0], x.dtype, cfg, from_sizes=True, gather="a")
+        label = f"index {cfg.short()}" + (" (heuristic)" if cfg == heur else "")
+        out[label] = lambda prep=prep: prep(x[None], dpre[None], sizes, index=tokens)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", nargs="+", default=["qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like",
+                                                    "deepseek3-671b-reduced"])
+    p.add_argument("--tokens", nargs="+", type=int, default=[8192])
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--heuristic-only", action="store_true", help="time the heuristic's index tile alone")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    from ragdot.bench.ceilings import measure_ceilings
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    ceil = measure_ceilings(dev, dt)
+    peak = ceil.peak_tflops
+    print(f"dense bf16 {peak:.0f} TFLOP/s ({ceil.label})", flush=True)
+    rows_out = []
+    for name in args.layers:
+        cfg = LAYER_CONFIGS[name]
+        d, h, e, k = cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k
+        for t in args.tokens:
+            gen = torch.Generator(device=dev).manual_seed(t)
+            chosen = torch.randn((t, e), generator=gen, device=dev).topk(k, dim=1).indices
+            sizes, order = sort_order(chosen, e, "torch")
+            tokens = torch.div(order, k, rounding_mode="floor")
+            x = torch.randn((t, d), device=dev, dtype=dt)
+            dpre = torch.randn((t * k, 2 * h), device=dev, dtype=dt)
+            flops = 2 * t * k * d * 2 * h
+            for system, fn in _systems(x, tokens, dpre, sizes, [] if args.heuristic_only else TILES).items():
+                row: dict[str, Any] = {"layer": name, "tokens": t, "system": system}
+                for clock in ("graph", "eager"):
+                    ms = median_ms(fn, dev, graph=clock == "graph", reps=args.reps)
+                    row[f"{clock}_ms"] = ms
+                    row[f"{clock}_tflops"] = flops / ms / 1e9
+                row["graph_sol_pct"] = 100 * row["graph_tflops"] / peak
+                rows_out.append(row)
+                print(f"{name:24s} T={t:<6d} {system:44s} graph {row['graph_ms']:7.3f} ms "
+                      f"{row['graph_tflops']:5.0f} TFLOP/s ({row['graph_sol_pct']:4.1f}% SOL)  "
+                      f"eager {row['eager_ms']:7.3f} ms", flush=True)
+            del x, dpre
+            torch.cuda.empty_cache()
+    if args.out is not None:
+        args.out.write_text(json.dumps(rows_out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
