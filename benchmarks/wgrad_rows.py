@@ -27,12 +27,12 @@ import torch
 
 from ragdot import ops
 from ragdot.kernels import ragged_k as rk
-from ragdot.kernels.configs import TileConfig, pick_config
+from ragdot.kernels.configs import TileConfig, gather_config
 from ragdot.measure.timing import median_ms
 from ragdot.moe.model import LAYER_CONFIGS
 from ragdot.moe.routing_kernels import sort_order
 
-TILES = [TileConfig(128, 128, 32, 8, 4, s, True, 2, tma=True, flat=True) for s in (5, 6)] + [
+TILES = [TileConfig(128, 128, 32, 8, 4, s, True, 2, tma=True, flat=True) for s in (4, 5, 6)] + [
     TileConfig(128, 128, 64, 8, 4, s, True, 1, tma=True, flat=True) for s in (4, 5)] + [
     TileConfig(128, 256, 64, 8, 8, s, True, 1, tma=True, flat=True) for s in (3, 5)] + [
     TileConfig(128, 128, 32, 8, 4, 4, True, 2, tma=True)]
@@ -47,7 +47,7 @@ def _systems(x: torch.Tensor, tokens: torch.Tensor, dpre: torch.Tensor, sizes: t
         "auto": lambda: ops.run("ragged_k", rows[None], dpre[None], sizes, x.dtype, "auto"),
         "vendor": lambda: torch._grouped_mm(rows.t(), dpre, offs=ends),
     }
-    heur = pick_config("ragged_k", x.shape[1], tokens.shape[0], dpre.shape[1], sizes.shape[0], x.dtype, x.device)
+    heur = gather_config(tokens.shape[0], x.shape[1], dpre.shape[1], sizes.shape[0], x.dtype, x.device)
     for cfg in [heur, *(t for t in tiles if t != heur)]:
         prep = rk.Prepared(x[None], dpre[None], sizes.shape[0], x.dtype, cfg, from_sizes=True, gather="a")
         label = f"index {cfg.short()}" + (" (heuristic)" if cfg == heur else "")

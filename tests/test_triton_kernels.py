@@ -497,6 +497,7 @@ _COMPILE_SCRIPT = textwrap.dedent(
     import json, torch
     from ragdot.kernels import compile_only, pick_config, resource_usage
     from ragdot.kernels import ragged_m as rm, ragged_k as rk
+    from ragdot.kernels.configs import gather_config
     bf = torch.bfloat16
     out = {}
     with compile_only(90):
@@ -514,6 +515,7 @@ _COMPILE_SCRIPT = textwrap.dedent(
                               sched=torch.zeros(3, g, dtype=torch.int32))[1]
                 out[f"ragged_k {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
             rows = torch.zeros(m, dtype=torch.int32)  # a read through a row index, b through its ragged view
+            cfg = gather_config(m, k, n, g, bf, "cpu")
             h = rk.launch(a[:, :1], torch.empty(1, m, n, dtype=bf), torch.zeros(g, dtype=torch.int32), config=cfg,
                           sched=torch.zeros(3, g, dtype=torch.int32), a_rows=rows)[1]
             out[f"ragged_k a_rows {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)

@@ -33,6 +33,7 @@ from ragdot.kernels.configs import (
     check_group_ends,
     check_operands,
     dot_precision,
+    gather_config,
     host_descriptor,
     launch_options,
     make_output,
@@ -381,6 +382,8 @@ class Prepared:
         self.scale = scale
         self.out_dtype = out_dtype
         self.device = a.device
+        if config is None and gather:
+            config = gather_config(r, m, n, g, a.dtype, a.device)
         cfg = self.cfg = resolve_config(config, "ragged_k", m, r, n, g, a)
         self.empty = g * bt * m * n == 0
         self.zero = r == 0
