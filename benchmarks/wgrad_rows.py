@@ -9,6 +9,8 @@ Systems:
   what the fused block's backward ran before it read x through the index;
 - `auto`: the same product on rows gathered beforehand (the kernel alone);
 - `vendor`: raw `torch._grouped_mm` on the rows gathered beforehand;
+- `chunks`: the fused block's "chunks" mode (`ragdot.moe.fused`): the token rows gathered a slice of D columns at
+  a time, each slice of the gradient written in place by the Gluon kernel;
 - `index <tile>`: ragdot's Triton ragged_k reading x through the token index (`a_rows`), no copy, per tile.
 Two clocks per row: graph (median of CUDA-graph replays: device time) and eager (median of CUDA events around
 single calls, host time included). TFLOP/s counts useful work (2 x T*k x D x 2H); % SOL against the device's
@@ -29,6 +31,7 @@ from ragdot import ops
 from ragdot.kernels import ragged_k as rk
 from ragdot.kernels.configs import TileConfig, gather_config
 from ragdot.measure.timing import median_ms
+from ragdot.moe import fused
 from ragdot.moe.model import LAYER_CONFIGS
 from ragdot.moe.routing_kernels import sort_order
 
@@ -47,6 +50,9 @@ def _systems(x: torch.Tensor, tokens: torch.Tensor, dpre: torch.Tensor, sizes: t
         "auto": lambda: ops.run("ragged_k", rows[None], dpre[None], sizes, x.dtype, "auto"),
         "vendor": lambda: torch._grouped_mm(rows.t(), dpre, offs=ends),
     }
+    if fused._gluon_runs(x.device):  # w: the weight's layout ([E, D, 2H] row-major) and dtype, no storage
+        w = torch.empty((sizes.shape[0], x.shape[1], dpre.shape[1]), dtype=x.dtype, device="meta")
+        out["chunks"] = lambda: fused._wgrad_chunks(x, tokens, dpre, sizes, w)
     heur = gather_config(tokens.shape[0], x.shape[1], dpre.shape[1], sizes.shape[0], x.dtype, x.device)
     for cfg in [heur, *(t for t in tiles if t != heur)]:
         prep = rk.Prepared(x[None], dpre[None], sizes.shape[0], x.dtype, cfg, from_sizes=True, gather="a")

@@ -503,3 +503,41 @@ def test_transposed_weight_views_get_gradients_in_their_own_layout():
     for got, view, want in zip(grads, views, ref[2:]):
         assert got.stride() == view.stride()  # no copy into the parameter's layout is needed
         assert nerr(got, want) <= TOL[torch.float32]
+
+
+WGRAD_MODES = ["index", "copy"] + (["chunks"] if DEV.type == "cuda" and fused_mod._gluon_runs(DEV) else [])
+
+
+@pytest.mark.parametrize("mode", WGRAD_MODES)
+@pytest.mark.parametrize("layout", ["layer", "transposed"])
+def test_every_way_of_reading_x_for_the_last_weight_gradient(mode, layout, monkeypatch):
+    """`wgrad_rows`: x's token rows read through the index ("index"), gathered a slice of columns at a time
+    ("chunks", Gluon on sm_90; several slices at these widths) or all at once ("copy") give w_gate_up's gradient
+    within rounding of each other, in the weight's own memory order, and every other gradient bit for bit."""
+    shape = (300, 1280, 96, 8, 2) if DEV.type == "cuda" else (37, 40, 24, 6, 2)
+    dtype = torch.bfloat16 if DEV.type == "cuda" else torch.float16
+    x, chosen, weights, wgu, wd = _operands(*shape, dtype)
+    if layout == "transposed":  # transformers' [E, out, in] parameters, passed as views
+        stored = [w.detach().transpose(1, 2).contiguous().requires_grad_(True) for w in (wgu, wd)]
+        wgu, wd = (w.transpose(1, 2) for w in stored)
+    cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(DEV, dtype)
+    inputs = (x, weights, wgu, wd)
+    monkeypatch.setattr(fused_mod, "wgrad_rows", mode)
+    grads = torch.autograd.grad(_fused(x, chosen, weights, wgu, wd), inputs, cot)
+    monkeypatch.setattr(fused_mod, "wgrad_rows", "copy")
+    refs = torch.autograd.grad(_fused(x, chosen, weights, wgu, wd), inputs, cot)
+    for name, got, want in zip(("x", "weights", "w_gate_up", "w_down"), grads, refs):
+        assert got.shape == want.shape and got.stride() == want.stride(), name
+        assert torch.equal(got, want) if name != "w_gate_up" else nerr(got, want) <= TOL[dtype], name
+    assert grads[2].stride() == wgu.stride()
+
+
+def test_wgrad_row_slices_and_mode_errors(monkeypatch):
+    assert fused_mod._chunks(2048) == [(0, 512), (512, 1024), (1024, 1536), (1536, 2048)]
+    assert fused_mod._chunks(2880)[-1] == (2560, 2880) and len(fused_mod._chunks(2880)) == 6
+    assert fused_mod._chunks(7168) == [(d, d + 1024) for d in range(0, 7168, 1024)]
+    assert fused_mod._chunks(100) == [(0, 100)]
+    monkeypatch.setattr(fused_mod, "wgrad_rows", "gather")
+    x, chosen, weights, wgu, wd = _operands(8, 16, 16, 4, 1, torch.float32)
+    with pytest.raises(ValueError, match="wgrad_rows='gather'"):
+        _fused(x, chosen, weights, wgu, wd).sum().backward()

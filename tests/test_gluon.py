@@ -510,6 +510,29 @@ def test_batch_fp16_fp32_out_and_strided_rows():
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("where", ["rows", "columns"])
+def test_strided_output_view(where):
+    """`Prepared(out_strides=...)` (the fused MoE block's weight gradient a slice of D at a time): the result
+    written into a slice of a larger gradient, rows or columns, equals the contiguous call's bits and leaves
+    the rest of the gradient untouched."""
+    from ragdot.kernels.gluon.ragged_k import Prepared
+
+    sizes = [300, 0, 129, 512, 77]
+    a, b, ends = _case(1200, 512, 768, sizes, seed=11)
+    want = Prepared(a, b, len(sizes), torch.bfloat16)(a, b, ends)[0]
+    if where == "rows":
+        big = torch.full((len(sizes), 1, 1536, 768), float("nan"), device="cuda", dtype=torch.bfloat16)
+        view = big[:, :, 512:1024]
+    else:
+        big = torch.full((len(sizes), 1, 512, 2304), float("nan"), device="cuda", dtype=torch.bfloat16)
+        view = big[:, :, :, 1024:1792]
+    got = Prepared(a, b, len(sizes), torch.bfloat16, out_strides=(view.stride(0), view.stride(2)))(a, b, ends, view)[0]
+    assert got.data_ptr() == view.data_ptr() and torch.equal(view, want)
+    assert int(big.isnan().sum()) == big.numel() - view.numel()
+
+
+@pytest.mark.gpu
+@hopper
 def test_backend_prepared_call_from_raw_sizes_matches_triton():
     from ragdot.backends import get_backend
 

@@ -291,6 +291,36 @@ def test_ragged_k_reads_one_operand_through_a_row_index(side: str, cfg: TileConf
     assert rel_err(got, ref) < TOL[torch.float16]
 
 
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_PERSISTENT_K, TMA_LOADS_K], ids=["pointer", "persistent", "tma"])
+@pytest.mark.parametrize("where", ["rows", "columns"])
+def test_ragged_k_writes_a_strided_output_view(cfg: TileConfig, where: str, monkeypatch) -> None:
+    """`Prepared(out_strides=...)`: the result written into a slice of a larger gradient (its rows, or its
+    columns) equals the contiguous call's bits, and nothing outside the slice is touched; a view of other
+    strides is refused."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
+    r, m, n, sizes = 50, 24, 40, [7, 0, 20, 13, 1]
+    a = operand((1, r, m), torch.float16, False)
+    b = operand((1, r, n), torch.float16, False)
+    ends = ends_of(sizes, r)
+    want = rk_mod.ragged_k(a, b, ends, config=cfg)
+    if where == "rows":  # rows 8 .. 8 + m of a [G, 1, 3m, n] gradient
+        big = torch.full((len(sizes), 1, 3 * m, n), float("nan"), dtype=torch.float16, device=DEVICE)
+        view = big[:, :, 8:8 + m]
+    else:  # columns 16 .. 16 + n of a [G, 1, m, 2n + 16] gradient
+        big = torch.full((len(sizes), 1, m, 2 * n + 16), float("nan"), dtype=torch.float16, device=DEVICE)
+        view = big[:, :, :, 16:16 + n]
+    strides = (view.stride(0), view.stride(2))
+    prepared = rk_mod.Prepared(a, b, len(sizes), torch.float16, cfg, out_strides=strides)
+    got = prepared(a, b, ends, view)[0]
+    assert got.data_ptr() == view.data_ptr() and torch.equal(view, want)
+    assert int(big.isnan().sum()) == big.numel() - view.numel()
+    with pytest.raises(ValueError, match="out: expected"):
+        prepared(a, b, ends, want)
+    with pytest.raises(ValueError, match="out_strides"):
+        rk_mod.Prepared(a, b, len(sizes), torch.float16, cfg, out_strides=(m * n, n - 1))
+
+
 def test_ragged_k_row_index_errors() -> None:
     a = torch.randn(1, 6, 4, device=DEVICE)
     b = torch.randn(1, 8, 5, device=DEVICE)

@@ -173,18 +173,19 @@ def _load_rows_tma(desc, bt, R, k, end, pid, BLOCK_C: tl.constexpr, BLOCK_K: tl.
 
 @triton.jit
 def _store_tile(
-    c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N,
+    c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, stride_cg, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr,
 ):
-    """Write one accumulator tile to c[g, bt] (through the TMA descriptor of c viewed [G*Bt, M, N] if set)."""
+    """Write one accumulator tile to c[g, bt] (through the TMA descriptor of c viewed [G*Bt, M, N] if set);
+    c's group entry g, batch entry bt starts at (g * Bt + bt) * stride_cg, its rows stride_cm apart."""
     out = acc.to(c_ptr.dtype.element_ty)
     if TMA_STORE:
         c_desc.store([g * Bt + bt, pid_m * BLOCK_M, pid_n * BLOCK_N], out.reshape(1, BLOCK_M, BLOCK_N))
     else:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        base = (g.to(tl.int64) * Bt + bt) * M
-        c_ptrs = c_ptr + (base + rm.to(tl.int64))[:, None] * N + rn.to(tl.int64)[None, :]
+        base = (g.to(tl.int64) * Bt + bt) * stride_cg
+        c_ptrs = c_ptr + base + rm.to(tl.int64)[:, None] * stride_cm + rn.to(tl.int64)[None, :]
         tl.store(c_ptrs, out, mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
@@ -192,7 +193,7 @@ def _store_tile(
 def ragged_k_kernel(
     a_ptr,  # [Bt, R, M] lhs, R = ragged contraction (tokens in group order), any strides
     b_ptr,  # [Bt, R, N] rhs, any strides
-    c_ptr,  # [G, Bt, M, N] output, contiguous
+    c_ptr,  # [G, Bt, M, N] output: rows of N contiguous, entry (g, bt) at (g * Bt + bt) * stride_cg
     c_desc,  # TMA descriptor of c viewed [G*Bt, M, N], block [1, BLOCK_M, BLOCK_N] (None without TMA_STORE)
     sched_ptr,  # [3, G] int32 from _schedule_kernel: per slot, group / first token row / end token row
     a_idx_ptr,  # GATHER_A: [R] int32, the row of a [1, src_rows, M] that token row r reads (else not read)
@@ -201,6 +202,7 @@ def ragged_k_kernel(
     src_rows,  # scalar: rows of the gathered operand (indices are clamped into [0, src_rows))
     stride_ab, stride_ar, stride_am,  # scalars: strides of a, in elements
     stride_bb, stride_br, stride_bn,  # scalars: strides of b, in elements
+    stride_cg, stride_cm,  # scalars: elements between c's (group, batch) entries and between its rows
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,  # row tiles walked together inside one group
     EVEN_M: tl.constexpr,  # M % BLOCK_M == 0
@@ -222,14 +224,15 @@ def ragged_k_kernel(
                            stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
                            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N, GATHER_A, GATHER_B)
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
-    _store_tile(c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, TMA_STORE)
+    _store_tile(c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, stride_cg, stride_cm, BLOCK_M, BLOCK_N,
+                TMA_STORE)
 
 
 @triton.jit
 def ragged_k_persistent_kernel(
     a_ptr,  # [Bt, R, M] lhs, R = ragged contraction (tokens in group order), any strides
     b_ptr,  # [Bt, R, N] rhs, any strides
-    c_ptr,  # [G, Bt, M, N] output, contiguous
+    c_ptr,  # [G, Bt, M, N] output: rows of N contiguous, entry (g, bt) at (g * Bt + bt) * stride_cg
     c_desc,  # TMA descriptor of c viewed [G*Bt, M, N], block [1, BLOCK_M, BLOCK_N] (None without TMA_STORE)
     a_desc,  # ragged view (`ragged_view`) of a as [Bt*R, M], block [1, 1, BLOCK_K, BLOCK_M] (None w/o TMA_LOAD)
     b_desc,  # ragged view of b as [Bt*R, N], block [1, 1, BLOCK_K, BLOCK_N] (None without TMA_LOAD)
@@ -243,6 +246,7 @@ def ragged_k_persistent_kernel(
     src_rows,  # scalar: rows of the gathered operand (indices are clamped into [0, src_rows))
     stride_ab, stride_ar, stride_am,  # scalars: strides of a, in elements
     stride_bb, stride_br, stride_bn,  # scalars: strides of b, in elements
+    stride_cg, stride_cm,  # scalars: elements between c's (group, batch) entries and between its rows
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_I: tl.constexpr,  # items counted per step when sizing the loop (power of two)
     INLINE: tl.constexpr,  # each program ranks the groups itself (no schedule launch; the same slots)
@@ -316,7 +320,8 @@ def ragged_k_persistent_kernel(
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
         kk += 1
         if kk == n_i:  # last chunk: write the tile and start the next one from zero
-            _store_tile(c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, TMA_STORE)
+            _store_tile(c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, stride_cg, stride_cm, BLOCK_M, BLOCK_N,
+                TMA_STORE)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             kk = pid * 0
 
@@ -362,13 +367,16 @@ class Prepared:
     `from_sizes` the third argument of a call is the raw group sizes ([G], any integer dtype; `scale` rows
     per unit), which the ranking kernel turns into clamped ends. With `gather` ("a" or "b") that operand is
     read through a row index given to each call (`index`, int32 [R]): it is the source [1, S, X] whose row
-    index[r] stands at token row r (indices clamped into [0, S)); the other operand holds the R token rows."""
+    index[r] stands at token row r (indices clamped into [0, S)); the other operand holds the R token rows.
+    `out_strides` (group, row), batch 1: every call writes a given `out` [G, 1, M, N] view with those strides
+    (elements; columns contiguous), e.g. a slice of a larger gradient, instead of a contiguous one."""
 
     # a call is BoundLaunches and ragdot.kernels.record's hooks alone (ragdot.kernels.replay and ragdot.jax replay it)
     replayable = True
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype, config: TileConfig | None,
-                 from_sizes: bool = False, scale: int = 1, gather: str | None = None):
+                 from_sizes: bool = False, scale: int = 1, gather: str | None = None,
+                 out_strides: tuple[int, int] | None = None):
         if gather not in (None, "a", "b"):
             raise ValueError(f"gather={gather!r}: expected None, 'a' or 'b'")
         if gather is not None and (a.shape[0] != 1 or b.shape[0] != 1):
@@ -393,9 +401,14 @@ class Prepared:
             raise ValueError(f"group_ends/a: {g} groups x batch {bt} exceed the grid's 65535 per axis")
         if gather and src_rows == 0:
             raise ValueError(f"gather: the gathered operand {gather} has no rows to read")
+        if out_strides is not None and (bt != 1 or out_strides[1] < n or out_strides[0] < m * out_strides[1]):
+            raise ValueError(f"out_strides={out_strides}: expected (group, row) strides of a batch-1 [{g}, 1, {m}, "
+                             f"{n}] view whose groups and rows do not overlap")
+        self.out_strides = out_strides
+        c_strides = out_strides or (m * n, n)
         elem = torch.empty((), dtype=out_dtype).element_size()
-        self.tma = bool(cfg.tma and tma_capable(a.device) and (n * elem) % 16 == 0)
-        self.c_desc = ([g * bt, m, n], [m * n, n, 1], [1, cfg.block_m, cfg.block_n])
+        self.tma = bool(cfg.tma and tma_capable(a.device) and all((x * elem) % 16 == 0 for x in (n, *c_strides)))
+        self.c_desc = ([g * bt, m, n], [*c_strides, 1], [1, cfg.block_m, cfg.block_n])
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         consts = dict(
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
@@ -417,12 +430,12 @@ class Prepared:
             if self.tma_load:  # built once: a bound launch compares later calls' descriptor layouts by identity
                 self.views = tuple(None if v is None else (*ragged_view(width, v[1]), [1, 1, cfg.block_k, block])
                                    for v, width, block in zip(views, (m, n), (cfg.block_m, cfg.block_n)))
-            self.scalars = (m, n, g, bt, r, scale, src_rows, *strides)
+            self.scalars = (m, n, g, bt, r, scale, src_rows, *strides, *c_strides)
             self.programs = min(g * bt * tiles, num_sms(a.device) * cfg.programs_per_sm)
             kernel, grid = ragged_k_persistent_kernel, (self.programs,)
             consts = {**consts, "BLOCK_I": 128, "BLOCK_G": min(next_pow2(g), 128), "BLOCK_H": 32}
         else:
-            self.scalars = (m, n, g, bt, src_rows, *strides)
+            self.scalars = (m, n, g, bt, src_rows, *strides, *c_strides)
             kernel, grid = ragged_k_kernel, (tiles, g, bt)
         self.launches = {
             (store, load, inline): BoundLaunch(kernel, grid, {**consts, "TMA_STORE": store, **(
@@ -436,6 +449,9 @@ class Prepared:
     ) -> tuple[torch.Tensor, object]:
         """a [Bt, R, M], b [Bt, R, N], ends int32/int64 [G] -> (c [G, Bt, M, N], kernel handle or None);
         with `gather`, `index` int32 [R] (the gathered operand is its [1, S, X] source)."""
+        if self.out_strides is not None and (out is None or out.shape != self.shape
+                                             or (out.stride(0), out.stride(2), out.stride(3)) != (*self.out_strides, 1)):
+            raise ValueError(f"out: expected a {list(self.shape)} view with strides {self.out_strides} (group, row)")
         c, done = prepared_output(self, out)
         if done:
             return c, None

@@ -12,8 +12,9 @@ its epilogue; the down projection multiplies by the router weight and stores eac
 (token, choice) slot of a ``[T, k, D]`` buffer). Only the gate|up pre-activation ``[T*k, 2H]`` is kept for the
 backward (when one is needed); the activation is recomputed there, inside the dSwiGLU kernel.
 
-Backward (``backward_kind``, default "gemms"): the token rows of ``dy`` and ``x`` gathered once into the permuted
-order, the four products as ragdot's own ragged GEMMs (``ragdot.ops.run``, ``auto``: the tuned TMA kernels)
+Backward (``backward_kind``, default "gemms"): the token rows of ``dy`` gathered once into the permuted order
+(those of ``x`` a slice of columns at a time, or read through the index: ``wgrad_rows``), the four products as
+ragdot's own ragged GEMMs (``ragdot.ops.run``, ``auto``: the tuned TMA kernels)
 around one elementwise kernel (``ragdot.kernels.fused_moe_bwd.swiglu_backward``: dSwiGLU of w * g, the activation
 recomputed and scaled by the router weight, the router weights' gradient), the input gradient as a ragged product
 in the permuted order and a fixed-order sum over the choices. "fused" runs the index-reading kernels of
@@ -233,11 +234,15 @@ backward_kind = "gemms"
 # which `fused_experts` never hands out): its peak then holds that [T*k, 2H] buffer once instead of twice, and a
 # second backward through a retained graph is refused (False allows it).
 backward_in_place = True
-# Whether the "gemms" backward's last product, w_gate_up's weight gradient, reads the token rows of x through the
-# routing index (ragdot's Triton ragged_k with a row index) instead of a gathered [T*k, D] copy: that copy sat
-# beside dpre and every weight gradient at the backward's peak (`moe-bench --layer`'s act_peak_mib). False: the
-# copy, and the product through ragdot's chosen backend (`auto`).
-wgrad_reads_index = True
+# How the "gemms" backward's last product, w_gate_up's weight gradient, gets the token rows of x (a [T*k, D] copy
+# of them sat beside dpre and every weight gradient at the backward's peak: `moe-bench --layer`'s act_peak_mib):
+# "chunks" gathers them a slice of D columns at a time (`_chunks`: a quarter of the copy alive at D = 2048, less
+# above) and writes each slice of the gradient in place with the Gluon weight-gradient kernel (sm_90, 16-bit); "index" has ragdot's
+# Triton ragged_k read x through the token index (no copy at all; on an H200 its product ran 1.14-1.32x the
+# copy's time: docs/history.md, 2026-12-04 night); "copy" gathers all rows once and runs ragdot's chosen backend
+# (`auto`). None: "chunks" where the Gluon kernel runs, else "index".
+WGRAD_ROWS = ("chunks", "index", "copy")
+wgrad_rows: str | None = None
 
 
 def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place):
@@ -278,33 +283,86 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
         rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
         dx = _rk.combine(rows, _rk.inverse_permutation(order), None, top_k, default_impl(rows.device))
         del rows
-    if wgrad_reads_index:
-        dwgu = _ragged_k_rows(x, tokens, dpre, sizes, w_gate_up)
-    else:
-        dwgu = _ragged_k(x.index_select(0, tokens), dpre, sizes, w_gate_up)
+    dwgu = _wgrad_from_rows(x, tokens, dpre, sizes, w_gate_up)
     return dx, dw.view(weights.shape), dwgu, dwd
 
 
-_GATHERED: dict[tuple, object] = {}
+_PREPARED: dict[tuple, object] = {}
 
 
-def _ragged_k_rows(x: torch.Tensor, tokens: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor,
-                   w: torch.Tensor) -> torch.Tensor:
-    """`_ragged_k(x.index_select(0, tokens), right, sizes, w)` without the gathered copy: ragdot's Triton ragged_k
-    reads x [T, D] through the token index int32 [A] (its heuristic tile); right [A, Q] -> [E, D, Q] in w's order."""
+def _prepared(key: tuple, build):
+    found = _PREPARED.get(key)
+    if found is None:
+        if len(_PREPARED) >= 1024:  # many distinct token counts: start over rather than grow
+            _PREPARED.clear()
+        found = _PREPARED[key] = build()
+    return found
+
+
+def _chunks(d: int) -> list[tuple[int, int]]:
+    """Column slices [d0, d1) of D for the "chunks" weight gradient: widths a multiple of 256 (whole tiles of
+    the Gluon kernel's either side), at least 512 and at most an eighth of D rounded up; the last takes the rest."""
+    width = max(512, -(-d // 8 // 256) * 256)
+    return [(d0, min(d0 + width, d)) for d0 in range(0, d, width)]
+
+
+def _wgrad_from_rows(x: torch.Tensor, tokens: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor,
+                     w: torch.Tensor) -> torch.Tensor:
+    """Per expert, the sum over its rows of x[token]^T right: x [T, D], tokens int32 [A], right [A, Q] ->
+    [E, D, Q] in w's memory order (see `_weight_grad`), by `wgrad_rows`."""
+    mode = wgrad_rows
+    if mode is None:
+        mode = "chunks" if x.dtype in (torch.float16, torch.bfloat16) and _gluon_runs(x.device) else "index"
+    if mode not in WGRAD_ROWS:
+        raise ValueError(f"ragdot.moe.fused.wgrad_rows={mode!r}: expected None or one of {', '.join(WGRAD_ROWS)}")
+    if mode == "copy":
+        return _ragged_k(x.index_select(0, tokens), right, sizes, w)
+    if mode == "chunks":
+        try:
+            return _wgrad_chunks(x, tokens, right, sizes, w)
+        except NotImplementedError:  # the Gluon kernel does not take this layout: read through the index
+            pass
+    return _wgrad_index(x, tokens, right, sizes, w)
+
+
+def _gluon_runs(device: torch.device) -> bool:
+    from ragdot.kernels.gluon import unavailable_reason
+
+    return device.type == "cuda" and unavailable_reason(device) is None
+
+
+def _wgrad_index(x, tokens, right, sizes, w) -> torch.Tensor:
+    """ragdot's Triton ragged_k reading x [T, D] through the token index (its `gather_config` tile), no copy."""
     from ragdot.kernels import ragged_k as rk_kernel
 
     side = "b" if stored_transposed(w) else "a"
     a, b = (right[None], x[None]) if side == "b" else (x[None], right[None])
-    key = (side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, sizes.shape[0], w.dtype)
-    prepared = _GATHERED.get(key)
-    if prepared is None:
-        if len(_GATHERED) >= 1024:  # many distinct token counts: start over rather than grow
-            _GATHERED.clear()
-        prepared = _GATHERED[key] = rk_kernel.Prepared(a, b, sizes.shape[0], w.dtype, None, from_sizes=True,
-                                                       gather=side)
+    key = ("index", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, sizes.shape[0], w.dtype)
+    prepared = _prepared(key, lambda: rk_kernel.Prepared(a, b, sizes.shape[0], w.dtype, None, from_sizes=True,
+                                                         gather=side))
     c = prepared(a, b, sizes, index=tokens)[0][:, 0]
     return c.transpose(1, 2) if side == "b" else c
+
+
+def _wgrad_chunks(x, tokens, right, sizes, w) -> torch.Tensor:
+    """The gradient a slice of D at a time: the slice's token rows gathered ([A, width]), the Gluon kernel
+    writing the gradient's matching rows (columns, for weights stored [E, Q, D]) through a strided view."""
+    from ragdot.kernels.gluon.ragged_k import Prepared as GluonPrepared
+
+    e, d, q = sizes.shape[0], x.shape[1], right.shape[1]
+    side = "b" if stored_transposed(w) else "a"
+    out = torch.empty((e, q, d) if side == "b" else (e, d, q), dtype=w.dtype, device=x.device)
+    for d0, d1 in _chunks(d):
+        rows = x[:, d0:d1].index_select(0, tokens)  # [A, d1 - d0]
+        a, b = (right[None], rows[None]) if side == "b" else (rows[None], right[None])
+        view = (out[:, :, d0:d1] if side == "b" else out[:, d0:d1])[:, None]
+        strides = (view.stride(0), view.stride(2))
+        key = ("chunks", side, a.shape, b.shape, a.dtype, a.device, e, w.dtype, strides)
+        prepared = _prepared(key, lambda a=a, b=b, strides=strides: GluonPrepared(
+            a, b, e, w.dtype, None, from_sizes=True, out_strides=strides))
+        prepared(a, b, sizes, view)
+        del rows
+    return out.transpose(1, 2) if side == "b" else out
 
 
 def _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):

@@ -260,7 +260,8 @@ class Prepared:
     replayable = True
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype,
-                 config: GluonConfig | None = None, from_sizes: bool = False, scale: int = 1):
+                 config: GluonConfig | None = None, from_sizes: bool = False, scale: int = 1,
+                 out_strides: tuple[int, int] | None = None):
         bt, r, m = a.shape
         n = b.shape[2]
         self.shape = (g, bt, m, n)
@@ -286,6 +287,10 @@ class Prepared:
         views = (rows_view(a), rows_view(b))
         if None in views or (n * out_bytes) % 16:
             raise NotImplementedError("gluon ragged_k: operands are not row views with 16-byte aligned rows")
+        if out_strides is not None and (bt != 1 or any((x * out_bytes) % 16 for x in out_strides)):
+            raise NotImplementedError(f"gluon ragged_k: out_strides {out_strides} (batch 1, 16-byte multiples only)")
+        self.out_strides = out_strides
+        self.c_layout = ([g * bt, m, n], [*(out_strides or (m * n, n)), 1])
         check_ragged_rows("gluon ragged_k", bt, r)
         self.ragged = (ragged_view(m, views[0][1]), ragged_view(n, views[1][1]))  # built once: the bound
         self.scalars = (r, m, n, g, bt)  # launch compares a call's descriptor layouts by identity first
@@ -303,15 +308,15 @@ class Prepared:
         self.launch = BoundLaunch.in_order(ragged_k_ws_kernel, self.grid, self.consts, self.options, a.device)
         from ragdot.kernels.ragged_k import Prepared as TritonPrepared  # for operands TMA cannot address
 
-        self.fallback = TritonPrepared(a, b, g, out_dtype, None, from_sizes=from_sizes, scale=scale)
+        self.fallback = TritonPrepared(a, b, g, out_dtype, None, from_sizes=from_sizes, scale=scale,
+                                       out_strides=out_strides)
 
     def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:
         """The three TMA descriptors at these operands' addresses (layout and alignment checked already)."""
         (a_shape, a_strides), (b_shape, b_strides) = self.ragged
-        g, bt, m, n = self.shape
         return (_descriptor(a, a_shape, a_strides, self.blocks[0], self.layouts[0]),
                 _descriptor(b, b_shape, b_strides, self.blocks[1], self.layouts[1]),
-                _descriptor(c, [g * bt, m, n], [m * n, n, 1], self.blocks[2], self.layouts[2]))
+                _descriptor(c, *self.c_layout, self.blocks[2], self.layouts[2]))
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, out: torch.Tensor | None = None,
                  sched: torch.Tensor | None = None) -> tuple[torch.Tensor, object]:
