@@ -229,7 +229,8 @@ def _suites() -> dict[str, Suite]:
         )),
         "fused": Suite("the fused MoE block against the unfused layer (fused_gpu.py), its kernels' tile configs "
                        "at two layer shapes (fused_sweep.py; graph clock), one step's kernel time (layer_profile.py; "
-                       "CUPTI) and the layer's ragged-M tiles on routed group sizes (tail_tiles.py; graph clock)", (
+                       "CUPTI), the layer's ragged-M tiles on routed group sizes (tail_tiles.py; graph clock) and "
+                       "its last weight gradient from x's token rows (wgrad_rows.py; graph and eager clocks)", (
             Step("layer", ("{py}", "benchmarks/fused_gpu.py", "--tokens", "8192", "--budget-s", "250", "--out",
                            "{out}/layer"), 330, tail=40),
             Step("deepseek-v3", ("{py}", "benchmarks/fused_sweep.py", "--limit", "10", "--out", "{out}/deepseek-v3"),
@@ -238,6 +239,7 @@ def _suites() -> dict[str, Suite]:
                            "--limit", "10", "--out", "{out}/qwen3"), 240, tail=12),
             Step("kernel-time", ("{py}", "benchmarks/layer_profile.py", "--out", "{out}/profile.json"), 150, tail=60),
             Step("routed-tiles", ("{py}", "benchmarks/tail_tiles.py", "--out", "{out}/tail.json"), 240, tail=40),
+            Step("wgrad-rows", ("{py}", "benchmarks/wgrad_rows.py", "--out", "{out}/wgrad.json"), 180, tail=50),
         )),
         "profile": Suite("Nsight Compute on the open diagnoses: Gluon vs Triton ragged-M, the skewed Gluon wgrad", (
             # the same 128x256x64 three-stage tile, 619 TFLOP/s in Gluon and 741 in Triton (docs/gluon.md)
