@@ -534,8 +534,9 @@ def test_every_way_of_reading_x_for_the_last_weight_gradient(mode, layout, monke
 
 def test_wgrad_row_slices_and_mode_errors(monkeypatch):
     assert fused_mod._chunks(2048) == [(0, 512), (512, 1024), (1024, 1536), (1536, 2048)]
-    assert fused_mod._chunks(2880)[-1] == (2560, 2880) and len(fused_mod._chunks(2880)) == 6
-    assert fused_mod._chunks(7168) == [(d, d + 1024) for d in range(0, 7168, 1024)]
+    assert fused_mod._chunks(2880) == [(0, 768), (768, 1536), (1536, 2304), (2304, 2880)]
+    assert fused_mod._chunks(7168) == [(d, d + 1792) for d in range(0, 7168, 1792)]
+    assert fused_mod._chunks(1280) == [(0, 512), (512, 1024), (1024, 1280)]
     assert fused_mod._chunks(100) == [(0, 100)]
     monkeypatch.setattr(fused_mod, "wgrad_rows", "gather")
     x, chosen, weights, wgu, wd = _operands(8, 16, 16, 4, 1, torch.float32)

@@ -236,8 +236,8 @@ backward_kind = "gemms"
 backward_in_place = True
 # How the "gemms" backward's last product, w_gate_up's weight gradient, gets the token rows of x (a [T*k, D] copy
 # of them sat beside dpre and every weight gradient at the backward's peak: `moe-bench --layer`'s act_peak_mib):
-# "chunks" gathers them a slice of D columns at a time (`_chunks`: a quarter of the copy alive at D = 2048, less
-# above) and writes each slice of the gradient in place with the Gluon weight-gradient kernel (sm_90, 16-bit); "index" has ragdot's
+# "chunks" gathers them a slice of D columns at a time (`_chunks`: about a quarter of the copy alive, one slice at
+# a time) and writes each slice of the gradient in place with the Gluon weight-gradient kernel (sm_90, 16-bit); "index" has ragdot's
 # Triton ragged_k read x through the token index (no copy at all; on an H200 its product ran 1.14-1.32x the
 # copy's time: docs/history.md, 2026-12-04 night); "copy" gathers all rows once and runs ragdot's chosen backend
 # (`auto`). None: "chunks" where the Gluon kernel runs, else "index".
@@ -301,8 +301,10 @@ def _prepared(key: tuple, build):
 
 def _chunks(d: int) -> list[tuple[int, int]]:
     """Column slices [d0, d1) of D for the "chunks" weight gradient: widths a multiple of 256 (whole tiles of
-    the Gluon kernel's either side), at least 512 and at most an eighth of D rounded up; the last takes the rest."""
-    width = max(512, -(-d // 8 // 256) * 256)
+    the Gluon kernel's either side), at least 512, else a quarter of D rounded up; the last takes the rest. Four
+    slices at most: each slice's launch reads all of dpre again (on an H200, seven slices of the deepseek3-671b
+    slice's 7168 columns took 1.25x the one copy's time for the product, four slices of qwen3-30b-a3b's 1.18x)."""
+    width = max(512, -(-d // 4 // 256) * 256)
     return [(d0, min(d0 + width, d)) for d0 in range(0, d, width)]
 
 
@@ -361,7 +363,7 @@ def _wgrad_chunks(x, tokens, right, sizes, w) -> torch.Tensor:
         prepared = _prepared(key, lambda a=a, b=b, strides=strides: GluonPrepared(
             a, b, e, w.dtype, None, from_sizes=True, out_strides=strides))
         prepared(a, b, sizes, view)
-        del rows
+        del rows, a, b  # before the next slice's copy: one slice alive at a time
     return out.transpose(1, 2) if side == "b" else out
 
 
