@@ -449,8 +449,8 @@ class Prepared:
     ) -> tuple[torch.Tensor, object]:
         """a [Bt, R, M], b [Bt, R, N], ends int32/int64 [G] -> (c [G, Bt, M, N], kernel handle or None);
         with `gather`, `index` int32 [R] (the gathered operand is its [1, S, X] source)."""
-        if self.out_strides is not None and (out is None or out.shape != self.shape
-                                             or (out.stride(0), out.stride(2), out.stride(3)) != (*self.out_strides, 1)):
+        if self.out_strides is not None and (out is None or out.shape != self.shape or (
+                out.stride(0), out.stride(2), out.stride(3)) != (*self.out_strides, 1)):
             raise ValueError(f"out: expected a {list(self.shape)} view with strides {self.out_strides} (group, row)")
         c, done = prepared_output(self, out)
         if done:

@@ -236,11 +236,11 @@ backward_kind = "gemms"
 backward_in_place = True
 # How the "gemms" backward's last product, w_gate_up's weight gradient, gets the token rows of x (a [T*k, D] copy
 # of them sat beside dpre and every weight gradient at the backward's peak: `moe-bench --layer`'s act_peak_mib):
-# "chunks" gathers them a slice of D columns at a time (`_chunks`: about a quarter of the copy alive, one slice at
-# a time) and writes each slice of the gradient in place with the Gluon weight-gradient kernel (sm_90, 16-bit); "index" has ragdot's
-# Triton ragged_k read x through the token index (no copy at all; on an H200 its product ran 1.14-1.32x the
-# copy's time: docs/history.md, 2026-12-04 night); "copy" gathers all rows once and runs ragdot's chosen backend
-# (`auto`). None: "chunks" where the Gluon kernel runs, else "index".
+# "chunks" gathers them a slice of D columns at a time (`_chunks`: about a quarter of the copy alive, one slice
+# at a time) and writes each slice of the gradient in place with the Gluon weight-gradient kernel (sm_90, 16-bit);
+# "index" has ragdot's Triton ragged_k read x through the token index (no copy at all; on an H200 its product ran
+# 1.14-1.32x the copy's time: docs/history.md, 2026-12-04 night); "copy" gathers all rows once and runs ragdot's
+# chosen backend (`auto`). None: "chunks" where the Gluon kernel runs, else "index".
 WGRAD_ROWS = ("chunks", "index", "copy")
 wgrad_rows: str | None = None
 
