@@ -505,15 +505,13 @@ def test_transposed_weight_views_get_gradients_in_their_own_layout():
         assert nerr(got, want) <= TOL[torch.float32]
 
 
-WGRAD_MODES = ["index", "copy"] + (["chunks"] if DEV.type == "cuda" and fused_mod._gluon_runs(DEV) else [])
-
-
-@pytest.mark.parametrize("mode", WGRAD_MODES)
+@pytest.mark.parametrize("mode", fused_mod.WGRAD_ROWS)  # "chunks" reads through the index where Gluon does not run
 @pytest.mark.parametrize("layout", ["layer", "transposed"])
 def test_every_way_of_reading_x_for_the_last_weight_gradient(mode, layout, monkeypatch):
     """`wgrad_rows`: x's token rows read through the index ("index"), gathered a slice of columns at a time
-    ("chunks", Gluon on sm_90; several slices at these widths) or all at once ("copy") give w_gate_up's gradient
-    within rounding of each other, in the weight's own memory order, and every other gradient bit for bit."""
+    ("chunks", Gluon on sm_90, three slices at these widths; elsewhere the index) or all at once ("copy") give
+    w_gate_up's gradient within rounding of each other, in the weight's own memory order, and every other
+    gradient bit for bit."""
     shape = (300, 1280, 96, 8, 2) if DEV.type == "cuda" else (37, 40, 24, 6, 2)
     dtype = torch.bfloat16 if DEV.type == "cuda" else torch.float16
     x, chosen, weights, wgu, wd = _operands(*shape, dtype)
@@ -540,5 +538,5 @@ def test_wgrad_row_slices_and_mode_errors(monkeypatch):
     assert fused_mod._chunks(100) == [(0, 100)]
     monkeypatch.setattr(fused_mod, "wgrad_rows", "gather")
     x, chosen, weights, wgu, wd = _operands(8, 16, 16, 4, 1, torch.float32)
-    with pytest.raises(ValueError, match="wgrad_rows='gather'"):
+    with pytest.raises(ValueError, match="wgrad_rows='gather': expected one of chunks, index, copy"):
         _fused(x, chosen, weights, wgu, wd).sum().backward()

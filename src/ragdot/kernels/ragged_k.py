@@ -320,8 +320,8 @@ def ragged_k_persistent_kernel(
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
         kk += 1
         if kk == n_i:  # last chunk: write the tile and start the next one from zero
-            _store_tile(c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, stride_cg, stride_cm, BLOCK_M, BLOCK_N,
-                TMA_STORE)
+            _store_tile(c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, stride_cg, stride_cm,
+                        BLOCK_M, BLOCK_N, TMA_STORE)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             kk = pid * 0
 
@@ -469,9 +469,9 @@ class Prepared:
         c_desc = host_descriptor(c, *self.c_desc) if tma else None
         if not self.persistent:
             return c, self.launches[tma, False, False](a, b, c, c_desc, sched, *idx, *self.scalars)
-        read = [t for side, t in zip("ab", (a, b)) if side != self.gather]
-        load = self.tma_load and all(t.data_ptr() % 16 == 0 for t in read)
-        descs = tuple(None if not load or view is None else host_descriptor(t, *view)
+        load = self.tma_load and ((0 if self.gather == "a" else a.data_ptr())
+                                  | (0 if self.gather == "b" else b.data_ptr())) % 16 == 0
+        descs = tuple(None if view is None else host_descriptor(t, *view)
                       for t, view in zip((a, b), self.views)) if load else (None, None)
         return c, self.launches[tma, load, inline](a, b, c, c_desc, *descs, sched, ends if inline else sched, *idx,
                                                    *self.scalars)

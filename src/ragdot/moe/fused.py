@@ -240,9 +240,10 @@ backward_in_place = True
 # at a time) and writes each slice of the gradient in place with the Gluon weight-gradient kernel (sm_90, 16-bit);
 # "index" has ragdot's Triton ragged_k read x through the token index (no copy at all; on an H200 its product ran
 # 1.14-1.32x the copy's time: docs/history.md, 2026-12-04 night); "copy" gathers all rows once and runs ragdot's
-# chosen backend (`auto`). None: "chunks" where the Gluon kernel runs, else "index".
+# chosen backend (`auto`). "chunks" reads through the index where the Gluon kernel does not run (or refuses the
+# layout).
 WGRAD_ROWS = ("chunks", "index", "copy")
-wgrad_rows: str | None = None
+wgrad_rows = "chunks"
 
 
 def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place):
@@ -313,13 +314,11 @@ def _wgrad_from_rows(x: torch.Tensor, tokens: torch.Tensor, right: torch.Tensor,
     """Per expert, the sum over its rows of x[token]^T right: x [T, D], tokens int32 [A], right [A, Q] ->
     [E, D, Q] in w's memory order (see `_weight_grad`), by `wgrad_rows`."""
     mode = wgrad_rows
-    if mode is None:
-        mode = "chunks" if x.dtype in (torch.float16, torch.bfloat16) and _gluon_runs(x.device) else "index"
     if mode not in WGRAD_ROWS:
-        raise ValueError(f"ragdot.moe.fused.wgrad_rows={mode!r}: expected None or one of {', '.join(WGRAD_ROWS)}")
+        raise ValueError(f"ragdot.moe.fused.wgrad_rows={mode!r}: expected one of {', '.join(WGRAD_ROWS)}")
     if mode == "copy":
         return _ragged_k(x.index_select(0, tokens), right, sizes, w)
-    if mode == "chunks":
+    if mode == "chunks" and x.dtype in (torch.float16, torch.bfloat16) and _gluon_runs(x.device):
         try:
             return _wgrad_chunks(x, tokens, right, sizes, w)
         except NotImplementedError:  # the Gluon kernel does not take this layout: read through the index
