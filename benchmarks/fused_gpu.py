@@ -98,12 +98,16 @@ def _step(layer: MoELayer, variant: str, x: torch.Tensor, cot: torch.Tensor):
     def run() -> tuple[torch.Tensor, ...]:
         if variant == "peer":
             y = peer_moe(x, layer.router.weight, layer.w_gate_up, layer.w_down, layer.top_k)
-        else:
-            layer.fused = variant in FUSED
-            if layer.fused:
-                fused.forward_kind, fused.backward_kind = FUSED[variant]
+            return (y.detach(), *torch.autograd.grad(y, (x, *params), cot))
+        layer.fused = variant in FUSED
+        kinds = fused.forward_kind, fused.backward_kind
+        if layer.fused:  # this variant's kernels, for this step only (the module's defaults stay as they were)
+            fused.forward_kind, fused.backward_kind = FUSED[variant]
+        try:
             y = layer(x)
-        return (y.detach(), *torch.autograd.grad(y, (x, *params), cot))
+            return (y.detach(), *torch.autograd.grad(y, (x, *params), cot))
+        finally:
+            fused.forward_kind, fused.backward_kind = kinds
 
     return run
 

@@ -520,6 +520,7 @@ def test_every_way_of_reading_x_for_the_last_weight_gradient(mode, layout, monke
         wgu, wd = (w.transpose(1, 2) for w in stored)
     cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(DEV, dtype)
     inputs = (x, weights, wgu, wd)
+    monkeypatch.setattr(fused_mod, "backward_kind", "gemms")  # the backward that reads x's rows so
     monkeypatch.setattr(fused_mod, "wgrad_rows", mode)
     grads = torch.autograd.grad(_fused(x, chosen, weights, wgu, wd), inputs, cot)
     monkeypatch.setattr(fused_mod, "wgrad_rows", "copy")
@@ -536,6 +537,7 @@ def test_wgrad_row_slices_and_mode_errors(monkeypatch):
     assert fused_mod._chunks(7168) == [(d, d + 1792) for d in range(0, 7168, 1792)]
     assert fused_mod._chunks(1280) == [(0, 512), (512, 1024), (1024, 1280)]
     assert fused_mod._chunks(100) == [(0, 100)]
+    monkeypatch.setattr(fused_mod, "backward_kind", "gemms")
     monkeypatch.setattr(fused_mod, "wgrad_rows", "gather")
     x, chosen, weights, wgu, wd = _operands(8, 16, 16, 4, 1, torch.float32)
     with pytest.raises(ValueError, match="wgrad_rows='gather': expected one of chunks, index, copy"):
