@@ -358,7 +358,7 @@ def _wgrad_chunks(x, tokens, right, sizes, w) -> torch.Tensor:
         a, b = (right[None], rows[None]) if side == "b" else (rows[None], right[None])
         view = (out[:, :, d0:d1] if side == "b" else out[:, d0:d1])[:, None]
         strides = (view.stride(0), view.stride(2))
-        key = ("chunks", side, a.shape, b.shape, a.dtype, a.device, e, w.dtype, strides)
+        key = ("chunks", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, w.dtype, strides)
         prepared = _prepared(key, lambda a=a, b=b, strides=strides: GluonPrepared(
             a, b, e, w.dtype, None, from_sizes=True, out_strides=strides))
         prepared(a, b, sizes, view)
