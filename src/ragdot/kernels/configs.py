@@ -217,8 +217,10 @@ def gather_config(r: int, m: int, n: int, g: int, dtype: torch.dtype, device: to
     buffers than the stage count: on sm_90 a 128x256x64 tile with five stages (three buffers, 213 KB of shared
     memory) measured fastest of eight (H200, bf16, graph clock, the MoE layer's gate|up weight gradient at four
     layer widths: 474-527 TFLOP/s against 271-318 for `pick_config`'s 128x128x32 s4; benchmarks/results/
-    h200-20261204e/w1/wgrad.txt); elsewhere `pick_config`'s tile."""
-    if tma_capable(torch.device(device)) and _dtype_bytes(dtype) == 2:
+    h200-20261204e/w1/wgrad.txt), where a block may take that much (`wide_shared_memory`); elsewhere
+    `pick_config`'s tile."""
+    device = torch.device(device)
+    if tma_capable(device) and wide_shared_memory(device) and _dtype_bytes(dtype) == 2:
         return TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=5, persistent=True, tma=True, flat=True)
     return pick_config("ragged_k", m, r, n, g, dtype, device)
 
