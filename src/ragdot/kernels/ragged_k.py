@@ -150,25 +150,25 @@ def _load_rows(
 
 
 @triton.jit
-def _load_chunk(
-    a_ptr, b_ptr, a_idx_ptr, b_idx_ptr, bt, k, end, pid_m, pid_n, M, N, src_rows,
-    stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-    GATHER_A: tl.constexpr, GATHER_B: tl.constexpr,
-):
-    """Token rows [k, k + BLOCK_K) of a (columns of row tile pid_m) and b (column tile pid_n); rows >= end are 0."""
-    a = _load_rows(a_ptr, a_idx_ptr, bt, k, end, pid_m, M, src_rows, stride_ab, stride_ar, stride_am,
-                   BLOCK_M, BLOCK_K, EVEN_M, GATHER_A)
-    b = _load_rows(b_ptr, b_idx_ptr, bt, k, end, pid_n, N, src_rows, stride_bb, stride_br, stride_bn,
-                   BLOCK_N, BLOCK_K, EVEN_N, GATHER_B)
-    return a, b
-
-
-@triton.jit
 def _load_rows_tma(desc, bt, R, k, end, pid, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
     """`_load_rows` through the operand's ragged view: rows [k, k + BLOCK_K) of batch entry bt, rows >= end
     zero-filled by TMA (out of the view's bounds), columns past the operand's width likewise."""
     return desc.load([RAGGED_BASE, bt * R + end, RAGGED_BASE - end + k, pid * BLOCK_C]).reshape(BLOCK_K, BLOCK_C)
+
+
+@triton.jit
+def _load_operand(
+    ptr, desc, idx_ptr, bt, R, k, end, pid, C, src_rows, stride_b, stride_r, stride_c,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_C: tl.constexpr, TMA: tl.constexpr, GATHER: tl.constexpr,
+):
+    """One operand's token rows [k, k + BLOCK_K), columns of tile `pid`: through its ragged TMA view (TMA), or
+    masked pointer loads (always for a gathered operand, whose rows TMA cannot address)."""
+    if TMA and not GATHER:
+        rows = _load_rows_tma(desc, bt, R, k, end, pid, BLOCK_C, BLOCK_K)
+    else:
+        rows = _load_rows(ptr, idx_ptr, bt, k, end, pid, C, src_rows, stride_b, stride_r, stride_c,
+                          BLOCK_C, BLOCK_K, EVEN_C, GATHER)
+    return rows
 
 
 @triton.jit
@@ -220,9 +220,10 @@ def ragged_k_kernel(
     pid_m, pid_n = _tile_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(start, end, BLOCK_K):
-        a, b = _load_chunk(a_ptr, b_ptr, a_idx_ptr, b_idx_ptr, bt, k, end, pid_m, pid_n, M, N, src_rows,
-                           stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
-                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N, GATHER_A, GATHER_B)
+        a = _load_rows(a_ptr, a_idx_ptr, bt, k, end, pid_m, M, src_rows, stride_ab, stride_ar, stride_am,
+                       BLOCK_M, BLOCK_K, EVEN_M, GATHER_A)
+        b = _load_rows(b_ptr, b_idx_ptr, bt, k, end, pid_n, N, src_rows, stride_bb, stride_br, stride_bn,
+                       BLOCK_N, BLOCK_K, EVEN_N, GATHER_B)
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
     _store_tile(c_ptr, c_desc, acc, g, bt, Bt, pid_m, pid_n, M, N, stride_cg, stride_cm, BLOCK_M, BLOCK_N,
                 TMA_STORE)
@@ -302,21 +303,10 @@ def ragged_k_persistent_kernel(
             bt = rest // tiles
             pid_m, pid_n = _tile_of(rest % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         k = start + kk * BLOCK_K
-        if TMA_LOAD:
-            if GATHER_A:
-                a = _load_rows(a_ptr, a_idx_ptr, bt, k, end, pid_m, M, src_rows, stride_ab, stride_ar, stride_am,
-                               BLOCK_M, BLOCK_K, EVEN_M, True)
-            else:
-                a = _load_rows_tma(a_desc, bt, R, k, end, pid_m, BLOCK_M, BLOCK_K)
-            if GATHER_B:
-                b = _load_rows(b_ptr, b_idx_ptr, bt, k, end, pid_n, N, src_rows, stride_bb, stride_br, stride_bn,
-                               BLOCK_N, BLOCK_K, EVEN_N, True)
-            else:
-                b = _load_rows_tma(b_desc, bt, R, k, end, pid_n, BLOCK_N, BLOCK_K)
-        else:
-            a, b = _load_chunk(a_ptr, b_ptr, a_idx_ptr, b_idx_ptr, bt, k, end, pid_m, pid_n, M, N, src_rows,
-                               stride_ab, stride_ar, stride_am, stride_bb, stride_br, stride_bn,
-                               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_M, EVEN_N, GATHER_A, GATHER_B)
+        a = _load_operand(a_ptr, a_desc, a_idx_ptr, bt, R, k, end, pid_m, M, src_rows, stride_ab, stride_ar,
+                          stride_am, BLOCK_M, BLOCK_K, EVEN_M, TMA_LOAD, GATHER_A)
+        b = _load_operand(b_ptr, b_desc, b_idx_ptr, bt, R, k, end, pid_n, N, src_rows, stride_bb, stride_br,
+                          stride_bn, BLOCK_N, BLOCK_K, EVEN_N, TMA_LOAD, GATHER_B)
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
         kk += 1
         if kk == n_i:  # last chunk: write the tile and start the next one from zero
