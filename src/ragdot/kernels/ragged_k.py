@@ -468,13 +468,13 @@ class Prepared:
 
 
 def _row_index(a: torch.Tensor, b: torch.Tensor, a_rows: torch.Tensor | None,
-               b_rows: torch.Tensor | None) -> tuple[str | None, torch.Tensor | None, int]:
-    """(gathered operand or None, its int32 row index, token rows R) of a `ragged_k` call, checked."""
+               b_rows: torch.Tensor | None) -> tuple[str | None, torch.Tensor | None]:
+    """(gathered operand or None, its int32 row index) of a `ragged_k` call, checked."""
     if a_rows is None and b_rows is None:
         if b.shape[0] != a.shape[0] or b.shape[1] != a.shape[1]:
             raise ValueError(f"b: expected shape [{a.shape[0]}, {a.shape[1]}, N] to match a {tuple(a.shape)}, "
                              f"got {tuple(b.shape)}")
-        return None, None, a.shape[1]
+        return None, None
     if a_rows is not None and b_rows is not None:
         raise ValueError("a_rows, b_rows: at most one operand is read through a row index")
     side, index = ("a", a_rows) if a_rows is not None else ("b", b_rows)
@@ -488,7 +488,7 @@ def _row_index(a: torch.Tensor, b: torch.Tensor, a_rows: torch.Tensor | None,
     other = b if side == "a" else a
     if other.shape[1] != index.shape[0]:
         raise ValueError(f"{name}: {index.shape[0]} rows, but the other operand has {other.shape[1]} token rows")
-    return side, index.to(torch.int32).contiguous(), index.shape[0]
+    return side, index.to(torch.int32).contiguous()
 
 
 def launch(
@@ -505,7 +505,7 @@ def launch(
 ) -> tuple[torch.Tensor, object]:
     """`ragged_k` returning also the launched kernel handle (compiled kernel on a GPU), for inspection."""
     check_operands(a, b, 3)
-    gather, index, _r = _row_index(a, b, a_rows, b_rows)
+    gather, index = _row_index(a, b, a_rows, b_rows)
     if not isinstance(group_ends, torch.Tensor) or group_ends.dim() != 1:
         raise ValueError("group_ends: expected a 1-D integer tensor [G]")
     bt, m = a.shape[0], a.shape[2]

@@ -257,11 +257,20 @@ def _ragged_m(a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor) -> torch.Te
     return _ops.run("ragged_m", a[None], b[None], sizes, a.dtype, "auto")[0]
 
 
+def _k_operands(w: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """(the side left lands on, a, b): the ragged_k operands [1, A, .] of the sum over rows of left^T right in w's
+    memory order; a weight stored [E, Q, P] (`stored_transposed`) takes right^T left, which its caller transposes
+    back (see `_weight_grad`)."""
+    if stored_transposed(w):
+        return "b", right[None], left[None]
+    return "a", left[None], right[None]
+
+
 def _ragged_k(left: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Per expert, left^T right over its rows -> [E, P, Q] in w's memory order (see `_weight_grad`)."""
-    if stored_transposed(w):
-        return _ops.run("ragged_k", right[None], left[None], sizes, w.dtype, "auto")[:, 0].transpose(1, 2)
-    return _ops.run("ragged_k", left[None], right[None], sizes, w.dtype, "auto")[:, 0]
+    side, a, b = _k_operands(w, left, right)
+    c = _ops.run("ragged_k", a, b, sizes, w.dtype, "auto")[:, 0]
+    return c.transpose(1, 2) if side == "b" else c
 
 
 def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place):
@@ -336,8 +345,7 @@ def _wgrad_index(x, tokens, right, sizes, w) -> torch.Tensor:
     """ragdot's Triton ragged_k reading x [T, D] through the token index (its `gather_config` tile), no copy."""
     from ragdot.kernels import ragged_k as rk_kernel
 
-    side = "b" if stored_transposed(w) else "a"
-    a, b = (right[None], x[None]) if side == "b" else (x[None], right[None])
+    side, a, b = _k_operands(w, x, right)
     key = ("index", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, sizes.shape[0], w.dtype)
     prepared = _prepared(key, lambda: rk_kernel.Prepared(a, b, sizes.shape[0], w.dtype, None, from_sizes=True,
                                                          gather=side))
@@ -351,19 +359,19 @@ def _wgrad_chunks(x, tokens, right, sizes, w) -> torch.Tensor:
     from ragdot.kernels.gluon.ragged_k import Prepared as GluonPrepared
 
     e, d, q = sizes.shape[0], x.shape[1], right.shape[1]
-    side = "b" if stored_transposed(w) else "a"
-    out = torch.empty((e, q, d) if side == "b" else (e, d, q), dtype=w.dtype, device=x.device)
+    transposed = stored_transposed(w)
+    out = torch.empty((e, q, d) if transposed else (e, d, q), dtype=w.dtype, device=x.device)
     for d0, d1 in _chunks(d):
         rows = x[:, d0:d1].index_select(0, tokens)  # [A, d1 - d0]
-        a, b = (right[None], rows[None]) if side == "b" else (rows[None], right[None])
-        view = (out[:, :, d0:d1] if side == "b" else out[:, d0:d1])[:, None]
+        side, a, b = _k_operands(w, rows, right)
+        view = (out[:, :, d0:d1] if transposed else out[:, d0:d1])[:, None]
         strides = (view.stride(0), view.stride(2))
         key = ("chunks", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, w.dtype, strides)
         prepared = _prepared(key, lambda a=a, b=b, strides=strides: GluonPrepared(
             a, b, e, w.dtype, None, from_sizes=True, out_strides=strides))
         prepared(a, b, sizes, view)
         del rows, a, b  # before the next slice's copy: one slice alive at a time
-    return out.transpose(1, 2) if side == "b" else out
+    return out.transpose(1, 2) if transposed else out
 
 
 def _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
