@@ -1,0 +1,117 @@
+"""The Triton kernels' compiled code, checked on any machine without a GPU: the heuristic's tiles (and the
+row-index weight gradient's) built for an sm_90 target with Triton's bundled ptxas (wgmma, no register spills),
+and for an AMD MI300 (gfx942) target (pointer loads, no TMA). Each build runs in a subprocess without
+TRITON_INTERPRET (the interpreter compiles nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers import bundled_ptxas
+
+_COMPILE_SCRIPT = textwrap.dedent(
+    """
+    import json, torch
+    from ragdot.kernels import compile_only, pick_config, resource_usage
+    from ragdot.kernels import ragged_m as rm, ragged_k as rk
+    from ragdot.kernels.configs import gather_config
+    bf = torch.bfloat16
+    out = {}
+    with compile_only(90):
+        for m, k, n, g in ((3840, 2048, 1408, 64), (15360, 6144, 20480, 32), (5120, 512, 512, 256),
+                           (20480, 4096, 1536, 128), (10240, 2048, 768, 128), (64, 7168, 4096, 64)):
+            cfg = pick_config("ragged_m", m, k, n, g, bf, "cpu")  # the sm_90 target's tiles
+            a = torch.empty(1, m, k, dtype=bf)
+            for name, b in (("fwd", torch.empty(1, g, k, n, dtype=bf)),
+                            ("dgrad", torch.empty(1, g, n, k, dtype=bf).transpose(-1, -2))):
+                h = rm.launch(a, b, torch.zeros(g, dtype=torch.int32), config=cfg)[1]
+                out[f"ragged_m {name} {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
+            for device in (None, "cpu"):  # the pointer-load tile, and the sm_90 target's TMA-load tile
+                cfg = pick_config("ragged_k", k, m, n, g, bf, device)
+                h = rk.launch(a, torch.empty(1, m, n, dtype=bf), torch.zeros(g, dtype=torch.int32), config=cfg,
+                              sched=torch.zeros(3, g, dtype=torch.int32))[1]
+                out[f"ragged_k {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
+            rows = torch.zeros(m, dtype=torch.int32)  # a read through a row index, b through its ragged view
+            cfg = gather_config(m, k, n, g, bf, "cpu")
+            h = rk.launch(a[:, :1], torch.empty(1, m, n, dtype=bf), torch.zeros(g, dtype=torch.int32), config=cfg,
+                          sched=torch.zeros(3, g, dtype=torch.int32), a_rows=rows)[1]
+            out[f"ragged_k a_rows {m}x{k}x{n}x{g} {cfg.short()}"] = resource_usage(h)
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.skipif(not bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
+def test_sm90_code_uses_wgmma_without_spills() -> None:
+    """The heuristic's configs compile (for sm_90, on any machine) to wgmma with zero register spills."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    usage = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(usage) == 30 and sum(" flat" in name and name.startswith("ragged_k") for name in usage) == 12
+    assert any(" 16x128x128" in name for name in usage)  # the decode tile (rows <= 16 a group) on sm_90
+    for name, info in usage.items():
+        if " 32x" not in name and " 16x" not in name:  # tiles under 64 rows run mma.sync (memory bound)
+            assert info["wgmma"], name
+        assert info["spills"] == 0, (name, info)
+
+
+_ROCM_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from ragdot.kernels import batch as bm, compile_only, pick_config, ragged_k as rk, ragged_m as rm
+    bf = torch.bfloat16
+    built = []
+    with compile_only("gfx942", backend="hip", warp_size=64, multiprocessors=304):
+        for m, k, n, g in ((3840, 2048, 1408, 64), (20480, 4096, 1536, 128), (15360, 6144, 20480, 32),
+                           (64, 7168, 4096, 64)):
+            a = torch.empty(1, m, k, dtype=bf)
+            cfg = pick_config("ragged_m", m, k, n, g, bf)
+            for b in (torch.empty(1, g, k, n, dtype=bf), torch.empty(1, g, n, k, dtype=bf).transpose(-1, -2)):
+                h = rm.launch(a, b, torch.zeros(g, dtype=torch.int32), config=cfg)[1]
+                built.append("hsaco" in h.asm and "tensormap" not in h.asm["llir"])
+                if m // g <= 16:  # the decode tile fits the MI300's 64 KB of LDS
+                    built.append(h.metadata.shared <= 64 * 1024)
+            cfg = pick_config("ragged_k", k, m, n, g, bf)
+            h = rk.launch(a, torch.empty(1, m, n, dtype=bf), torch.zeros(g, dtype=torch.int32), config=cfg,
+                          sched=torch.zeros(3, g, dtype=torch.int32))[1]
+            built.append("hsaco" in h.asm)
+            h = rk.launch(a[:, :1], torch.empty(1, m, n, dtype=bf), torch.zeros(g, dtype=torch.int32),
+                          sched=torch.zeros(3, g, dtype=torch.int32), a_rows=torch.zeros(m, dtype=torch.int32))[1]
+            built.append("hsaco" in h.asm)  # the row-index weight gradient (pointer loads; gather_config's tile)
+        h = bm.launch(torch.empty(2, 256, 512, dtype=bf), torch.empty(2, 512, 256, dtype=bf))[1]
+        built.append("hsaco" in h.asm)
+    print(sum(built), len(built))
+    """
+)
+
+
+def _amd_backend() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    return os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "amd"))
+
+
+@pytest.mark.skipif(not _amd_backend(), reason="needs Triton's AMD backend")
+def test_rocm_code_builds_for_mi300() -> None:
+    """The heuristic's kernels (pointer loads and stores, no TMA) build for an AMD MI300 (gfx942) target."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _ROCM_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["19", "19"], proc.stdout[-500:]
