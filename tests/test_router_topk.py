@@ -17,6 +17,7 @@ if not torch.cuda.is_available():  # the interpreter must be chosen before trito
 
 import pytest  # noqa: E402
 
+from ragdot.moe import router as router_mod  # noqa: E402
 from ragdot.moe import router_topk  # noqa: E402
 from ragdot.moe.router import Router, gate_logits  # noqa: E402
 from ragdot.moe.router_topk import fused_softmax_topk, softmax_topk  # noqa: E402
@@ -181,9 +182,12 @@ def test_router_takes_the_kernels_where_they_apply(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gate_keeps_the_16_bit_input_and_gives_the_plain_ops_bits(dtype: torch.dtype) -> None:
+def test_gate_keeps_the_16_bit_input_and_gives_the_plain_ops_bits(dtype: torch.dtype,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The router's gate saves x and its weight in their own 16-bit dtype (the plain ops keep float32 copies:
-    twice x's bytes) and gives the same logits and the same gradient bits."""
+    twice x's bytes) and gives the same logits and the same gradient bits (the float32 path: on CUDA bfloat16
+    takes `router_gemm`, tested in test_router_gemm.py)."""
+    monkeypatch.setattr(router_mod, "fast_gate", False)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(64, 48, generator=gen).to(DEVICE, dtype).requires_grad_(True)
     w = torch.randn(12, 48, generator=gen).to(DEVICE, dtype).requires_grad_(True)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ragdot.moe import router_gemm
 from ragdot.moe.router_topk import softmax_topk
 from ragdot.ops import plain_eager
 
@@ -91,14 +92,21 @@ class _GateLinear(torch.autograd.Function):
 
 
 def gate_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [T, D] @ weight [E, D]^T in float32 at least -> [T, E]. In plain eager autograd with a 16-bit 2-D x the
-    float32 copy of x is not kept for the backward (``_GateLinear``); elsewhere (compilers, torch.func, other ranks)
-    the plain ops."""
+    """x [T, D] @ weight [E, D]^T in float32 at least -> [T, E]. bfloat16 x and weight on CUDA: bfloat16 tensor
+    cores with float32 accumulation and output (``ragdot.moe.router_gemm``: exact products, eager and compiled).
+    Otherwise in plain eager autograd with a 16-bit 2-D x the float32 copy of x is not kept for the backward
+    (``_GateLinear``); elsewhere (compilers, torch.func, other ranks) the plain ops."""
+    if fast_gate and router_gemm.applies(x, weight):
+        return router_gemm.gate_matmul(x, weight)
     dt = torch.promote_types(x.dtype, torch.float32)
     if x.dim() == 2 and x.dtype != dt and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) \
             and plain_eager(x):  # the Function's backward multiplies 2-D matrices
         return _GateLinear.apply(x, weight, dt)
     return F.linear(x.to(dt), weight.to(dt))
+
+
+# False: bfloat16 logits through the float32 matmul of upcast operands, as before `router_gemm` (A/B measurements)
+fast_gate = True
 
 
 def expert_counts(experts: torch.Tensor, num_experts: int) -> torch.Tensor:

@@ -1,0 +1,124 @@
+"""The router's gate matmul on bfloat16 tensor cores, at the accuracy of the float32 matmul it replaces.
+
+    logits = x @ w^T        x [T, D], w [E, D] bfloat16 -> float32 [T, E]
+
+The product of two bfloat16 numbers is exact in float32 (8 + 8 significant bits), so a bfloat16 GEMM that
+accumulates and writes float32 (`torch.mm(..., out_dtype=torch.float32)`) computes the sums of the float32 GEMM
+of the upcast operands, up to summation order: on tensor cores instead of float32 SIMT, and without the float32
+[T, D] copy of x. The backward's cotangent g [T, E] is float32; it is split exactly into three bfloat16 parts
+(each the rounding of what the previous ones left: g = hi + mid + lo + r, |r| <= 2^-24 |g|), laid side by side
+as g3 [T, 3E], and
+
+    dx = g3 @ [w; w; w]                       one GEMM, contraction 3E
+    dw = sum over s of (g3^T @ x)[s]          one GEMM of 3E rows, then a fixed-order sum of its three blocks
+
+both accumulated in float32 and rounded once to the operands' dtype. Measured against the float32 path in
+docs/fused-moe.md; tested against a float64 reference in tests/test_router_gemm.py.
+
+`applies` says where it runs: bfloat16 x and w of one 2-D layout on CUDA (where torch has the float32-output
+bfloat16 matmul), outside torch.func transforms; under torch.compile too (the split is then torch ops, which
+inductor fuses; eagerly it is one Triton launch).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ragdot.moe.router_rows import _geometry
+from ragdot.moe.routing_kernels import HAS_TRITON, _launch
+from ragdot.ops import _transformed
+
+__all__ = ["applies", "gate_matmul", "split3"]
+
+_HAS_MM_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _split3_kernel(
+        g_ptr,  # float32 [T, E]: the cotangent of the logits, rows of stride stride_t
+        out_ptr,  # bfloat16 [T, 3E]: out, [hi | mid | lo] of each row
+        T,
+        E,
+        stride_t,
+        BLOCK_T: tl.constexpr,  # rows per program
+        E_POW2: tl.constexpr,  # E rounded up to a power of two
+    ):
+        rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        cols = tl.arange(0, E_POW2)
+        m = (rows < T)[:, None] & (cols < E)[None, :]
+        r64 = rows.to(tl.int64)[:, None]
+        g = tl.load(g_ptr + r64 * stride_t + cols[None, :], mask=m, other=0.0)
+        hi = g.to(tl.bfloat16, fp_downcast_rounding="rtne")
+        rest = g - hi.to(tl.float32)  # exact
+        mid = rest.to(tl.bfloat16, fp_downcast_rounding="rtne")
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16, fp_downcast_rounding="rtne")
+        base = out_ptr + r64 * (3 * E) + cols[None, :]
+        tl.store(base, hi, mask=m)
+        tl.store(base + E, mid, mask=m)
+        tl.store(base + 2 * E, lo, mask=m)
+
+
+def applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `gate_matmul` takes x [T, D] and w [E, D]: both bfloat16 and 2-D on one CUDA device, torch's
+    float32-output bfloat16 matmul present, no torch.func transform or forward-mode AD active."""
+    return (_HAS_MM_DTYPE and x.dtype == w.dtype == torch.bfloat16 and x.dim() == w.dim() == 2 and x.is_cuda
+            and w.device == x.device and not _transformed())
+
+
+def _mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of bfloat16 matrices, accumulated and returned in float32 (exact products)."""
+    if a.is_cuda and _HAS_MM_DTYPE:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())  # the same products on devices without the bfloat16 kernel
+
+
+def split3(g: torch.Tensor) -> torch.Tensor:
+    """bfloat16 [T, 3E] = [hi | mid | lo] of float32 g [T, E] with hi + mid + lo = g to 2^-24 relative (see the
+    module). One Triton launch eagerly on CUDA; torch ops elsewhere (the same bits: round to nearest even)."""
+    t, e = g.shape
+    if HAS_TRITON and g.is_cuda and g.stride(1) == 1 and t > 0 and not torch.compiler.is_compiling():
+        out = torch.empty((t, 3 * e), dtype=torch.bfloat16, device=g.device)
+        e_pow2, block_t, nb = _geometry(t, e)
+        _launch(_split3_kernel, (nb,), {"BLOCK_T": block_t, "E_POW2": e_pow2}, 4, g, out, t, e, g.stride(0))
+        return out
+    hi = g.to(torch.bfloat16)
+    rest = g - hi.float()
+    mid = rest.to(torch.bfloat16)
+    return torch.cat((hi, mid, (rest - mid.float()).to(torch.bfloat16)), dim=1)
+
+
+class _GateMatmul(torch.autograd.Function):
+    """(x [T, D], w [E, D]) bfloat16 -> float32 logits [T, E]; see the module."""
+
+    @staticmethod
+    def forward(x, w):
+        return _mm32(x, w.t())
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        g3 = split3(grad.contiguous())
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = _mm32(g3, w.repeat(3, 1)).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            e = w.shape[0]
+            dw = _mm32(g3.t(), x).view(3, e, -1).sum(0).to(w.dtype)
+        return dx, dw
+
+
+def gate_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """float32 logits [T, E] = x [T, D] @ w [E, D]^T for bfloat16 x and w (`applies`), differentiable."""
+    if not applies(x, w):
+        raise ValueError(f"gate_matmul takes bfloat16 2-D x and w on one CUDA device; got x {x.dtype} "
+                         f"{tuple(x.shape)} on {x.device}, w {w.dtype} {tuple(w.shape)} on {w.device}")
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        return _GateMatmul.apply(x, w)
+    return _mm32(x, w.t())
