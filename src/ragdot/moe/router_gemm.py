@@ -16,8 +16,8 @@ both accumulated in float32 and rounded once to the operands' dtype. Measured ag
 docs/fused-moe.md; tested against a float64 reference in tests/test_router_gemm.py.
 
 `applies` says where it runs: bfloat16 x and w of one 2-D layout on CUDA (where torch has the float32-output
-bfloat16 matmul), outside torch.func transforms; under torch.compile too (the split is then torch ops, which
-inductor fuses; eagerly it is one Triton launch).
+bfloat16 matmul), outside torch.func transforms; under torch.compile too (the split is then the opaque op
+`ragdot::router_split3`, since inductor would fold its casts away; eagerly it is one Triton launch).
 """
 
 from __future__ import annotations
@@ -90,6 +90,19 @@ def split3(g: torch.Tensor) -> torch.Tensor:
     return torch.cat((hi, mid, (rest - mid.float()).to(torch.bfloat16)), dim=1)
 
 
+@torch.library.custom_op("ragdot::router_split3", mutates_args=())
+def _split3_op(g: torch.Tensor) -> torch.Tensor:
+    """`split3` as one opaque op for compiled graphs: inductor treats a float32 -> bfloat16 -> float32 round trip
+    inside a fused kernel as the identity (it does not emulate the narrower dtype), which would leave mid and lo
+    zero; through the op the parts are the eager bits."""
+    return split3(g)
+
+
+@_split3_op.register_fake
+def _(g):
+    return g.new_empty((g.shape[0], 3 * g.shape[1]), dtype=torch.bfloat16)
+
+
 class _GateMatmul(torch.autograd.Function):
     """(x [T, D], w [E, D]) bfloat16 -> float32 logits [T, E]; see the module."""
 
@@ -104,7 +117,8 @@ class _GateMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
-        g3 = split3(grad.contiguous())
+        grad = grad.contiguous()
+        g3 = _split3_op(grad) if torch.compiler.is_compiling() else split3(grad)
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dx = _mm32(g3, w.repeat(3, 1)).to(x.dtype)
