@@ -13,6 +13,7 @@ median replay time.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 
@@ -51,23 +52,24 @@ def main() -> None:
     for name, (a, b) in products.items():
         ref = a.double() @ b.double()
         for way, fn in _ways().items():
-            first = fn(a, b)
-            second = fn(a, b)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                warm = fn(a, b)
-            torch.cuda.current_stream().wait_stream(side)
-            holder: list[torch.Tensor] = []
-            replay = capture_graph(lambda: holder.__setitem__(slice(None), [fn(a, b)]))
-            replay()
-            torch.cuda.synchronize()
-            err = ((first.double() - ref).abs().max() / ref.abs().max()).item()
-            ms = median_ms(lambda: fn(a, b), dev, True, reps=50)
-            print(f"{name:6} {way:15} repeat-equal={torch.equal(first, second)} side-equal={torch.equal(first, warm)} "
-                  f"replay-equal={torch.equal(first, holder[0])} max-rel-err={err:.2e} graph {1e3 * ms:.1f} us",
-                  flush=True)
+            print(f"{name:6} {way:15} {_probe(functools.partial(fn, a, b), ref, dev)}", flush=True)
 
+
+def _probe(call, ref: torch.Tensor, dev: torch.device) -> str:
+    first, second = call(), call()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        warm = call()
+    torch.cuda.current_stream().wait_stream(side)
+    holder: list[torch.Tensor] = []
+    replay = capture_graph(lambda: holder.append(call()))
+    replay()
+    torch.cuda.synchronize()
+    err = ((first.double() - ref).abs().max() / ref.abs().max()).item()
+    ms = median_ms(call, dev, True, reps=50)
+    return (f"repeat-equal={torch.equal(first, second)} side-equal={torch.equal(first, warm)} "
+            f"replay-equal={torch.equal(first, holder[-1])} max-rel-err={err:.2e} graph {1e3 * ms:.1f} us")
 
 if __name__ == "__main__":
     main()

@@ -105,6 +105,7 @@ def _previous_step(layer: MoELayer, x: torch.Tensor, dy: torch.Tensor) -> dict[s
     import ragdot
     from ragdot.moe.layer import swiglu
     from ragdot.moe.router import router_z_loss
+    from ragdot.moe.router_losses import router_losses
 
     layer.zero_grad(set_to_none=True)
     xg = x.clone().requires_grad_()
@@ -114,9 +115,12 @@ def _previous_step(layer: MoELayer, x: torch.Tensor, dy: torch.Tensor) -> dict[s
     h = ragdot.ragged_dot(rows, layer.w_gate_up, sizes, backend=layer.backend)
     out = ragdot.ragged_dot(swiglu(h), layer.w_down, sizes, backend=layer.backend)
     y = torch.ops.ragdot.moe_combine(out, routing.slots, r.weights, routing.top_k, routing.impl)
-    fraction = sizes.float() / sizes.sum().clamp_min(1).float()
-    aux = layer.aux_loss_coef * (layer.num_experts * (fraction * r.probs.mean(dim=0)).sum())
-    z = layer.z_loss_coef * router_z_loss(r.logits)
+    if r.logits.is_cuda:  # the losses' kernels, as the layer takes them on CUDA (float32 rounding apart the ops)
+        aux, z = router_losses(r.logits, r.probs, sizes, r.experts.numel(), layer.aux_loss_coef, layer.z_loss_coef)
+    else:
+        fraction = sizes.float() / sizes.sum().clamp_min(1).float()
+        aux = layer.aux_loss_coef * (layer.num_experts * (fraction * r.probs.mean(dim=0)).sum())
+        z = layer.z_loss_coef * router_z_loss(r.logits)
     (y * dy).sum().add(aux + z).backward()
     result = {"y": y.detach(), "aux": aux.detach(), "z": z.detach(), "dx": xg.grad}
     result.update({f"d{name}": p.grad for name, p in layer.named_parameters()})
@@ -221,11 +225,16 @@ def test_sparse_layer_step_has_no_host_sync(monkeypatch, backend, lean):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("lean", [False, True])
-def test_sparse_layer_step_replays_bitwise_in_a_cuda_graph(monkeypatch, lean):
+def test_sparse_layer_step_replays_bitwise_in_a_cuda_graph(monkeypatch, lean, fused):
+    """Eager and replayed steps of one compute path give the same bits. The path is fixed: by default
+    (``fused=None``) a layer this small runs the unfused path eagerly and the fused block under capture, where
+    host time is not paid (`ragdot.moe.fused.preferred`), and the two paths round differently."""
     from ragdot.measure.timing import capture_graph, warm_off_stream
 
     layer = _gpu_layer("auto", lean, monkeypatch)
+    layer.fused = fused
     x = torch.randn(96, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     cot = torch.randn_like(x)
     out: list[torch.Tensor] = []
