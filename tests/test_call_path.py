@@ -544,3 +544,23 @@ def test_auto_moves_on_when_the_direct_call_is_refused_at_its_first_launch(monke
         ragdot.ragged_dot(x, w, sizes, backend="torch")
     ragdot.api._CALLS.clear()
     ragdot.ops._RUNNERS.clear()
+
+
+def test_signature_caches_stay_bounded_and_give_the_same_values(monkeypatch):
+    """A cache that would pass its limit starts over (`ragdot._memo.remember`): many distinct signatures (here five
+    row counts through caches of three) never grow it past the limit, and a signature seen again after the reset
+    is prepared anew with the same values."""
+    from ragdot import api, ops
+
+    monkeypatch.setattr(api, "_CALLS", {})
+    monkeypatch.setattr(api, "_MAX_CALLS", 3)
+    monkeypatch.setattr(ops, "_RUNNERS", {})
+    monkeypatch.setattr(ops, "_MAX_RUNNERS", 3)
+    gen = torch.Generator().manual_seed(25)
+    rhs = rand((4, 16, 8), torch.float32, DEV, gen)
+    lhs = {m: rand((m, 16), torch.float32, DEV, gen) for m in (40, 41, 42, 43, 44)}
+    first = {m: ragdot.ragged_dot(x, rhs, _sizes(), backend="reference") for m, x in lhs.items()}
+    assert 1 <= len(api._CALLS) <= 3 and 1 <= len(ops._RUNNERS) <= 3
+    for m, x in lhs.items():
+        assert torch.equal(ragdot.ragged_dot(x, rhs, _sizes(), backend="reference"), first[m])
+    assert len(api._CALLS) <= 3 and len(ops._RUNNERS) <= 3

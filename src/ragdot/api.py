@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ragdot import grad_plan, ops
+from ragdot._memo import remember
 from ragdot.backends import BACKEND_NAMES, available_backends, unusable_reason
 from ragdot.dimension_numbers import (
     RAGGED_DOT_DN,
@@ -222,9 +223,8 @@ class _Call:
             if bound:
                 return grad_plan.run(bound, lhs, rhs, dout, sizes, fwd_ends)
             if bound is False:  # first backward of this key: computed while binding
-                if len(self.bwd) >= 64:
-                    self.bwd.clear()
-                grads, self.bwd[key] = grad_plan.build(self, lhs, rhs, sizes, dout, needs, into)
+                grads, bound = grad_plan.build(self, lhs, rhs, sizes, dout, needs, into)
+                remember(self.bwd, key, bound, 64)
                 return grads
         return self.vjp(lhs, rhs, sizes, dout, needs)
 
@@ -367,9 +367,7 @@ def ragged_dot_general(
                             validate)
         call = _Call(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend, validate)
         if cacheable:
-            if len(_CALLS) >= _MAX_CALLS:  # many distinct shapes (e.g. serving): start over rather than grow
-                _CALLS.clear()
-            _CALLS[key] = call
+            remember(_CALLS, key, call, _MAX_CALLS)
     return call(lhs, rhs, group_sizes)
 
 

@@ -33,6 +33,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
+from ragdot._memo import remember
 from ragdot.backends import get_backend
 from ragdot.inductor_lowering import direct_out_name, maybe_install
 from ragdot.tune.cache import CACHE
@@ -167,9 +168,8 @@ def runner(problem: str, backend: str, a: torch.Tensor, b: torch.Tensor, num_gro
            scale, _state(a), into)
     found = _RUNNERS.get(key)
     if found is None:
-        if len(_RUNNERS) >= _MAX_RUNNERS:  # many distinct shapes (e.g. serving): start over rather than grow
-            _RUNNERS.clear()
-        found = _RUNNERS[key] = Runner(problem, backend, a, b, num_groups, out_dtype, scale, into)
+        found = remember(_RUNNERS, key, Runner(problem, backend, a, b, num_groups, out_dtype, scale, into),
+                         _MAX_RUNNERS)
     return found
 
 

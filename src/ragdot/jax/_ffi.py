@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ragdot import native
+from ragdot._memo import remember
 from ragdot.jax._bridge import Bridge
 from ragdot.native import plan as _plan
 
@@ -281,9 +282,7 @@ def _resolve(index: int, device: int, stream: int, n: int, ptrs: Any, message: i
         tensors = s.views.get(key)
         if tensors is None:  # XLA often hands a program's calls the same buffers: their views are kept
             tensors = [_tensor(a, b, shape, dtype, device) for (a, b), (shape, dtype) in zip(buffers, s.specs[:-1])]
-            if len(s.views) >= 8:
-                s.views.clear()
-            s.views[key] = tensors
+            remember(s.views, key, tensors, 8)
         s.run(tensors, buffers, device, stream)
         return 0
     except BaseException as e:  # noqa: BLE001 - reported to XLA, which raises it in the caller

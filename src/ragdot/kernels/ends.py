@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ragdot._memo import remember
 from ragdot.kernels.configs import next_pow2
 from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.record import scratch
@@ -63,7 +64,5 @@ def group_ends(sizes: torch.Tensor, extent: int, scale: int = 1) -> torch.Tensor
     key = (sizes.shape[0], extent, scale, sizes.device)
     bound = _BOUND.get(key)
     if bound is None:
-        if len(_BOUND) >= 4096:  # many distinct extents (e.g. serving): start over rather than grow
-            _BOUND.clear()
-        bound = _BOUND[key] = GroupEnds(*key)  # its launch keeps one compiled kernel per sizes dtype
+        bound = remember(_BOUND, key, GroupEnds(*key), 4096)  # one compiled kernel per sizes dtype
     return bound(sizes)

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ragdot._memo import remember
 from ragdot.kernels.configs import dot_precision, next_pow2, wide_shared_memory
 from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_m import _group_table, _locate
@@ -85,10 +86,8 @@ def launch_bound(kernel, grid: tuple[int, ...], consts: dict, cfg: FusedConfig, 
     key = (kernel.__name__, grid, tuple(sorted(consts.items())), cfg, device, scalars)
     bound = _LAUNCHES.get(key)
     if bound is None:
-        if len(_LAUNCHES) >= _MAX_LAUNCHES:
-            _LAUNCHES.clear()
         opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        bound = _LAUNCHES[key] = BoundLaunch(kernel, grid, consts, opts, device)
+        bound = remember(_LAUNCHES, key, BoundLaunch(kernel, grid, consts, opts, device), _MAX_LAUNCHES)
     return bound(*args)
 
 

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ragdot._memo import remember
 from ragdot.kernels.launch import BoundLaunch
 
 MAX_GROUPS = 1024  # the sizes are read as one vector per program
@@ -89,7 +90,5 @@ def group_sums(x: torch.Tensor, sizes: torch.Tensor, out_dtype: torch.dtype | No
     key = (x.shape[0], x.stride(0), groups, n, x.dtype, sizes.dtype, out_dtype, x.device)
     bound = _BOUND.get(key)
     if bound is None:
-        if len(_BOUND) >= 4096:  # many distinct shapes: start over rather than grow
-            _BOUND.clear()
-        bound = _BOUND[key] = GroupSums(groups, n, out_dtype, x.device)
+        bound = remember(_BOUND, key, GroupSums(groups, n, out_dtype, x.device), 4096)
     return bound(x, sizes)

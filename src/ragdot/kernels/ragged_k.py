@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ragdot._memo import remember
 from ragdot.kernels.configs import (
     TileConfig,
     check_group_ends,
@@ -337,10 +338,9 @@ def schedule(groups: torch.Tensor, extent: int | None = None, scale: int = 1) ->
     key = (g, from_sizes, extent, scale, groups.device)
     launch = _SCHEDULES.get(key)
     if launch is None:
-        if len(_SCHEDULES) >= 4096:  # many distinct extents (e.g. serving): start over rather than grow
-            _SCHEDULES.clear()
         consts = {"BLOCK_G": min(next_pow2(g), 128), "BLOCK_H": 32, "FROM_SIZES": from_sizes}
-        launch = _SCHEDULES[key] = BoundLaunch(_schedule_kernel, (1,), consts, {"num_warps": 4}, groups.device)
+        launch = remember(_SCHEDULES, key, BoundLaunch(_schedule_kernel, (1,), consts, {"num_warps": 4},
+                                                       groups.device), 4096)
     sched = scratch((4 if from_sizes else 3, g), torch.int32, groups.device)
     launch(groups, sched, g, extent or 0, scale)
     return sched

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ragdot._memo import remember
 from ragdot.kernels.configs import num_sms
 from ragdot.kernels.launch import BoundLaunch
 
@@ -86,7 +87,5 @@ def zero_tail_rows_(c: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
     key = (bt, m, n, group_ends.shape[0], c.dtype, group_ends.dtype, c.device)
     bound = _BOUND.get(key)
     if bound is None:
-        if len(_BOUND) >= 4096:  # many distinct shapes (e.g. serving): start over rather than grow
-            _BOUND.clear()
-        bound = _BOUND[key] = ZeroTail((bt, m, n), group_ends.shape[0], c.device)
+        bound = remember(_BOUND, key, ZeroTail((bt, m, n), group_ends.shape[0], c.device), 4096)
     return bound(c, group_ends)

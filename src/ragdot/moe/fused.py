@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from ragdot import ops as _ops
+from ragdot._memo import remember
 from ragdot.moe import routing_kernels as _rk
 from ragdot.moe.permute import default_impl
 from ragdot.ops import stored_transposed
@@ -303,9 +304,7 @@ _PREPARED: dict[tuple, object] = {}
 def _prepared(key: tuple, build):
     found = _PREPARED.get(key)
     if found is None:
-        if len(_PREPARED) >= 1024:  # many distinct token counts: start over rather than grow
-            _PREPARED.clear()
-        found = _PREPARED[key] = build()
+        found = remember(_PREPARED, key, build(), 1024)
     return found
 
 

@@ -31,6 +31,8 @@ import functools
 
 import torch
 
+from ragdot._memo import remember
+
 try:
     import triton
     import triton.language as tl
@@ -226,9 +228,8 @@ def _launch(kernel, grid: tuple[int, ...], consts: dict, num_warps: int, *args) 
     key = (kernel, grid, tuple(consts.items()), num_warps, device, scalars)
     bound = _LAUNCHES.get(key)
     if bound is None:
-        if len(_LAUNCHES) >= _MAX_LAUNCHES:  # many distinct shapes: start over rather than grow
-            _LAUNCHES.clear()
-        bound = _LAUNCHES[key] = BoundLaunch(kernel, grid, consts, {"num_warps": num_warps}, device)
+        bound = remember(_LAUNCHES, key, BoundLaunch(kernel, grid, consts, {"num_warps": num_warps}, device),
+                         _MAX_LAUNCHES)
     bound(*args)
 
 
