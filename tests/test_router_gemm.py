@@ -96,6 +96,20 @@ def test_compiled_backward_keeps_the_three_parts() -> None:
     assert torch.equal(dx, eager[0])
 
 
+def test_double_backward_goes_through_differentiable_products() -> None:
+    """With create_graph the backward is the float32 matmuls of upcast operands (differentiable), so a second
+    derivative through the gate is that of the plain ops, never a silent zero."""
+    x, w, g = _operands(12, 16, 4, "cpu", seed=7)
+
+    def second(fn):
+        (dx,) = torch.autograd.grad(fn(x, w), x, g, create_graph=True)
+        return torch.autograd.grad(dx.float().square().sum(), w)[0]
+
+    got = second(router_gemm._GateMatmul.apply)
+    want = second(lambda a, b: torch.nn.functional.linear(a.float(), b.float()))
+    assert got.abs().sum() > 0 and torch.equal(got, want)
+
+
 def test_applies_only_to_bfloat16_on_cuda() -> None:
     x, w, _ = _operands(8, 16, 4, "cpu")
     assert not router_gemm.applies(x, w)  # not CUDA

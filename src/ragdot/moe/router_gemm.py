@@ -119,6 +119,10 @@ class _GateMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: differentiable float32 products (the split is not)
+            dx = grad.mm(w.float()).to(x.dtype) if ctx.needs_input_grad[0] else None
+            dw = grad.t().mm(x.float()).to(w.dtype) if ctx.needs_input_grad[1] else None
+            return dx, dw
         grad = grad.contiguous()
         g3 = _split3_op(grad) if torch.compiler.is_compiling() else split3(grad)
         dx = dw = None
