@@ -86,9 +86,7 @@ class _GateLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
-        dx = grad.mm(w.to(ctx.dt)).to(x.dtype) if ctx.needs_input_grad[0] else None
-        dw = grad.t().mm(x.to(ctx.dt)).to(w.dtype) if ctx.needs_input_grad[1] else None
-        return dx, dw, None
+        return (*router_gemm.upcast_grads(grad, x, w, ctx.needs_input_grad, ctx.dt), None)
 
 
 def gate_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from ragdot.moe.router_rows import _geometry
 from ragdot.moe.routing_kernels import HAS_TRITON, _launch
 from ragdot.ops import _transformed
 
-__all__ = ["applies", "gate_matmul", "split3"]
+__all__ = ["applies", "gate_matmul", "split3", "upcast_grads"]
 
 _HAS_MM_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
 
@@ -86,10 +86,24 @@ def split3(g: torch.Tensor) -> torch.Tensor:
         e_pow2, block_t, nb = _geometry(t, e)
         _launch(_split3_kernel, (nb,), {"BLOCK_T": block_t, "E_POW2": e_pow2}, 4, g, out, t, e, g.stride(0))
         return out
+    return _split3_ops(g)
+
+
+def _split3_ops(g: torch.Tensor) -> torch.Tensor:
+    """`split3` as torch ops (round to nearest even, as the kernel)."""
     hi = g.to(torch.bfloat16)
     rest = g - hi.float()
     mid = rest.to(torch.bfloat16)
     return torch.cat((hi, mid, (rest - mid.float()).to(torch.bfloat16)), dim=1)
+
+
+def upcast_grads(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, needs: tuple[bool, ...],
+                 dt: torch.dtype = torch.float32) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(dx, dw) of logits = x.to(dt) @ w.to(dt)^T from its cotangent: products of the operands cast to dt
+    (differentiable), each gradient in its operand's dtype; None where `needs` says no."""
+    dx = grad.mm(w.to(dt)).to(x.dtype) if needs[0] else None
+    dw = grad.t().mm(x.to(dt)).to(w.dtype) if needs[1] else None
+    return dx, dw
 
 
 @torch.library.custom_op("ragdot::router_split3", mutates_args=())
@@ -120,9 +134,7 @@ class _GateMatmul(torch.autograd.Function):
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: differentiable float32 products (the split is not)
-            dx = grad.mm(w.float()).to(x.dtype) if ctx.needs_input_grad[0] else None
-            dw = grad.t().mm(x.float()).to(w.dtype) if ctx.needs_input_grad[1] else None
-            return dx, dw
+            return upcast_grads(grad, x, w, ctx.needs_input_grad)
         grad = grad.contiguous()
         g3 = _split3_op(grad) if torch.compiler.is_compiling() else split3(grad)
         dx = dw = None
