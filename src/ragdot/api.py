@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ragdot import grad_plan, ops
+from ragdot import amp, grad_plan, ops
 from ragdot._memo import remember
 from ragdot.backends import BACKEND_NAMES, available_backends, unusable_reason
 from ragdot.dimension_numbers import (
@@ -290,6 +290,7 @@ class _CallFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @amp.autocast_off
     def backward(ctx, dout):
         lhs, rhs, sizes = ctx.saved_tensors
         needs = tuple(ctx.needs_input_grad[:2])
@@ -344,6 +345,14 @@ def ragged_dot_general(
     of different dtypes are promoted to a common one first, as jax does (a cast per call: pass one dtype to
     avoid it).
     """
+    if amp.active() and isinstance(lhs, torch.Tensor):  # torch.autocast: cast as for a matmul, then autocast off
+        dtype = amp.autocast_dtype(lhs)
+        if dtype is not None:
+            with torch.autocast(lhs.device.type, enabled=False):
+                return ragged_dot_general(
+                    amp.cast(lhs, dtype), amp.cast(rhs, dtype) if isinstance(rhs, torch.Tensor) else rhs, group_sizes,
+                    ragged_dot_dimension_numbers, preferred_element_type=preferred_element_type, backend=backend,
+                    validate=validate)
     if torch.compiler.is_compiling():
         return _traced(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
                        validate)

@@ -33,6 +33,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
+from ragdot import amp
 from ragdot._memo import remember
 from ragdot.backends import get_backend
 from ragdot.inductor_lowering import direct_out_name, maybe_install
@@ -310,6 +311,7 @@ def _forward(a, b, sizes, spec) -> torch.Tensor:
     return runner(problem, backend, a, b, 0 if sizes is None else sizes.shape[0], out_dtype, scale)(a, b, sizes)
 
 
+@amp.autocast_off
 def _backward(ctx, dc):
     a, b, sizes = ctx.saved_tensors
     problem, _, backend, scale = ctx.spec
@@ -351,6 +353,7 @@ class RaggedProblem(torch.autograd.Function):
         return *_backward(ctx, dc), None, None
 
     @staticmethod
+    @amp.autocast_off
     def jvp(ctx, ta, tb, _t_sizes, _t_spec):
         a, b, sizes = ctx.saved_tensors
         problem, out_dtype, backend, scale = ctx.spec
@@ -477,6 +480,7 @@ def _setup(ctx, inputs, output):
 
 
 def _op_backward(problem: str):
+    @amp.autocast_off
     def backward(ctx, grad):
         saved = ctx.saved_tensors
         a, b, sizes = (saved[0], saved[1], saved[2] if problem != "batch" else None)

@@ -41,7 +41,10 @@ gathers the token rows once and runs both projections as ragdot's tuned ragged G
 pre-activation for the backward. Off-rank choices become expert 0 with weight 0 there (computed, then dropped).
 Other layouts take the unfused path.
 
-Inputs in another dtype than the weights (autocast) are cast to the weights' dtype; the output has the input's.
+Inputs in another dtype than the weights are cast to the weights' dtype; the output has the input's. Inside a
+``torch.autocast`` region the expert products then run in the region's dtype, as ``ragdot.ragged_dot`` does there
+(a matmul's rule: float32 weights are cast per call, their gradients come back in float32), where transformers'
+"grouped_mm" turns autocast off and multiplies in the weights' dtype.
 """
 
 from __future__ import annotations

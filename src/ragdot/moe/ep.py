@@ -124,8 +124,9 @@ class ExpertParallel:
         else:
             order, grouped = None, recv
         sizes = recv_sizes.sum(0).to(torch.int32)  # [L]
-        h = ragdot.ragged_dot(grouped, layer.w_gate_up, sizes, backend=layer.backend)
-        out = ragdot.ragged_dot(_swiglu(h), layer.w_down, sizes, backend=layer.backend)
+        w_gate_up, w_down = layer.expert_weights(grouped.dtype)
+        h = ragdot.ragged_dot(grouped, w_gate_up, sizes, backend=layer.backend)
+        out = ragdot.ragged_dot(_swiglu(h), w_down, sizes, backend=layer.backend)
         if order is None:
             return out
         return out.index_select(0, inverse_permutation(order))
@@ -157,8 +158,9 @@ class ExpertParallel:
         """recv [W, L, N, D] -> expert outputs [W*L*N, D] in the same order (two batched GEMMs)."""
         w, lx, n, d = recv.shape
         x = recv.transpose(0, 1).reshape(lx, w * n, d)
-        h = torch.bmm(x, layer.w_gate_up)
-        out = torch.bmm(_swiglu(h), layer.w_down)  # [L, W*N, D]
+        w_gate_up, w_down = layer.expert_weights(x.dtype)
+        h = torch.bmm(x, w_gate_up)
+        out = torch.bmm(_swiglu(h), w_down)  # [L, W*N, D]
         return out.view(lx, w, n, d).transpose(0, 1).reshape(w * lx * n, d)
 
     # ---------------------------------------------------------------------------------- empty input

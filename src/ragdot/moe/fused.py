@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from ragdot import amp
 from ragdot import ops as _ops
 from ragdot._memo import remember
 from ragdot.moe import routing_kernels as _rk
@@ -193,6 +194,7 @@ def _grads(ctx, grad_y) -> tuple:
     return (dx if need_dx else None), None, None, dw.to(weights.dtype), dwgu, dwd
 
 
+@amp.autocast_off
 def _fused_backward(ctx, grad_y, _grad_pre):
     return *_grads(ctx, grad_y), None, None, None
 
@@ -219,6 +221,7 @@ class _FusedEager(torch.autograd.Function):
         ctx.top_k = top_k
 
     @staticmethod
+    @amp.autocast_off
     def backward(ctx, grad_y, _grad_pre):
         if grad_y is None:  # y's gradient undefined: nothing flows back
             return (None,) * 8

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ragdot import amp
 from ragdot.groups import group_ends_from_sizes
 from ragdot.ops import _transformed
 
@@ -79,6 +80,7 @@ class _GroupBias(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @amp.autocast_off
     def backward(ctx, grad):
         (sizes,) = ctx.saved_tensors
         d_bias = group_sums(grad, sizes, ctx.bias_dtype) if ctx.needs_input_grad[1] else None

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ragdot
+from ragdot import amp
 from ragdot.backends import BACKEND_NAMES
 from ragdot.moe import routing_kernels
 from ragdot.moe.fused import FUSED_MIN_FLOPS, fused_experts, preferred, sort_experts
@@ -80,6 +81,7 @@ class _SwiGLU(torch.autograd.Function):
         return F.silu(gate) * up
 
     @staticmethod
+    @amp.autocast_off
     def backward(ctx, grad):
         (h,) = ctx.saved_tensors
         if torch.is_grad_enabled() or grad.dtype != h.dtype:  # create_graph or a mixed dtype: autograd's own
@@ -279,7 +281,15 @@ class MoELayer(nn.Module):
             raise ValueError(f"recompute must be True or False, got {value!r}")
         self._recompute = value
 
-    def uses_fused(self, x: torch.Tensor) -> bool:
+    def expert_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w_gate_up, w_down) in `dtype`: the parameters themselves, or their casts where the experts compute in
+        another dtype (torch.autocast; autograd takes the gradients back to the parameters' dtype)."""
+        if self.w_gate_up.dtype == dtype:
+            return self.w_gate_up, self.w_down
+        return self.w_gate_up.to(dtype), self.w_down.to(dtype)
+
+    def uses_fused(self, x: torch.Tensor, w_gate_up: torch.Tensor | None = None,
+                   w_down: torch.Tensor | None = None) -> bool:
         """Whether the sparse path runs the fused block for input x [tokens, dim]: never under torch.func
         transforms or forward-mode AD (the block has no rules for them); as ``fused`` says when it is a bool; for
         None, no backend asked for by name, no ``recompute``, and ``ragdot.moe.fused.preferred``: where the block
@@ -291,7 +301,9 @@ class MoELayer(nn.Module):
             return self.fused
         if self.backend not in (None, "auto") or self.recompute:
             return False
-        return preferred(x, self.top_k, self.w_gate_up, self.w_down)
+        if w_gate_up is None or w_down is None:
+            w_gate_up, w_down = self.expert_weights(x.dtype)
+        return preferred(x, self.top_k, w_gate_up, w_down)
 
     def capacity(self, seq_len: int) -> int:
         """Rows per expert and sequence on the dense_drop path."""
@@ -310,7 +322,8 @@ class MoELayer(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.dim:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must be a tensor of shape [..., dim={self.dim}], got {shape}")
-        if x.dtype != self.w_gate_up.dtype:
+        compute = amp.autocast_dtype(x)  # torch.autocast on x's device: the experts run in its dtype
+        if compute is None and x.dtype != self.w_gate_up.dtype:
             raise TypeError(f"x has dtype {x.dtype} but the layer's weights are {self.w_gate_up.dtype}")
         # The previous step's losses go first: kept until now, they hold that step's autograd graph, whose
         # AccumulateGrad nodes (recorded on that step's stream) this step would otherwise reuse; an eager
@@ -320,21 +333,26 @@ class MoELayer(nn.Module):
         if x2.shape[0] == 0:
             y0 = None if self.ep is None else self.ep.empty(self, x2)  # the other ranks exchange with this one
             return self._empty(x) if y0 is None else self._empty(x) + y0.reshape(x.shape)
-        routed = self.router(x2)
-        if self.path == "sparse":
-            y, counts = self._sparse(x2, routed)
-        elif self.path == "dense_dropless":
-            y, counts = self._dense_dropless(x2, routed)
-        else:
-            seq_len = x.shape[-2] if x.dim() >= 3 else x2.shape[0]
-            y, counts = self._dense_drop(x2, routed, seq_len)
+        routed = self.router(x2)  # float32 logits under autocast too
+        # Under autocast the experts take x and their weights cast once to its dtype, then run with it off (the
+        # paths' own ops pick their dtypes); the shared expert is ordinary autocast code.
+        xe = x2 if compute is None else amp.cast(x2, compute)
+        with amp.off_for(x):
+            if self.path == "sparse":
+                y, counts = self._sparse(xe, routed)
+            elif self.path == "dense_dropless":
+                y, counts = self._dense_dropless(xe, routed)
+            else:
+                seq_len = x.shape[-2] if x.dim() >= 3 else x2.shape[0]
+                y, counts = self._dense_drop(xe, routed, seq_len)
         if self.shared_expert is not None:
             y = y + self.shared_expert(x2)
         self.expert_counts = counts.detach()
         total = routed.experts.numel() if self.ep is None else None  # every assignment counted once
-        self.aux_loss, self.z_loss = router_losses(
-            routed.logits, routed.probs, counts, total, self.aux_loss_coef, self.z_loss_coef
-        )
+        with amp.off_for(x):
+            self.aux_loss, self.z_loss = router_losses(
+                routed.logits, routed.probs, counts, total, self.aux_loss_coef, self.z_loss_coef
+            )
         return y.reshape(x.shape)
 
     def _empty(self, x: torch.Tensor) -> torch.Tensor:
@@ -346,9 +364,10 @@ class MoELayer(nn.Module):
     def _sparse(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
         if self.ep is not None:
             return self.ep.sparse(self, x2, r)
-        if self.uses_fused(x2):
+        w_gate_up, w_down = self.expert_weights(x2.dtype)
+        if self.uses_fused(x2, w_gate_up, w_down):
             sizes, order = sort_experts(r.experts, self.num_experts, impl=self.routing_impl)
-            return fused_experts(x2, order, sizes, r.weights, self.w_gate_up, self.w_down), sizes
+            return fused_experts(x2, order, sizes, r.weights, w_gate_up, w_down), sizes
         # x2 and the router's experts are checked already: the unchecked permute and combine
         impl = resolve_impl(self.routing_impl, x2.device)
         rows, sizes, slots = permute_rows(x2, r.experts, self.num_experts, impl)
@@ -364,20 +383,22 @@ class MoELayer(nn.Module):
     def _experts(self, rows: torch.Tensor, sizes: torch.Tensor, keep=None) -> torch.Tensor:
         """rows [T*k, dim] grouped by expert -> down(swiglu(up(rows))) [T*k, dim]; with `keep` (a `remade` block's),
         the SwiGLU output is registered to be remade from the pre-activation in the backward."""
-        h = ragdot.ragged_dot(rows, self.w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
+        w_gate_up, w_down = self.expert_weights(rows.dtype)
+        h = ragdot.ragged_dot(rows, w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
         a = _swiglu_rows(h)
         if keep is not None:
             h_in = h.detach()
             keep(a, lambda: swiglu(h_in))
-        return ragdot.ragged_dot(a, self.w_down, sizes, backend=self.backend)  # [T*k, dim]
+        return ragdot.ragged_dot(a, w_down, sizes, backend=self.backend)  # [T*k, dim]
 
     def _dense_dropless(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
         if self.ep is not None:
             raise ValueError("path='dense_dropless' has no expert-parallel form; use 'sparse' or 'dense_drop'")
         tokens, e = x2.shape[0], self.num_experts
-        w_flat = self.w_gate_up.permute(1, 0, 2).reshape(self.dim, -1)  # [dim, E*2H]
+        w_gate_up, w_down = self.expert_weights(x2.dtype)
+        w_flat = w_gate_up.permute(1, 0, 2).reshape(self.dim, -1)  # [dim, E*2H]
         h = (x2 @ w_flat).view(tokens, e, -1)  # [T, E, 2H]: every token, every expert
-        out = torch.bmm(swiglu(h).transpose(0, 1), self.w_down)  # [E, T, dim]
+        out = torch.bmm(swiglu(h).transpose(0, 1), w_down)  # [E, T, dim]
         dense_w = torch.zeros((tokens, e), dtype=r.weights.dtype, device=x2.device)
         dense_w = dense_w.scatter(1, r.experts, r.weights)  # [T, E]: router weight, 0 off the top-k
         y = torch.bmm(dense_w.to(out.dtype).unsqueeze(1), out.transpose(0, 1)).squeeze(1)  # [T, dim]
@@ -401,7 +422,8 @@ class MoELayer(nn.Module):
         combine = torch.einsum("bsje,bsjc->bsec", expert_onehot * weights, slot_onehot)  # [B, S, E, C]
         x3 = x2.view(groups, seq_len, self.dim)
         buf = torch.einsum("bsd,bsec->ebcd", x3, dispatch).reshape(e, groups * cap, self.dim)
-        h = torch.bmm(buf, self.w_gate_up)  # [E, B*C, 2H]
-        out = torch.bmm(swiglu(h), self.w_down).view(e, groups, cap, self.dim)
+        w_gate_up, w_down = self.expert_weights(x2.dtype)
+        h = torch.bmm(buf, w_gate_up)  # [E, B*C, 2H]
+        out = torch.bmm(swiglu(h), w_down).view(e, groups, cap, self.dim)
         y = torch.einsum("ebcd,bsec->bsd", out, combine).reshape(tokens, self.dim)
         return y, onehot.sum(dim=(0, 1)).to(torch.int32)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ragdot import amp
 from ragdot.moe import routing_kernels as _k
 
 __all__ = ["Routing", "permute", "unpermute", "default_impl", "IMPLS", "permute_rows", "combine_rows"]
@@ -86,6 +87,7 @@ def _permute_setup(ctx, inputs, output) -> None:
     ctx.top_k, ctx.impl = experts.shape[1], impl
 
 
+@amp.autocast_off
 def _permute_backward(ctx, grad_rows, _grad_sizes, _grad_slots):
     (slots,) = ctx.saved_tensors
     if grad_rows is None:
@@ -115,6 +117,7 @@ def _combine_setup(ctx, inputs, output) -> None:
     ctx.top_k, ctx.impl = top_k, impl
 
 
+@amp.autocast_off
 def _combine_backward(ctx, grad):
     rows, slots, weights = ctx.saved_tensors
     if rows is None:
@@ -202,6 +205,7 @@ class _Permute(torch.autograd.Function):
         return rows, sizes, slots
 
     @staticmethod
+    @amp.autocast_off
     def backward(ctx, grad_rows, _grad_sizes, _grad_slots):
         if grad_rows is None:
             return None, None, None, None
@@ -220,6 +224,7 @@ class _Combine(torch.autograd.Function):
         return _named("moe_combine", _k.combine, rows, slots, weights, top_k, impl)
 
     @staticmethod
+    @amp.autocast_off
     def backward(ctx, grad):
         rows, slots, weights = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: the custom op's backward, which records its own graph

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ragdot import amp
 from ragdot.moe import router_gemm
 from ragdot.moe.router_topk import softmax_topk
 from ragdot.ops import plain_eager
@@ -61,9 +62,10 @@ class Router(nn.Module):
         nn.init.normal_(self.weight, std=self.weight.shape[1] ** -0.5)
 
     def forward(self, x: torch.Tensor) -> RouterOutput:
-        """x [T, dim] -> RouterOutput."""
-        logits = gate_logits(x, self.weight)
-        probs, weights, experts = softmax_topk(logits, self.top_k, self.normalize)
+        """x [T, dim] -> RouterOutput, in float32 (float64) whatever torch.autocast says."""
+        with amp.off_for(x):
+            logits = gate_logits(x, self.weight)
+            probs, weights, experts = softmax_topk(logits, self.top_k, self.normalize)
         return RouterOutput(weights=weights, experts=experts, logits=logits, probs=probs)
 
 
@@ -84,6 +86,7 @@ class _GateLinear(torch.autograd.Function):
         ctx.dt = dt
 
     @staticmethod
+    @amp.autocast_off
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
         return (*router_gemm.upcast_grads(grad, x, w, ctx.needs_input_grad, ctx.dt), None)

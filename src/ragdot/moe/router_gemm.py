@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ragdot import amp
 from ragdot.moe.router_rows import _geometry
 from ragdot.moe.routing_kernels import HAS_TRITON, _launch
 from ragdot.ops import _transformed
@@ -131,6 +132,7 @@ class _GateMatmul(torch.autograd.Function):
         ctx.save_for_backward(*inputs)
 
     @staticmethod
+    @amp.autocast_off
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: differentiable float32 products (the split is not)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ragdot import amp
 from ragdot.moe.router import load_balancing_loss, router_z_loss
 from ragdot.moe.router_rows import _ROW_ELEMS, _fused_applies, _geometry, check_logits
 from ragdot.moe.routing_kernels import HAS_TRITON, _launch, _pow2
@@ -118,6 +119,7 @@ class _RouterLosses(torch.autograd.Function):
         return out
 
     @staticmethod
+    @amp.autocast_off
     def backward(ctx, grad_out):
         logits, counts = ctx.saved_tensors
         total, aux_coef, z_coef = ctx.consts

@@ -29,6 +29,7 @@ import functools
 
 import torch
 
+from ragdot import amp
 from ragdot.moe.router_rows import _fused_applies, _geometry, check_logits
 from ragdot.moe.routing_kernels import HAS_TRITON, _launch, _pow2
 
@@ -165,6 +166,7 @@ class _SoftmaxTopK(torch.autograd.Function):
         return probs, weights, experts
 
     @staticmethod
+    @amp.autocast_off
     def backward(ctx, dprobs, dweights, _dexperts):
         if dprobs is None and dweights is None:
             return None, None, None

@@ -1,0 +1,134 @@
+"""ragdot under torch.autocast: ragged products cast their operands as a matmul does; ragdot's own arithmetic
+(backends' accumulation, the router's float32 logits, backwards called inside the region) is not turned 16-bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ragdot
+from helpers import GENERAL_BACKENDS, dtypes_for
+from ragdot import amp
+from ragdot.moe import MoELayer
+from ragdot.moe.router import Router
+
+FWD = ragdot.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((1,), (1,)), ((), ())), lhs_ragged_dimensions=(0,), rhs_group_dimensions=(0,))
+WGRAD = ragdot.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=(0,), rhs_group_dimensions=())
+
+
+def _low(backend: str, device: torch.device) -> torch.dtype:
+    """The 16-bit dtype the backend computes on this device (the Triton interpreter: float16 only)."""
+    return next(dt for dt in dtypes_for(backend, device) if dt != torch.float32)
+
+
+def _leaves(device, gen_seed=0, m=40, k=24, n=16, g=4):
+    gen = torch.Generator().manual_seed(gen_seed)
+    x = torch.randn(m, k, generator=gen).to(device).requires_grad_()
+    w = torch.randn(g, k, n, generator=gen).to(device).requires_grad_()
+    sizes = torch.tensor([9, 0, 17, 11], dtype=torch.int32, device=device)  # 37 < m: a tail
+    return x, w, sizes
+
+
+@pytest.mark.parametrize("backend", GENERAL_BACKENDS)
+@pytest.mark.parametrize("problem", ["ragged_m", "ragged_k"])
+def test_products_in_an_autocast_region_are_the_products_of_the_casts(backend, problem, device):
+    low = _low(backend, device)
+    x, w, sizes = _leaves(device)
+    y = torch.randn(40, 16, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
+    rhs, dn = (w, FWD) if problem == "ragged_m" else (y, WGRAD)
+    with torch.autocast(device.type, dtype=low):
+        out = ragdot.ragged_dot_general(x, rhs, sizes, dn, backend=backend)
+        out.float().square().sum().backward()  # a backward inside the region, as many training loops do
+    assert out.dtype == low
+    x16, r16 = x.detach().to(low).requires_grad_(), rhs.detach().to(low).requires_grad_()
+    ref = ragdot.ragged_dot_general(x16, r16, sizes, dn, backend=backend)
+    ref.float().square().sum().backward()
+    assert torch.equal(out, ref)
+    assert x.grad.dtype == torch.float32 and rhs.grad.dtype == torch.float32  # the leaves' own dtype
+    assert torch.equal(x.grad, x16.grad.float()) and torch.equal(rhs.grad, r16.grad.float())
+
+
+def test_preferred_element_type_float64_and_disabled_regions(device):
+    x, w, sizes = _leaves(device)
+    low = _low("reference", device)
+    with torch.autocast(device.type, dtype=low):
+        wide = ragdot.ragged_dot(x, w, sizes, preferred_element_type=torch.float32, backend="reference")
+        exact = ragdot.ragged_dot(x.double(), w.double(), sizes, backend="reference")  # float64 is never cast
+        with torch.autocast(device.type, enabled=False):
+            plain = ragdot.ragged_dot(x, w, sizes, backend="reference")
+    assert wide.dtype == torch.float32 and exact.dtype == torch.float64 and plain.dtype == torch.float32
+    ref = ragdot.ragged_dot(x.detach().to(low), w.detach().to(low), sizes, preferred_element_type=torch.float32,
+                            backend="reference")
+    assert torch.equal(wide, ref)
+    assert torch.equal(plain, ragdot.ragged_dot(x, w, sizes, backend="reference"))
+    assert not amp.active()
+
+
+def test_a_region_on_another_device_type_changes_nothing(device):
+    if device.type != "cuda":
+        pytest.skip("CUDA tensors in a CPU region")
+    x, w, sizes = _leaves(device)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ragdot.ragged_dot(x, w, sizes)
+    assert out.dtype == torch.float32 and torch.equal(out, ragdot.ragged_dot(x, w, sizes))
+
+
+def test_compiled_call_in_an_autocast_region(device):
+    low = _low("reference", device)
+    x, w, sizes = _leaves(device)
+    fn = torch.compile(lambda a, b, s: ragdot.ragged_dot(a, b, s), fullgraph=True)
+    with torch.autocast(device.type, dtype=low):
+        out = fn(x, w, sizes)
+    out.float().sum().backward()
+    x16, w16 = x.detach().to(low).requires_grad_(), w.detach().to(low).requires_grad_()
+    ref = ragdot.ragged_dot(x16, w16, sizes)
+    ref.float().sum().backward()
+    assert out.dtype == low and torch.equal(out, ref)
+    assert torch.equal(x.grad, x16.grad.float()) and torch.equal(w.grad, w16.grad.float())
+
+
+def test_router_logits_stay_float32_under_autocast(device):
+    torch.manual_seed(0)
+    router = Router(32, 8, 2, device=device)
+    x = torch.randn(20, 32, device=device)
+    ref = router(x)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        out = router(x)
+    assert out.logits.dtype == torch.float32 and torch.equal(out.logits, ref.logits)
+    assert torch.equal(out.experts, ref.experts)
+
+
+@pytest.mark.parametrize("path", ["sparse", "dense_dropless", "dense_drop"])
+def test_moe_layer_with_float32_weights_computes_its_experts_in_the_autocast_dtype(path, device):
+    low = _low("reference", device)
+    torch.manual_seed(0)
+    layer = MoELayer(32, 24, 8, 2, path=path, device=device, num_shared_experts=1, shared_hidden_dim=16)
+    twin = MoELayer(32, 24, 8, 2, path=path, device=device, num_shared_experts=1, shared_hidden_dim=16)
+    twin.load_state_dict(layer.state_dict())
+    with torch.no_grad():  # the twin holds its experts' weights in `low`
+        for p in (twin.w_gate_up, twin.w_down):
+            p.data = p.data.to(low)
+    x = torch.randn(2, 10, 32, device=device)
+    with torch.autocast(device.type, dtype=low):
+        y = layer(x)
+        y16 = twin(x)
+        loss = y.float().square().sum() + layer.aux_loss + layer.z_loss
+        loss16 = y16.float().square().sum() + twin.aux_loss + twin.z_loss
+    assert y.dtype == low
+    assert torch.equal(y, y16)
+    loss.backward()
+    loss16.backward()
+    assert layer.w_gate_up.grad.dtype == torch.float32 and layer.router.weight.grad.dtype == torch.float32
+    assert torch.equal(layer.w_gate_up.grad, twin.w_gate_up.grad.float())
+    assert torch.equal(layer.w_down.grad, twin.w_down.grad.float())
+    assert torch.equal(layer.router.weight.grad, twin.router.weight.grad)
+    with torch.autocast(device.type, dtype=low):
+        assert layer(x.to(low)).dtype == low  # x itself in `low` with float32 weights: accepted in the region
+
+
+def test_moe_layer_outside_autocast_still_refuses_mixed_dtypes(device):
+    layer = MoELayer(16, 8, 4, 2, device=device)
+    with pytest.raises(TypeError, match="dtype"):
+        layer(torch.randn(3, 16, device=device, dtype=torch.bfloat16))
