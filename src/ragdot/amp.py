@@ -25,6 +25,10 @@ __all__ = ["active", "autocast_dtype", "cast", "off", "off_for", "autocast_off"]
 
 F = TypeVar("F", bound=Callable)
 
+# The device types autocast serves (a constant: torch.amp.is_autocast_available is not traceable by torch.compile
+# in torch 2.11); tensors elsewhere (meta) are never cast.
+_TYPES = ("cuda", "cpu", "xpu", "mps", "hpu", "mtia")
+
 # Whether autocast is on for any device type in this thread: one C call (0.2 µs on a CPU), the hot paths' first test.
 active = _any_enabled = torch._C._is_any_autocast_enabled
 
@@ -34,7 +38,7 @@ def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
     if not _any_enabled():
         return None
     device_type = t.device.type
-    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+    if device_type not in _TYPES or not torch.is_autocast_enabled(device_type):
         return None
     return torch.get_autocast_dtype(device_type)
 
@@ -48,7 +52,7 @@ def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def off_for(t: torch.Tensor) -> contextlib.AbstractContextManager:
     """Autocast off for t's device type where it is on, else a null context (both traceable by torch.compile)."""
-    if _any_enabled() and torch.amp.is_autocast_available(t.device.type):
+    if _any_enabled() and t.device.type in _TYPES:
         return torch.autocast(t.device.type, enabled=False)
     return contextlib.nullcontext()
 
@@ -60,8 +64,8 @@ def off() -> Iterator[None]:
         yield
         return
     with contextlib.ExitStack() as stack:
-        for device_type in ("cuda", "cpu", "xpu", "mps", "hpu", "mtia"):
-            if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        for device_type in _TYPES:
+            if torch.is_autocast_enabled(device_type):
                 stack.enter_context(torch.autocast(device_type, enabled=False))
         yield
 
