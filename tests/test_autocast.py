@@ -132,3 +132,17 @@ def test_moe_layer_outside_autocast_still_refuses_mixed_dtypes(device):
     layer = MoELayer(16, 8, 4, 2, device=device)
     with pytest.raises(TypeError, match="dtype"):
         layer(torch.randn(3, 16, device=device, dtype=torch.bfloat16))
+
+
+def test_compiled_moe_layer_in_an_autocast_region(device):
+    low = _low("reference", device)
+    torch.manual_seed(0)
+    layer = MoELayer(32, 24, 8, 2, path="sparse", device=device)
+    x = torch.randn(20, 32, device=device)
+    with torch.autocast(device.type, dtype=low):
+        ref = layer(x)
+        out = torch.compile(layer, fullgraph=True)(x)
+    assert out.dtype == low and ref.dtype == low
+    torch.testing.assert_close(out.float(), ref.float(), rtol=0.05, atol=0.05)
+    out.float().sum().backward()
+    assert layer.w_gate_up.grad.dtype == torch.float32 and layer.router.weight.grad.dtype == torch.float32
