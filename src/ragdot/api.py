@@ -348,7 +348,7 @@ def ragged_dot_general(
     if amp.active() and isinstance(lhs, torch.Tensor):  # torch.autocast: cast as for a matmul, then autocast off
         dtype = amp.autocast_dtype(lhs)
         if dtype is not None:
-            with torch.autocast(lhs.device.type, enabled=False):
+            with amp.off_for(lhs):
                 return ragged_dot_general(
                     amp.cast(lhs, dtype), amp.cast(rhs, dtype) if isinstance(rhs, torch.Tensor) else rhs, group_sizes,
                     ragged_dot_dimension_numbers, preferred_element_type=preferred_element_type, backend=backend,

@@ -375,15 +375,16 @@ class MoELayer(nn.Module):
             with remade() as keep:  # the rows and the SwiGLU output, remade in the backward
                 x_in, experts = x2.detach(), r.experts
                 keep(rows, lambda: routing_kernels.sort_and_dispatch(x_in, experts, self.num_experts, impl)[0])
-                out = self._experts(rows, sizes, keep)
+                out = self._experts(rows, sizes, w_gate_up, w_down, keep)
         else:
-            out = self._experts(rows, sizes)
+            out = self._experts(rows, sizes, w_gate_up, w_down)
         return combine_rows(out, slots, r.weights, self.top_k, impl), sizes
 
-    def _experts(self, rows: torch.Tensor, sizes: torch.Tensor, keep=None) -> torch.Tensor:
-        """rows [T*k, dim] grouped by expert -> down(swiglu(up(rows))) [T*k, dim]; with `keep` (a `remade` block's),
-        the SwiGLU output is registered to be remade from the pre-activation in the backward."""
-        w_gate_up, w_down = self.expert_weights(rows.dtype)
+    def _experts(self, rows: torch.Tensor, sizes: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                 keep=None) -> torch.Tensor:
+        """rows [T*k, dim] grouped by expert -> down(swiglu(up(rows))) [T*k, dim] with the experts' weights in rows'
+        dtype (`expert_weights`); with `keep` (a `remade` block's), the SwiGLU output is registered to be remade
+        from the pre-activation in the backward."""
         h = ragdot.ragged_dot(rows, w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
         a = _swiglu_rows(h)
         if keep is not None:
