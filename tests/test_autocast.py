@@ -128,6 +128,38 @@ def test_moe_layer_with_float32_weights_computes_its_experts_in_the_autocast_dty
         assert layer(x.to(low)).dtype == low  # x itself in `low` with float32 weights: accepted in the region
 
 
+def test_fused_block_takes_float32_parameters_as_master_weights(device):
+    """The layer's fused block in a region with float32 parameters: the bits of a twin holding 16-bit expert
+    weights for the output and the gradients of x and the router; the expert weights' gradients in float32 from
+    the GEMMs, within a 16-bit rounding of the twin's."""
+    from ragdot.moe import routing_kernels
+
+    if not routing_kernels.HAS_TRITON:
+        pytest.skip("the fused block needs triton")
+    low = torch.bfloat16 if device.type == "cuda" else torch.float16  # the interpreter: float16 dots only
+    torch.manual_seed(0)
+    layer = MoELayer(32, 24, 8, 2, path="sparse", device=device, fused=True)
+    twin = MoELayer(32, 24, 8, 2, path="sparse", device=device, fused=True)
+    twin.load_state_dict(layer.state_dict())
+    with torch.no_grad():
+        for p in (twin.w_gate_up, twin.w_down):
+            p.data = p.data.to(low)
+    x = torch.randn(2, 10, 32, device=device, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    with torch.autocast(device.type, dtype=low):
+        y, y16 = layer(x), twin(x2)
+        loss = y.float().square().sum() + layer.aux_loss
+        loss16 = y16.float().square().sum() + twin.aux_loss
+    assert y.dtype == low and torch.equal(y, y16)
+    loss.backward()
+    loss16.backward()
+    assert torch.equal(x.grad, x2.grad) and torch.equal(layer.router.weight.grad, twin.router.weight.grad)
+    for p, q in ((layer.w_gate_up, twin.w_gate_up), (layer.w_down, twin.w_down)):
+        assert p.grad.dtype == torch.float32 and q.grad.dtype == low
+        assert (p.grad - q.grad.float()).norm() <= 1e-2 * q.grad.float().norm()
+        assert not torch.equal(p.grad, p.grad.to(low).float())  # float32 from the GEMM, not a cast
+
+
 def test_moe_layer_outside_autocast_still_refuses_mixed_dtypes(device):
     layer = MoELayer(16, 8, 4, 2, device=device)
     with pytest.raises(TypeError, match="dtype"):

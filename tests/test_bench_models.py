@@ -36,6 +36,35 @@ def test_tiny_run_writes_rows_with_times_memory_and_ratios(tmp_path):
     assert [r["steps"] for r in rows] == [1, 1, 4, 4]  # decode: four times --steps
 
 
+def test_autocast_runs_each_forward_in_the_region_and_the_backward_outside(tmp_path, monkeypatch):
+    """--autocast: float32 parameters (--dtype fp32), every forward inside torch.autocast, the loss's backward
+    outside it (a mixed-precision trainer's step); recorded in the run's meta; a bad dtype is one clear error."""
+    import torch
+
+    states = []
+    real = bm._in_autocast
+
+    def spy(run, dtype):
+        wrapped = real(run, dtype)
+
+        def forward(ids, **kwargs):
+            out = wrapped(ids, **kwargs)
+            states.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), out.logits.dtype))
+            return out
+        return forward
+
+    monkeypatch.setattr(bm, "_in_autocast", spy)
+    code = main(["bench-models", "--tiny", "--impls", "ragdot", "--phases", "train", "--dtype", "fp32",
+                 "--autocast", "bf16", "--steps", "1", "--warmup", "0", "--out", str(tmp_path), "-q"])
+    assert code == 0
+    meta, rows = _rows(tmp_path)
+    assert meta["autocast"] == "bfloat16" and rows[0]["status"] == "ok"
+    # the logits of the float32 model came out of the region in bfloat16; autocast is off again after the forward
+    assert states and all(s == (False, torch.bfloat16, torch.bfloat16) for s in states)
+    for bad in ("fp32", "int8"):
+        assert main(["bench-models", "--tiny", "--autocast", bad, "--out", str(tmp_path), "-q"]) == 2
+
+
 def test_interleaved_rounds_visit_each_implementation_and_a_failure_ends_only_its_lane(tmp_path, monkeypatch):
     """Eager implementations of one (model, phase, batch) take turns; one that fails gets its status, the others
     finish their steps. --sequential times them one after the other."""

@@ -155,6 +155,37 @@ def test_repeats_are_bitwise_identical():
         assert torch.equal(a, b)
 
 
+# 16-bit dtypes of x for float32 master weights (the Triton interpreter computes bf16 dots wrongly)
+LOW = [torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
+
+
+@pytest.mark.parametrize("low", LOW)
+def test_float32_master_weights_of_a_16_bit_x(low, backward):
+    """Float32 weights with a 16-bit x (torch.autocast's master weights): y and the gradients of x and the router
+    weights are the bits of the block run on the weights' 16-bit casts; the weights' gradients come back in
+    float32, written so by the GEMMs (not 16-bit results cast) on the "gemms" backward, within a 16-bit rounding
+    of the cast weights' gradients; empty experts still get exact zeros."""
+    x, chosen, weights, wgu, wd = _operands(37, 40, 24, 7, 2, torch.float32)
+    chosen = chosen % 6  # expert 6 unused
+    x16 = x.detach().to(low).requires_grad_()
+    wgu16, wd16 = (w.detach().to(low).requires_grad_() for w in (wgu, wd))
+    cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(3)).to(DEV, low)
+    y, grads = _value_and_grads(_fused, (x16, chosen, weights, wgu, wd), cot)
+    y16, grads16 = _value_and_grads(_fused, (x16, chosen, weights, wgu16, wd16), cot)
+    assert y.dtype == low and torch.equal(y, y16)
+    assert torch.equal(grads[0], grads16[0]) and torch.equal(grads[1], grads16[1])
+    for got, ref in zip(grads[2:], grads16[2:]):
+        assert got.dtype == torch.float32 and ref.dtype == low
+        assert nerr(got, ref) <= {torch.float16: 2e-3, torch.bfloat16: 1e-2}[low]
+        assert torch.equal(got[6], torch.zeros_like(got[6]))
+        if backward == "gemms":
+            assert not torch.equal(got, got.to(low).float())
+    with torch.no_grad():  # the forward alone: the same bits
+        assert torch.equal(_fused(x16, chosen, weights, wgu, wd), y16)
+    with pytest.raises(TypeError, match="float32 for a 16-bit x"):
+        _fused(x16.float(), chosen, weights, wgu16, wd16)  # 16-bit weights of a float32 x: no master weights
+
+
 def test_second_backward_through_a_retained_graph_is_refused():
     """The eager backward writes dpre over the saved pre-activation (less memory at its peak): a second backward
     through the retained graph is refused with an error naming the switch, never reusing dpre as pre."""
@@ -390,6 +421,27 @@ def test_layer_fused_captures_into_a_cuda_graph():
     torch.cuda.synchronize()
     for a, b in zip(out, eager):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("transposed", [False, True], ids=["in-out", "out-in"])
+def test_float32_master_weights_at_the_gluon_weight_gradient_sizes(transposed):
+    """Master weights where the weight gradients run on the Gluon kernel (sm_90: 16-bit rows, D a multiple of
+    256, one or several column slices) in both weight layouts: float32 gradients within a bf16 rounding of the
+    cast weights' and no cast of a bf16 result."""
+    x, chosen, weights, wgu, wd = _operands(384, 1024, 256, 8, 4, torch.float32, seed=5)
+    if transposed:  # transformers' [E, out, in] parameters, passed as transposed views
+        wgu = wgu.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+        wd = wd.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+    x16 = x.detach().bfloat16().requires_grad_()
+    wgu16, wd16 = (w.detach().bfloat16().requires_grad_() for w in (wgu, wd))
+    cot = torch.randn(x.shape, device=DEV, dtype=torch.bfloat16)
+    y, grads = _value_and_grads(_fused, (x16, chosen, weights, wgu, wd), cot)
+    y16, grads16 = _value_and_grads(_fused, (x16, chosen, weights, wgu16, wd16), cot)
+    assert torch.equal(y, y16) and torch.equal(grads[0], grads16[0])
+    for got, ref, w in zip(grads[2:], grads16[2:], (wgu, wd)):
+        assert got.dtype == torch.float32 and got.stride() == w.stride()
+        assert nerr(got, ref) <= 5e-3 and not torch.equal(got, got.bfloat16().float())
 
 
 @pytest.mark.gpu

@@ -164,7 +164,7 @@ def test_the_default_runs_the_fused_block_where_it_is_preferred(monkeypatch):
     faster, with ragged_dot's auto backend and outside torch.compile; never for a layout it does not apply to."""
     _needs_triton()
     seen = []
-    monkeypatch.setattr(rt, "preferred", lambda x, top_k, w_up, w_down: seen.append(top_k) or True)
+    monkeypatch.setattr(rt, "preferred", lambda x, top_k, w_up, w_down, **kw: seen.append(top_k) or True)
     for family, applies in (("qwen3_moe", True), ("gpt_oss", False)):
         model = _model(family)
         experts = next(m for m in model.modules() if type(m).__name__.endswith("Experts"))
@@ -177,9 +177,9 @@ def test_the_default_runs_the_fused_block_where_it_is_preferred(monkeypatch):
         assert not rt._use_fused(experts, x, 2, None, None)
         assert rt._use_fused(experts, x, 2, True, None) == applies
         monkeypatch.undo()
-        monkeypatch.setattr(rt, "preferred", lambda x, top_k, w_up, w_down: seen.append(top_k) or True)
+        monkeypatch.setattr(rt, "preferred", lambda x, top_k, w_up, w_down, **kw: seen.append(top_k) or True)
     assert seen == [2]  # asked once: for the layout it applies to, fused=None, eager
-    monkeypatch.setattr(rt, "preferred", lambda *a: False)
+    monkeypatch.setattr(rt, "preferred", lambda *a, **kw: False)
     experts = next(m for m in _model("qwen3_moe").modules() if type(m).__name__.endswith("Experts"))
     assert not rt._use_fused(experts, torch.zeros(4, _hidden(experts)), 2, None, None)
     with pytest.raises(TypeError, match="fused"):
@@ -333,6 +333,32 @@ def test_weights_in_another_dtype_than_the_input():
             outs[impl] = module(x, idx, w.to(torch.bfloat16))
     assert outs["ragdot"].dtype == torch.float32
     torch.testing.assert_close(outs["ragdot"], outs["grouped_mm"], rtol=2e-2, atol=2e-2)
+
+
+def test_fused_block_under_autocast_takes_float32_weights_as_master_weights(monkeypatch):
+    """float32 experts in a 16-bit autocast region (a Trainer's mixed precision): "ragdot_fused" runs the fused
+    block on x cast to the region's dtype with the float32 weights as master weights (their gradients float32),
+    and agrees with the ragged_dot path ("ragdot", whose products cast the weights per call)."""
+    _needs_triton()
+    low = torch.float16  # the Triton interpreter's 16-bit dtype
+    module = _experts("qwen3_moe")
+    idx, w = _routing(24, 2, module.num_experts, seed=8)
+    x = torch.randn(24, _hidden(module))
+    seen = []
+    real = rt.fused_experts
+    monkeypatch.setattr(rt, "fused_experts", lambda xx, *a: seen.append((xx.dtype, a[-1].dtype)) or real(xx, *a))
+    with torch.autocast("cpu", dtype=low):
+        assert rt.fused_applies(module, x)
+        fused = _experts_step(module, rt.FUSED_NAME, x, idx, w)
+        plain = _experts_step(module, "ragdot", x, idx, w)
+    assert seen == [(low, torch.float32)]
+    assert fused[0].dtype == torch.float32 and all(g.dtype == torch.float32 for g in fused[3].values())
+    tol = dict(rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(fused[0], plain[0], **tol)
+    torch.testing.assert_close(fused[1], plain[1], **tol)
+    for name, g in fused[3].items():
+        torch.testing.assert_close(g, plain[3][name], **tol, msg=name)
+    assert not rt.fused_applies(module, x.to(low))  # outside a region: one dtype, as before
 
 
 def _standalone(model_module: str, config_name: str, experts_name: str, **config_kwargs) -> torch.nn.Module:

@@ -101,13 +101,13 @@ def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, de
 
 
 # ------------------------------------------------------------------------------------------ checking values
-def parse_dtype(name: str | None, default: str) -> Any:
-    """The torch dtype of a --dtype spelling (None: `default`)."""
+def parse_dtype(name: str | None, default: str, flag: str = "--dtype") -> Any:
+    """The torch dtype of a --dtype spelling (None: `default`); errors name `flag`."""
     import torch
 
     key = (name or default).strip().lower()
     if key not in DTYPES:
-        raise UsageError(f"--dtype: {name!r} is unknown; expected one of {', '.join(DTYPES)}")
+        raise UsageError(f"{flag}: {name!r} is unknown; expected one of {', '.join(DTYPES)}")
     return getattr(torch, DTYPES[key])
 
 

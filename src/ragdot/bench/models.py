@@ -170,6 +170,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "batches 1 2) on the CPU, 2 steps: a smoke run in seconds",
     )  # fmt: skip
     add_dtype(parser, "bf16 on CUDA, fp32 on a CPU")
+    parser.add_argument(
+        "--autocast", metavar="DTYPE",
+        help="run every forward inside torch.autocast(dtype=DTYPE), the backward outside it, as a mixed-precision "
+        "trainer does (bf16 or fp16; with --dtype fp32: float32 parameters, 16-bit compute)",
+    )  # fmt: skip
     add_device(parser, "cuda if available, else cpu; cpu with --tiny")
     add_out(parser, "out/bench-models", "CSV and JSON")
     add_quiet(parser)
@@ -289,14 +294,26 @@ def _prepare(item: Item, model: torch.nn.Module, args: argparse.Namespace, compi
     model.set_experts_implementation(item.impl)
     model.train(item.phase == "train")
     if item.mode != "compile":
-        return model
+        return _in_autocast(model, args.autocast)
     if compiled:
-        return compiled[0]
+        return _in_autocast(compiled[0], args.autocast)
     torch._dynamo.reset()
     run = torch.compile(model, backend=args.compile_backend)
     if compiled is not None:
         compiled.append(run)
-    return run
+    return _in_autocast(run, args.autocast)
+
+
+def _in_autocast(run: Callable, dtype: torch.dtype | None) -> Callable:
+    """`run` called inside torch.autocast(dtype) on its device (the backward of a train step stays outside)."""
+    if dtype is None:
+        return run
+
+    def forward(ids: torch.Tensor, **kwargs: Any) -> Any:
+        with torch.autocast(ids.device.type, dtype=dtype):
+            return run(ids, **kwargs)
+
+    return forward
 
 
 def _graphs() -> int:
@@ -510,6 +527,10 @@ def _check_args(args: argparse.Namespace) -> None:
         args.decode_batches = [1, 2] if args.tiny else [1, 8, 64]
     if any(b < 1 for b in args.decode_batches):
         raise UsageError(f"--decode-batches must all be >= 1, got {args.decode_batches}")
+    if args.autocast is not None:
+        args.autocast = parse_dtype(args.autocast, "bf16", "--autocast")
+        if args.autocast not in (torch.bfloat16, torch.float16):
+            raise UsageError(f"--autocast must be bf16 or fp16, got {args.autocast}")
     if args.tiny:
         args.steps, args.warmup = min(args.steps, 2), min(args.warmup, 1)
         args.impls = args.impls or ["grouped_mm", "ragdot", "eager"]
@@ -543,6 +564,7 @@ def run(args: argparse.Namespace) -> int:
     meta = records.run_meta(device, dtype, with_triton=True) | {
         "clock": CLOCK_CUDA if device.type == "cuda" else CLOCK_CPU, "steps": args.steps, "warmup": args.warmup,
         "transformers": transformers.__version__, "compile_backend": args.compile_backend,
+        "autocast": None if args.autocast is None else str(args.autocast).removeprefix("torch."),
         "models": {s.name: {"note": s.note, "seq_len": s.seq_len, "train_batch": s.train_batch,
                             "prefill_len": s.prefill_len, **s.config} for s in specs},
     }  # fmt: skip

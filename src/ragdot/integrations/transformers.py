@@ -54,6 +54,7 @@ from collections.abc import Callable
 
 import torch
 
+from ragdot import amp
 from ragdot.api import _check_backend, ragged_dot
 from ragdot.moe.fused import fused_experts, fused_supported, preferred, sort_experts
 from ragdot.moe.group_bias import add_group_bias
@@ -226,7 +227,10 @@ def fused_applies(module: torch.nn.Module, hidden_states: torch.Tensor) -> bool:
     if not isinstance(w_up, torch.Tensor) or not isinstance(w_down, torch.Tensor):
         return False
     on_device = hidden_states.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-    return on_device and hidden_states.dtype == w_up.dtype and fused_supported(hidden_states, w_up, w_down)
+    region = amp.autocast_dtype(hidden_states)  # under torch.autocast float32 weights are master weights
+    if not on_device or (region is None and hidden_states.dtype != w_up.dtype):
+        return False
+    return fused_supported(hidden_states, w_up, w_down, dtype=region)
 
 
 def _fused_weights(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,7 +251,14 @@ def _fused_forward(
         off_rank = top_k_index >= num_experts
         ids, weights = ids.masked_fill(off_rank, 0), weights.masked_fill(off_rank, 0.0)
     sizes, order = sort_experts(ids, num_experts)
-    return fused_experts(hidden_states, order, sizes, weights, w_up, w_down).to(hidden_states.dtype)
+    region = amp.autocast_dtype(hidden_states)
+    if region is None:
+        return fused_experts(hidden_states, order, sizes, weights, w_up, w_down).to(hidden_states.dtype)
+    # torch.autocast: x cast to the region's dtype, the float32 weights taken as master weights (the block casts
+    # them once and writes their gradients in float32), autocast off inside
+    with amp.off_for(hidden_states):
+        y = fused_experts(amp.cast(hidden_states, region), order, sizes, weights, w_up, w_down)
+    return y.to(hidden_states.dtype)
 
 
 def _use_fused(module: torch.nn.Module, hidden_states: torch.Tensor, top_k: int, fused: bool | None,
@@ -266,7 +277,7 @@ def _use_fused(module: torch.nn.Module, hidden_states: torch.Tensor, top_k: int,
         return False
     if fused:
         return True
-    return preferred(hidden_states, top_k, *_fused_weights(module))
+    return preferred(hidden_states, top_k, *_fused_weights(module), dtype=amp.autocast_dtype(hidden_states))
 
 
 def make_experts_forward(backend: str | None = None, *, fused: bool | None = None) -> Callable:

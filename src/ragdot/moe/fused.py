@@ -46,9 +46,21 @@ __all__ = ["sort_experts", "fused_experts", "fused_supported", "preferred", "FUS
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def fused_supported(x: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """Whether the fused kernels can run these operands: Triton present, one float16/bfloat16/float32 dtype."""
-    return _rk.HAS_TRITON and x.dtype in _DTYPES and all(w.dtype == x.dtype for w in weights)
+def fused_supported(x: torch.Tensor, *weights: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
+    """Whether the block can run these operands: Triton present, x float16/bfloat16/float32 and each weight in
+    x's dtype or, for a 16-bit x, float32 (master weights: `fused_experts` multiplies their casts). `dtype`: the
+    dtype x will be cast to first (torch.autocast's), if not its own."""
+    dtype = x.dtype if dtype is None else dtype
+    return _rk.HAS_TRITON and dtype in _DTYPES and all(_weight_ok(dtype, w) for w in weights)
+
+
+def _weight_ok(dtype: torch.dtype, w: torch.Tensor) -> bool:
+    return w.dtype == dtype or (w.dtype == torch.float32 and dtype in (torch.float16, torch.bfloat16))
+
+
+def _compute_weights(x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The weights in x's dtype: themselves, or their casts (same memory order; no autograd node)."""
+    return tuple(w if w.dtype == x.dtype else w.detach().to(x.dtype) for w in weights)
 
 
 # Where the block is the default (`preferred`): the routed experts' forward FLOPs (6 x tokens x top-k x dim x hidden)
@@ -59,15 +71,18 @@ def fused_supported(x: torch.Tensor, *weights: torch.Tensor) -> bool:
 FUSED_MIN_FLOPS = 1e11
 
 
-def preferred(x: torch.Tensor, top_k: int, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> bool:
+def preferred(x: torch.Tensor, top_k: int, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+              dtype: torch.dtype | None = None) -> bool:
     """Whether the block is the default for x [T, D] routed to top_k of the experts w_gate_up [E, D, 2H] (any
     view), w_down [E, H, D]: where it measured faster than the unfused path, i.e. in training (grad enabled and
     x or a weight requires it: it was measured as forward+backward), 16-bit inputs on CUDA that the kernels
-    take, and a routed forward of at least ``FUSED_MIN_FLOPS`` or a CUDA-graph capture (no host time there).
-    Never under torch.func transforms or forward-mode AD (the block has no rules for them)."""
-    if _ops._transformed() or not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)):
+    take (`dtype`: the one x is cast to first, if not its own), and a routed forward of at least
+    ``FUSED_MIN_FLOPS`` or a CUDA-graph capture (no host time there). Never under torch.func transforms or
+    forward-mode AD (the block has no rules for them)."""
+    dtype = x.dtype if dtype is None else dtype
+    if _ops._transformed() or not (x.is_cuda and dtype in (torch.float16, torch.bfloat16)):
         return False
-    if not (fused_supported(x, w_gate_up, w_down) and torch.is_grad_enabled()):
+    if not (fused_supported(x, w_gate_up, w_down, dtype=dtype) and torch.is_grad_enabled()):
         return False
     if not any(t.requires_grad for t in (x, w_gate_up, w_down)):
         return False
@@ -175,7 +190,8 @@ def _fused_setup(ctx, inputs, output) -> None:
 
 
 def _grads(ctx, grad_y) -> tuple:
-    """(dx or None, None, None, dweights, dw_gate_up, dw_down) from the tensors the forward saved."""
+    """(dx or None, None, None, dweights, dw_gate_up, dw_down) from the tensors the forward saved; the weight
+    gradients in `ctx.weight_dtype` where the forward set it (master weights), else in the saved weights' dtype."""
     if getattr(ctx, "pre_overwritten", False):
         raise RuntimeError(
             "the fused MoE block's backward already ran for this graph and wrote its gradients over the saved "
@@ -187,7 +203,8 @@ def _grads(ctx, grad_y) -> tuple:
     need_dx = bool(ctx.needs_input_grad[0])
     tensors = (grad_y, x, order, sizes, weights, w_gate_up, w_down, pre)
     if _ops.plain_eager(grad_y, pre):  # the body itself, dpre written over pre, which only this backward reads
-        dx, dw, dwgu, dwd = _backward_op_body(*tensors, ctx.top_k, need_dx, in_place=backward_in_place)
+        dx, dw, dwgu, dwd = _backward_op_body(*tensors, ctx.top_k, need_dx, in_place=backward_in_place,
+                                              weight_dtype=getattr(ctx, "weight_dtype", None))
         ctx.pre_overwritten = backward_in_place and backward_kind == "gemms"
     else:  # functional: what the compilers and tracers see
         dx, dw, dwgu, dwd = torch.ops.ragdot.fused_moe_backward(*tensors, ctx.top_k, need_dx)
@@ -204,21 +221,22 @@ _fused_op.register_autograd(_fused_backward, setup_context=_fused_setup)
 
 class _FusedEager(torch.autograd.Function):
     """The fused block in plain eager autograd: the forward and backward bodies called directly, without the
-    custom ops' dispatch and their autograd wrapper (host time per layer); the same values as the ops."""
+    custom ops' dispatch and their autograd wrapper (host time per layer); the same values as the ops. Float32
+    master weights of a 16-bit x are cast here, once, and the casts saved for the backward, whose GEMMs write
+    the weights' gradients in float32 (no 16-bit gradient, no cast kernel, no autograd cast node)."""
 
     @staticmethod
-    def forward(x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic):
-        return _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, True, deterministic)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, order, sizes, weights, w_gate_up, w_down, top_k, _det = inputs
-        ctx.save_for_backward(x, order, sizes, weights, w_gate_up, w_down, output[1])
-        ctx.mark_non_differentiable(output[1])
+    def forward(ctx, x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic):
+        wgu, wd = _compute_weights(x, w_gate_up, w_down)
+        y, pre = _forward(x, order, sizes, weights, wgu, wd, top_k, True, deterministic)
+        ctx.save_for_backward(x, order, sizes, weights, wgu, wd, pre)
+        ctx.mark_non_differentiable(pre)
         # pre has no gradient: without this autograd would hand the backward a zero-filled [T*k, 2H] for it
         # (a fill kernel and one more such buffer at the backward's peak)
         ctx.set_materialize_grads(False)
         ctx.top_k = top_k
+        ctx.weight_dtype = w_gate_up.dtype if wgu is not w_gate_up else None
+        return y, pre
 
     @staticmethod
     @amp.autocast_off
@@ -250,10 +268,13 @@ WGRAD_ROWS = ("chunks", "index", "copy")
 wgrad_rows = "chunks"
 
 
-def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place):
+def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place, weight_dtype=None):
+    """weight_dtype: the dtype of the weights' gradients (None: the weights' own; float32 for master weights)."""
+    wdt = w_gate_up.dtype if weight_dtype is None else weight_dtype
     if backward_kind == "gemms":
-        return _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place)
-    return _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx)
+        return _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place, wdt)
+    dx, dw, dwgu, dwd = _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx)
+    return dx, dw, dwgu.to(wdt), dwd.to(wdt)
 
 
 def _ragged_m(a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
@@ -270,17 +291,18 @@ def _k_operands(w: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> tup
     return "a", left[None], right[None]
 
 
-def _ragged_k(left: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Per expert, left^T right over its rows -> [E, P, Q] in w's memory order (see `_weight_grad`)."""
+def _ragged_k(left: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor, w: torch.Tensor,
+              dtype: torch.dtype) -> torch.Tensor:
+    """Per expert, left^T right over its rows -> [E, P, Q] in `dtype`, in w's memory order (see `_weight_grad`)."""
     side, a, b = _k_operands(w, left, right)
-    c = _ops.run("ragged_k", a, b, sizes, w.dtype, "auto")[:, 0]
+    c = _ops.run("ragged_k", a, b, sizes, dtype, "auto")[:, 0]
     return c.transpose(1, 2) if side == "b" else c
 
 
-def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place):
+def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place, wdt):
     """The transients are freed as soon as they are used and the largest weight gradient comes last; with
     `in_place`, dpre is written over pre (its version bumped; `_grads` refuses a second backward through a
-    retained graph): the peak then holds pre's memory once."""
+    retained graph): the peak then holds pre's memory once. The weight gradients are written in `wdt`."""
     _, fb = _kernels()
     tokens = _tokens(order, top_k)
     dy_rows = dy.index_select(0, tokens)  # [A, D]: dy of each permuted row's token
@@ -290,14 +312,14 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
     if in_place:
         torch.autograd.graph.increment_version(pre)
     del g
-    dwd = _ragged_k(act_w, dy_rows, sizes, w_down)  # sum over rows of (w * act)^T dy
+    dwd = _ragged_k(act_w, dy_rows, sizes, w_down, wdt)  # sum over rows of (w * act)^T dy
     del act_w, dy_rows
     dx = x.new_empty((0, x.shape[1]))
     if need_dx:
         rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
         dx = _rk.combine(rows, _rk.inverse_permutation(order), None, top_k, default_impl(rows.device))
         del rows
-    dwgu = _wgrad_from_rows(x, tokens, dpre, sizes, w_gate_up)
+    dwgu = _wgrad_from_rows(x, tokens, dpre, sizes, w_gate_up, wdt)
     return dx, dw.view(weights.shape), dwgu, dwd
 
 
@@ -321,20 +343,20 @@ def _chunks(d: int) -> list[tuple[int, int]]:
 
 
 def _wgrad_from_rows(x: torch.Tensor, tokens: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor,
-                     w: torch.Tensor) -> torch.Tensor:
+                     w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Per expert, the sum over its rows of x[token]^T right: x [T, D], tokens int32 [A], right [A, Q] ->
-    [E, D, Q] in w's memory order (see `_weight_grad`), by `wgrad_rows`."""
+    [E, D, Q] in `dtype`, in w's memory order (see `_weight_grad`), by `wgrad_rows`."""
     mode = wgrad_rows
     if mode not in WGRAD_ROWS:
         raise ValueError(f"ragdot.moe.fused.wgrad_rows={mode!r}: expected one of {', '.join(WGRAD_ROWS)}")
     if mode == "copy":
-        return _ragged_k(x.index_select(0, tokens), right, sizes, w)
+        return _ragged_k(x.index_select(0, tokens), right, sizes, w, dtype)
     if mode == "chunks" and x.dtype in (torch.float16, torch.bfloat16) and _gluon_runs(x.device):
         try:
-            return _wgrad_chunks(x, tokens, right, sizes, w)
+            return _wgrad_chunks(x, tokens, right, sizes, w, dtype)
         except NotImplementedError:  # the Gluon kernel does not take this layout: read through the index
             pass
-    return _wgrad_index(x, tokens, right, sizes, w)
+    return _wgrad_index(x, tokens, right, sizes, w, dtype)
 
 
 def _gluon_runs(device: torch.device) -> bool:
@@ -343,34 +365,34 @@ def _gluon_runs(device: torch.device) -> bool:
     return device.type == "cuda" and unavailable_reason(device) is None
 
 
-def _wgrad_index(x, tokens, right, sizes, w) -> torch.Tensor:
+def _wgrad_index(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
     """ragdot's Triton ragged_k reading x [T, D] through the token index (its `gather_config` tile), no copy."""
     from ragdot.kernels import ragged_k as rk_kernel
 
     side, a, b = _k_operands(w, x, right)
-    key = ("index", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, sizes.shape[0], w.dtype)
-    prepared = _prepared(key, lambda: rk_kernel.Prepared(a, b, sizes.shape[0], w.dtype, None, from_sizes=True,
+    key = ("index", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, sizes.shape[0], dtype)
+    prepared = _prepared(key, lambda: rk_kernel.Prepared(a, b, sizes.shape[0], dtype, None, from_sizes=True,
                                                          gather=side))
     c = prepared(a, b, sizes, index=tokens)[0][:, 0]
     return c.transpose(1, 2) if side == "b" else c
 
 
-def _wgrad_chunks(x, tokens, right, sizes, w) -> torch.Tensor:
+def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
     """The gradient a slice of D at a time: the slice's token rows gathered ([A, width]), the Gluon kernel
     writing the gradient's matching rows (columns, for weights stored [E, Q, D]) through a strided view."""
     from ragdot.kernels.gluon.ragged_k import Prepared as GluonPrepared
 
     e, d, q = sizes.shape[0], x.shape[1], right.shape[1]
     transposed = stored_transposed(w)
-    out = torch.empty((e, q, d) if transposed else (e, d, q), dtype=w.dtype, device=x.device)
+    out = torch.empty((e, q, d) if transposed else (e, d, q), dtype=dtype, device=x.device)
     for d0, d1 in _chunks(d):
         rows = x[:, d0:d1].index_select(0, tokens)  # [A, d1 - d0]
         side, a, b = _k_operands(w, rows, right)
         view = (out[:, :, d0:d1] if transposed else out[:, d0:d1])[:, None]
         strides = (view.stride(0), view.stride(2))
-        key = ("chunks", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, w.dtype, strides)
+        key = ("chunks", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, dtype, strides)
         prepared = _prepared(key, lambda a=a, b=b, strides=strides: GluonPrepared(
-            a, b, e, w.dtype, None, from_sizes=True, out_strides=strides))
+            a, b, e, dtype, None, from_sizes=True, out_strides=strides))
         prepared(a, b, sizes, view)
         del rows, a, b  # before the next slice's copy: one slice alive at a time
     return out.transpose(1, 2) if transposed else out
@@ -422,10 +444,11 @@ def _fused_backward_op(
     return _backward_op_body(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx)
 
 
-def _backward_op_body(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place=False):
+def _backward_op_body(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place=False,
+                      weight_dtype=None):
     dy = grad_y.to(x.dtype).contiguous()
     return _backward(dy, x.contiguous(), order, sizes, weights.contiguous(), w_gate_up, w_down, pre, top_k,
-                     need_dx, in_place)
+                     need_dx, in_place, weight_dtype)
 
 
 @_fused_backward_op.register_fake
@@ -448,7 +471,9 @@ def fused_experts(
     """y[t] = sum_j weights[t, j] * expert_{e(t,j)}(x[t]), expert(v) = (silu(v wg) * (v wu)) w_down.
 
     x [T, D]; order, sizes from ``sort_experts``; weights float [T, k]; w_gate_up [E, D, 2H] (gate | up);
-    w_down [E, H, D]. Differentiable in x, weights, w_gate_up and w_down."""
+    w_down [E, H, D], in x's dtype or, for a 16-bit x, float32 (master weights, as under torch.autocast: the block
+    multiplies their casts to x's dtype, made once per forward, and in eager autograd writes their gradients in
+    float32 straight from its GEMMs). Differentiable in x, weights, w_gate_up and w_down; y has x's dtype."""
     _check(x, order, sizes, weights, w_gate_up, w_down)
     top_k = weights.shape[1]
     grads = (x, weights, w_gate_up, w_down)
@@ -456,10 +481,13 @@ def fused_experts(
     if _ops.plain_eager(x):  # without the custom op's dispatch
         if save:
             return _FusedEager.apply(x, order, sizes, weights, w_gate_up, w_down, top_k, deterministic)[0]
-        return _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, False, deterministic)[0]
+        wgu, wd = _compute_weights(x, w_gate_up, w_down)
+        return _forward(x, order, sizes, weights, wgu, wd, top_k, False, deterministic)[0]
     if _ops._transformed() and not torch.compiler.is_compiling():
         raise NotImplementedError("fused_experts does not run under torch.func transforms or forward-mode AD; "
                                   "MoELayer takes its unfused path there (or pass fused=False)")
+    if w_gate_up.dtype != x.dtype:  # the ops take one dtype: master weights cast through autograd here
+        w_gate_up, w_down = w_gate_up.to(x.dtype), w_down.to(x.dtype)
     y, _ = torch.ops.ragdot.fused_moe(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic)
     return y
 
@@ -479,6 +507,6 @@ def _check(x, order, sizes, weights, w_gate_up, w_down) -> None:
         raise ValueError(f"order must be int32 [{weights.numel()}] from sort_experts, got {tuple(order.shape)}")
     if sizes.dtype != torch.int32 or tuple(sizes.shape) != (e,):
         raise ValueError(f"sizes must be int32 [{e}] from sort_experts, got {tuple(sizes.shape)}")
-    if not fused_supported(x, w_gate_up, w_down):
-        raise TypeError(f"fused experts need triton and one float16/bfloat16/float32 dtype, got x {x.dtype}, "
-                        f"w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype}")
+    if not fused_supported(x, w_gate_up, w_down) or w_gate_up.dtype != w_down.dtype:
+        raise TypeError(f"fused experts need triton, x float16/bfloat16/float32 and both weights in x's dtype (or "
+                        f"float32 for a 16-bit x), got x {x.dtype}, w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype}")

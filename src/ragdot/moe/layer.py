@@ -49,7 +49,7 @@ import ragdot
 from ragdot import amp
 from ragdot.backends import BACKEND_NAMES
 from ragdot.moe import routing_kernels
-from ragdot.moe.fused import FUSED_MIN_FLOPS, fused_experts, preferred, sort_experts
+from ragdot.moe.fused import FUSED_MIN_FLOPS, fused_experts, fused_supported, preferred, sort_experts
 from ragdot.moe.permute import IMPLS, combine_rows, permute_rows, resolve_impl
 from ragdot.moe.recompute import remade
 from ragdot.moe.router import Router, RouterOutput, expert_counts
@@ -301,8 +301,8 @@ class MoELayer(nn.Module):
             return self.fused
         if self.backend not in (None, "auto") or self.recompute:
             return False
-        if w_gate_up is None or w_down is None:
-            w_gate_up, w_down = self.expert_weights(x.dtype)
+        if w_gate_up is None or w_down is None:  # float32 parameters of a 16-bit x: the block casts them itself
+            w_gate_up, w_down = self.w_gate_up, self.w_down
         return preferred(x, self.top_k, w_gate_up, w_down)
 
     def capacity(self, seq_len: int) -> int:
@@ -364,10 +364,15 @@ class MoELayer(nn.Module):
     def _sparse(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
         if self.ep is not None:
             return self.ep.sparse(self, x2, r)
-        w_gate_up, w_down = self.expert_weights(x2.dtype)
-        if self.uses_fused(x2, w_gate_up, w_down):
+        if self.uses_fused(x2):
+            # float32 parameters under autocast go in as they are: the block multiplies their casts and writes
+            # their gradients in float32 from its GEMMs (no 16-bit gradients, no cast kernels in the backward)
+            w_gate_up, w_down = self.w_gate_up, self.w_down
+            if not fused_supported(x2, w_gate_up, w_down):  # e.g. float16 parameters in a bfloat16 region
+                w_gate_up, w_down = self.expert_weights(x2.dtype)
             sizes, order = sort_experts(r.experts, self.num_experts, impl=self.routing_impl)
             return fused_experts(x2, order, sizes, r.weights, w_gate_up, w_down), sizes
+        w_gate_up, w_down = self.expert_weights(x2.dtype)
         # x2 and the router's experts are checked already: the unchecked permute and combine
         impl = resolve_impl(self.routing_impl, x2.device)
         rows, sizes, slots = permute_rows(x2, r.experts, self.num_experts, impl)
