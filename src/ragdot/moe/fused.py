@@ -205,6 +205,7 @@ def _grads(ctx, grad_y) -> tuple:
     if _ops.plain_eager(grad_y, pre):  # the body itself, dpre written over pre, which only this backward reads
         dx, dw, dwgu, dwd = _backward_op_body(*tensors, ctx.top_k, need_dx, in_place=backward_in_place,
                                               weight_dtype=getattr(ctx, "weight_dtype", None))
+        del tensors
         ctx.pre_overwritten = backward_in_place and backward_kind == "gemms"
     else:  # functional: what the compilers and tracers see
         dx, dw, dwgu, dwd = torch.ops.ragdot.fused_moe_backward(*tensors, ctx.top_k, need_dx)
@@ -269,10 +270,13 @@ wgrad_rows = "chunks"
 
 
 def _backward(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place, weight_dtype=None):
-    """weight_dtype: the dtype of the weights' gradients (None: the weights' own; float32 for master weights)."""
+    """weight_dtype: the dtype of the weights' gradients (None: the weights' own; float32 for master weights,
+    whose 16-bit casts, the block's own, the in-place backward frees as soon as it has read them)."""
     wdt = w_gate_up.dtype if weight_dtype is None else weight_dtype
     if backward_kind == "gemms":
-        return _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place, wdt)
+        release = in_place and wdt != w_gate_up.dtype
+        return _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place, wdt,
+                               release)
     dx, dw, dwgu, dwd = _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx)
     return dx, dw, dwgu.to(wdt), dwd.to(wdt)
 
@@ -299,14 +303,19 @@ def _ragged_k(left: torch.Tensor, right: torch.Tensor, sizes: torch.Tensor, w: t
     return c.transpose(1, 2) if side == "b" else c
 
 
-def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place, wdt):
+def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, in_place, wdt,
+                    release=False):
     """The transients are freed as soon as they are used and the largest weight gradient comes last; with
     `in_place`, dpre is written over pre (its version bumped; `_grads` refuses a second backward through a
-    retained graph): the peak then holds pre's memory once. The weight gradients are written in `wdt`."""
+    retained graph): the peak then holds pre's memory once. The weight gradients are written in `wdt`. With
+    `release` (the weights are the block's own casts of master weights, under `in_place`), each cast's memory is
+    freed after its last read, before the float32 gradients that follow are allocated."""
     _, fb = _kernels()
     tokens = _tokens(order, top_k)
     dy_rows = dy.index_select(0, tokens)  # [A, D]: dy of each permuted row's token
     g = _ragged_m(dy_rows, w_down.transpose(1, 2), sizes)  # [A, H]
+    if release:
+        _free_storage(w_down)  # its shape and strides stay: they give dw_down's memory order below
     # w * act written over g (a transient of this backward only): the peak holds one [A, H] buffer less
     dpre, act_w, dw = fb.swiglu_backward(g, pre, order, weights.reshape(-1), in_place=in_place, act_over_g=True)
     if in_place:
@@ -319,8 +328,16 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
         rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
         dx = _rk.combine(rows, _rk.inverse_permutation(order), None, top_k, default_impl(rows.device))
         del rows
+    if release:
+        _free_storage(w_gate_up)
     dwgu = _wgrad_from_rows(x, tokens, dpre, sizes, w_gate_up, wdt)
     return dx, dw.view(weights.shape), dwgu, dwd
+
+
+def _free_storage(t: torch.Tensor) -> None:
+    """Free t's memory now (stream-ordered, as any free: the kernels queued before still read it), whatever still
+    refers to it; only for tensors the block made and no one else reads (the casts of master weights)."""
+    t.untyped_storage().resize_(0)
 
 
 _PREPARED: dict[tuple, object] = {}
