@@ -240,7 +240,7 @@ def _experts_step(module, impl, x, idx, w):
     x = x.clone().requires_grad_(True)
     w = w.clone().requires_grad_(True)
     y = module(x, idx, w)
-    y.backward(torch.linspace(-1, 1, y.numel()).view_as(y))
+    y.backward(torch.linspace(-1, 1, y.numel(), device=y.device).view_as(y))
     grads = {n: p.grad.clone() for n, p in module.named_parameters()}
     return y.detach(), x.grad, w.grad, grads
 

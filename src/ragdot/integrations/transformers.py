@@ -36,7 +36,8 @@ By default (``fused=None``) an eager training step runs ``ragdot.moe.fused`` whe
 says it measured faster (16-bit CUDA inputs, enough routed work; not under ``torch.compile``); ``fused=True``
 (``register("ragdot_fused", fused=True)``) runs it wherever it applies; ``fused=False`` never. It applies where
 the layout is plain SwiGLU: gate/up concatenated with the class's default ``_apply_gate``, a SiLU ``act_fn``, no
-biases, no post-expert norm, one dtype, Triton present, a CUDA device (or Triton's interpreter). Its forward
+biases, no post-expert norm, one dtype (or, inside ``torch.autocast``, float32 weights: master weights, below),
+Triton present, a CUDA device (or Triton's interpreter). Its forward
 gathers the token rows once and runs both projections as ragdot's tuned ragged GEMMs, keeping only the gate|up
 pre-activation for the backward. Off-rank choices become expert 0 with weight 0 there (computed, then dropped).
 Other layouts take the unfused path.
@@ -44,7 +45,8 @@ Other layouts take the unfused path.
 Inputs in another dtype than the weights are cast to the weights' dtype; the output has the input's. Inside a
 ``torch.autocast`` region the expert products then run in the region's dtype, as ``ragdot.ragged_dot`` does there
 (a matmul's rule: float32 weights are cast per call, their gradients come back in float32), where transformers'
-"grouped_mm" turns autocast off and multiplies in the weights' dtype.
+"grouped_mm" turns autocast off and multiplies in the weights' dtype. The fused block takes float32 weights there
+as master weights: cast once per forward inside it, their gradients written in float32 by its GEMMs.
 """
 
 from __future__ import annotations
@@ -215,8 +217,9 @@ def _forward(
 
 
 def fused_applies(module: torch.nn.Module, hidden_states: torch.Tensor) -> bool:
-    """Whether ``ragdot.moe.fused`` can run this experts module: plain SwiGLU, no bias, no post norm, one dtype,
-    on a CUDA device (or anywhere under Triton's interpreter, ``TRITON_INTERPRET=1``)."""
+    """Whether ``ragdot.moe.fused`` can run this experts module: plain SwiGLU, no bias, no post norm, one dtype
+    (float32 weights under autocast), on a CUDA device (or anywhere under Triton's interpreter,
+    ``TRITON_INTERPRET=1``)."""
     if not _flag(module, "has_gate", True) or _flag(module, "has_bias", False):
         return False
     if _flag(module, "has_post_expert_norm", False) or not _flag(module, "is_concatenated", True):
