@@ -1,0 +1,147 @@
+"""Where one MoE layer's eager forward+backward (`ragdot moe-bench --layer`'s step) loses to its device time: the
+GPU's idle time inside the step, by phase and by the host op whose launch ended each idle gap.
+
+    python benchmarks/layer_gaps.py --configs gpt-oss-like qwen3-30b-a3b --variants sparse-auto peer --out DIR
+
+Per config and variant, on x [tokens, dim] and a cotangent dy (bf16; the layer's weights random):
+- ``eager_ms``: CUDA events around each eager step (``fn(x).backward(dy)``, gradients unset before it, as in
+  `moe-bench --layer`), median of ``--steps``;
+- ``graph_ms``: the same step captured in a CUDA graph and replayed (device time, no host in it);
+- the profiled step's GPU span, busy and idle time, the idle time by phase (``fwd``, ``bwd``) and by the host op
+  whose launch ended each gap (``step_gaps.gaps_of_trace``); ``host_fwd_ms`` / ``host_bwd_ms``: the calling
+  thread's wall time per phase in the eager steps (no profiler).
+Writes ``layer-gaps-<date>.json`` and a text summary to DIR (stdout too). CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+if not os.environ.get("PYTHONPATH"):  # this checkout's ragdot unless PYTHONPATH names one
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from step_gaps import _summary as _step_summary  # noqa: E402
+from step_gaps import gaps_of_trace  # noqa: E402
+
+from ragdot.bench.moe_layer import _forward  # noqa: E402
+from ragdot.measure import records  # noqa: E402
+from ragdot.measure.timing import capture_graph, event_ms, free_memory, warm_off_stream  # noqa: E402
+from ragdot.moe.model import get_config  # noqa: E402
+
+
+def _step(fn, x, dy, ranges: bool = False, clock: list | None = None) -> None:
+    """One forward+backward; `ranges`: each phase in a profiler range; `clock`: appends each phase's host s."""
+    from torch.profiler import record_function
+
+    ctx = record_function if ranges else (lambda _name: contextlib.nullcontext())
+    t0 = time.perf_counter()
+    with ctx("fwd"):
+        y = fn(x)
+    t1 = time.perf_counter()
+    with ctx("bwd"):
+        y.backward(dy)
+    if clock is not None:
+        clock.append((t1 - t0, time.perf_counter() - t1))
+
+
+def _profiled(fn, x, dy, reset) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    reset()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _step(fn, x, dy, ranges=True)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    return gaps_of_trace(events)
+
+
+def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dict]:
+    from ragdot.moe.layer import MoELayer
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    cfg = get_config(cfg_name)
+    torch.manual_seed(0)
+    layer = MoELayer(cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k, path="sparse", dtype=dtype, device=device)
+    gen = torch.Generator(device=device).manual_seed(tokens)
+    x = torch.randn((tokens, cfg.dim), generator=gen, device=device, dtype=dtype).requires_grad_(True)
+    dy = torch.randn((tokens, cfg.dim), generator=gen, device=device, dtype=dtype)
+
+    def reset() -> None:
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+
+    rows = []
+    for name in variants:
+        fn = _forward(layer, name)
+        for _ in range(3):
+            reset()
+            _step(fn, x, dy)
+        clock: list = []
+        eager = []
+        for _ in range(steps):
+            reset()
+            eager.append(event_ms(lambda fn=fn, clock=clock: _step(fn, x, dy, clock=clock), device))
+        gaps = _profiled(fn, x, dy, reset)
+        reset()
+        layer.aux_loss = layer.z_loss = None
+        graph = [float("nan")]
+        try:  # device time: the step replayed from a CUDA graph
+            warm_off_stream(lambda fn=fn: _step(fn, x, dy), device)
+            reset()
+            torch.cuda.empty_cache()
+            replay = capture_graph(lambda fn=fn: _step(fn, x, dy))
+            graph = [event_ms(replay, device) for _ in range(steps)]
+            del replay
+        except RuntimeError as exc:  # report the eager side anyway
+            print(f"{cfg_name} {name}: no graph replay ({str(exc).splitlines()[0][:200]})", flush=True)
+        reset()
+        layer.aux_loss = layer.z_loss = None
+        free_memory(device)
+        row = {"config": cfg_name, "variant": name, "tokens": tokens, "layers": 1,
+               "eager_ms": statistics.median(eager), "graph_ms": statistics.median(graph),
+               "host_fwd_ms": statistics.median(c[0] for c in clock) * 1e3,
+               "host_bwd_ms": statistics.median(c[1] for c in clock) * 1e3, "host_opt_ms": 0.0, "syncs": [], **gaps}
+        row["eager_over_graph"] = row["eager_ms"] / row["graph_ms"]
+        rows.append(row)
+        print(_step_summary(row), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", nargs="+", default=["gpt-oss-like", "qwen3-30b-a3b"])
+    ap.add_argument("--variants", nargs="+", default=["sparse-auto", "peer"])
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("layer_gaps.py: needs a CUDA device", file=sys.stderr)
+        return 2
+    rows = [row for name in args.configs for row in run(name, args.tokens, args.variants, args.steps)]
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = records.new_stem(args.out, "layer-gaps", (".json", ".txt"))
+        doc = {"meta": records.run_meta(torch.device("cuda"), torch.bfloat16), "rows": rows}
+        records.write_document(args.out / f"{stem}.json", doc)
+        (args.out / f"{stem}.txt").write_text("\n".join(_step_summary(r) for r in rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
