@@ -398,10 +398,12 @@ def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
     """The gradient a slice of D at a time: the slice's token rows gathered ([A, width]), the Gluon kernel
     writing the gradient's matching rows (columns, for weights stored [E, Q, D]) through a strided view."""
     from ragdot.kernels.gluon.ragged_k import Prepared as GluonPrepared
+    from ragdot.kernels.ragged_k import schedule
 
     e, d, q = sizes.shape[0], x.shape[1], right.shape[1]
     transposed = stored_transposed(w)
     out = torch.empty((e, q, d) if transposed else (e, d, q), dtype=dtype, device=x.device)
+    sched = schedule(sizes, right.shape[0])  # the groups' order and row ranges: one launch for every slice
     for d0, d1 in _chunks(d):
         rows = x[:, d0:d1].index_select(0, tokens)  # [A, d1 - d0]
         side, a, b = _k_operands(w, rows, right)
@@ -410,7 +412,7 @@ def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
         key = ("chunks", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, dtype, strides)
         prepared = _prepared(key, lambda a=a, b=b, strides=strides: GluonPrepared(
             a, b, e, dtype, None, from_sizes=True, out_strides=strides))
-        prepared(a, b, sizes, view)
+        prepared(a, b, sizes, view, sched)
         del rows, a, b  # before the next slice's copy: one slice alive at a time
     return out.transpose(1, 2) if transposed else out
 

@@ -76,14 +76,10 @@ class _GateLinear(torch.autograd.Function):
     runs, so the gradients are the same bits."""
 
     @staticmethod
-    def forward(x, w, dt):
-        return F.linear(x.to(dt), w.to(dt))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, w, dt = inputs
+    def forward(ctx, x, w, dt):  # plain eager only (`gate_logits`): no setup_context, no per-call signature binding
         ctx.save_for_backward(x, w)
         ctx.dt = dt
+        return F.linear(x.to(dt), w.to(dt))
 
     @staticmethod
     @amp.autocast_off
