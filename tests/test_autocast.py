@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ragdot
-from helpers import GENERAL_BACKENDS, dtypes_for
+from helpers import GENERAL_BACKENDS, dtypes_for, nerr
 from ragdot import amp
 from ragdot.moe import MoELayer
 from ragdot.moe.router import Router
@@ -34,20 +34,46 @@ def _leaves(device, gen_seed=0, m=40, k=24, n=16, g=4):
 @pytest.mark.parametrize("backend", GENERAL_BACKENDS)
 @pytest.mark.parametrize("problem", ["ragged_m", "ragged_k"])
 def test_products_in_an_autocast_region_are_the_products_of_the_casts(backend, problem, device):
+    """The product is the bits of the call on the 16-bit casts; the float32 leaves are master operands: their
+    gradients are float32 products of the 16-bit operands and cotangent (float32-accurate against float64), not
+    16-bit gradients cast up (as autograd's cast node would give)."""
     low = _low(backend, device)
     x, w, sizes = _leaves(device)
     y = torch.randn(40, 16, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
     rhs, dn = (w, FWD) if problem == "ragged_m" else (y, WGRAD)
+    seen = []
     with torch.autocast(device.type, dtype=low):
         out = ragdot.ragged_dot_general(x, rhs, sizes, dn, backend=backend)
+        out.register_hook(seen.append)
         out.float().square().sum().backward()  # a backward inside the region, as many training loops do
     assert out.dtype == low
-    x16, r16 = x.detach().to(low).requires_grad_(), rhs.detach().to(low).requires_grad_()
-    ref = ragdot.ragged_dot_general(x16, r16, sizes, dn, backend=backend)
-    ref.float().square().sum().backward()
-    assert torch.equal(out, ref)
+    x16, r16 = x.detach().to(low), rhs.detach().to(low)
+    assert torch.equal(out, ragdot.ragged_dot_general(x16, r16, sizes, dn, backend=backend))
     assert x.grad.dtype == torch.float32 and rhs.grad.dtype == torch.float32  # the leaves' own dtype
-    assert torch.equal(x.grad, x16.grad.float()) and torch.equal(rhs.grad, r16.grad.float())
+    x64, r64 = x16.double().requires_grad_(), r16.double().requires_grad_()
+    ragdot.ragged_dot_general(x64, r64, sizes, dn, backend="reference").backward(seen[0].double())
+    for got, ref in ((x.grad, x64.grad), (rhs.grad, r64.grad)):
+        assert nerr(got, ref) <= 1e-6  # a 16-bit gradient cast up would be about 1e-3 off
+        assert not torch.equal(got, got.to(low).float())
+    if problem == "ragged_m":
+        assert torch.equal(x.grad[37:], torch.zeros_like(x.grad[37:]))  # rows past the groups: zero
+        assert torch.equal(w.grad[1], torch.zeros_like(w.grad[1]))  # the empty group: exact zeros
+
+
+def test_master_operands_only_where_the_cast_path_would_record_a_float32_leaf(device):
+    """16-bit operands, grad mode off and float64 operands keep the region's ordinary path (the cast node or
+    none); a float32 operand that needs no gradient is cast without one."""
+    low = _low("reference", device)
+    x, w, sizes = _leaves(device)
+    with torch.autocast(device.type, dtype=low):
+        out = ragdot.ragged_dot(x.detach().to(low).requires_grad_(), w.detach().to(low), sizes)
+        assert type(out.grad_fn).__name__ != "_MasterFunctionBackward"
+        assert type(ragdot.ragged_dot(x, w, sizes).grad_fn).__name__ == "_MasterFunctionBackward"
+        with torch.no_grad():
+            assert ragdot.ragged_dot(x, w, sizes).grad_fn is None
+        out = ragdot.ragged_dot(x.detach(), w, sizes)  # x float32 without grad: cast, no gradient for it
+        out.float().sum().backward()
+        assert w.grad.dtype == torch.float32 and x.grad is None
 
 
 def test_preferred_element_type_float64_and_disabled_regions(device):

@@ -363,6 +363,24 @@ def test_fused_block_under_autocast_takes_float32_weights_as_master_weights(monk
     assert not rt.fused_applies(module, x.to(low))  # outside a region: one dtype, as before
 
 
+def test_ragged_dot_path_under_autocast_keeps_float32_weights_as_master_weights():
+    """gpt-oss (biases and its own gate: the ragged_dot path) with float32 weights in a 16-bit autocast region:
+    the products run in the region's dtype and the expert weights' gradients are float32 products (ragdot's
+    master operands), close to transformers' "grouped_mm" (which turns autocast off and runs float32)."""
+    low = torch.bfloat16
+    module = _experts("gpt_oss")
+    idx, w = _routing(24, 2, module.num_experts, seed=9)
+    x = torch.randn(24, _hidden(module))
+    with torch.autocast("cpu", dtype=low):
+        got = _experts_step(module, "ragdot", x, idx, w)
+        ref = _experts_step(module, "grouped_mm", x, idx, w)
+    for name in ("gate_up_proj", "down_proj"):
+        g = got[3][name]
+        assert g.dtype == torch.float32 and not torch.equal(g, g.to(low).float()), name
+        torch.testing.assert_close(g, ref[3][name], rtol=3e-2, atol=3e-2, msg=name)
+    torch.testing.assert_close(got[0], ref[0], rtol=3e-2, atol=3e-2)
+
+
 def _standalone(model_module: str, config_name: str, experts_name: str, **config_kwargs) -> torch.nn.Module:
     try:
         mod = __import__(f"transformers.models.{model_module}.modeling_{model_module}", fromlist=[experts_name])

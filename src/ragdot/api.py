@@ -234,12 +234,12 @@ class _Call:
         return dout.dtype, dout.stride(), needs, ops._state(lhs), into
 
     def vjp(self, lhs: torch.Tensor, rhs: torch.Tensor, sizes: torch.Tensor | None, dout: torch.Tensor,
-            needs: tuple[bool, bool], apply=ops.run) -> tuple:
-        """The general backward: the canonical problem's VJP (`ops.vjp`, products through `apply`) on the
-        canonical views, mapped back to the user's layouts."""
+            needs: tuple[bool, bool], apply=ops.run, dtypes: tuple = (None, None)) -> tuple:
+        """The general backward: the canonical problem's VJP (`ops.vjp`, products through `apply`; `dtypes`:
+        gradient dtypes other than the operands') on the canonical views, mapped back to the user's layouts."""
         a, b = self.plan.views(lhs, rhs)
         da, db = ops.vjp(self.mode, a, b, sizes, self.unfinish(dout), self.backend, self.plan.group_scale, needs,
-                         apply=apply)
+                         apply=apply, dtypes=dtypes)
         return None if da is None else self.grad_lhs(da), None if db is None else self.grad_rhs(db)
 
     # ---- the inverse maps of the views (for gradients) ---------------------------------------------------
@@ -259,15 +259,19 @@ class _Call:
         db = db.reshape(self.rperm_shape)
         return db if self.inv_rperm is None else db.permute(self.inv_rperm)
 
+    def checked_sizes(self, group_sizes: torch.Tensor) -> torch.Tensor | None:
+        """The group sizes a call runs with (validated when asked, on the operands' device), None for batch."""
+        if self.mode == "batch":
+            return None
+        if self.validate or validate_requested():
+            validate_sizes(group_sizes, self.plan.extent // self.plan.group_scale)
+        if group_sizes.device != self.device or not group_sizes.is_contiguous():
+            group_sizes = group_sizes.to(self.device).contiguous()
+        return group_sizes
+
     def __call__(self, lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
         plan = self.plan
-        sizes = None
-        if self.mode != "batch":
-            if self.validate or validate_requested():
-                validate_sizes(group_sizes, plan.extent // plan.group_scale)
-            if group_sizes.device != self.device or not group_sizes.is_contiguous():
-                group_sizes = group_sizes.to(self.device).contiguous()
-            sizes = group_sizes
+        sizes = self.checked_sizes(group_sizes)
         if ops.plain_call(lhs, rhs):
             return self.forward(lhs, rhs, sizes)
         if not ops._transformed():  # eager autograd: the whole call is one recorded node
@@ -295,6 +299,60 @@ class _CallFunction(torch.autograd.Function):
         lhs, rhs, sizes = ctx.saved_tensors
         needs = tuple(ctx.needs_input_grad[:2])
         return (*ctx.call.backward(lhs, rhs, sizes, dout, needs, ctx.ends), None, None)
+
+
+class _MasterFunction(torch.autograd.Function):
+    """An eager call under torch.autocast whose float32 operands that require grad are master operands: the
+    products take their 16-bit casts (made here, outside autograd), and their gradients come from products
+    with a float32 output (the accumulator itself), not from 16-bit gradients cast by autograd's cast node."""
+
+    @staticmethod
+    def forward(ctx, lhs, rhs, lhs16, rhs16, sizes, call):
+        ctx.call = call
+        ctx.save_for_backward(lhs16, rhs16, sizes)
+        ctx.dtypes = tuple(t.dtype if t is not c else None for t, c in ((lhs, lhs16), (rhs, rhs16)))
+        return call.forward(lhs16, rhs16, sizes)
+
+    @staticmethod
+    @amp.autocast_off
+    def backward(ctx, dout):
+        lhs16, rhs16, sizes = ctx.saved_tensors
+        needs = tuple(ctx.needs_input_grad[:2])
+        return (*ctx.call.vjp(lhs16, rhs16, sizes, dout, needs, dtypes=ctx.dtypes), None, None, None, None)
+
+
+_AMP_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _masters(lhs, rhs, group_sizes, dtype: torch.dtype) -> bool:
+    """Whether an eager call in an autocast region of 16-bit `dtype` has float32 operands to keep as master
+    operands: one of them float32 and requiring grad (both float16, bfloat16 or float32), grad mode on, no
+    transform, one row of group sizes."""
+    if not (isinstance(rhs, torch.Tensor) and isinstance(group_sizes, torch.Tensor) and group_sizes.ndim == 1):
+        return False
+    if dtype not in (torch.float16, torch.bfloat16) or not torch.is_grad_enabled():
+        return False
+    if lhs.dtype not in _AMP_DTYPES or rhs.dtype not in _AMP_DTYPES:
+        return False
+    if not any(t.dtype == torch.float32 and t.requires_grad for t in (lhs, rhs)):
+        return False
+    return not (torch.compiler.is_compiling() or ops._transformed())
+
+
+def _master_call(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """`_MasterFunction` over the operands: float32 ones as masters (cast here, outside autograd), the others cast
+    through autograd as in the region's ordinary path (a no-op for operands already in `dtype`)."""
+    given, low = [], []
+    for t in (lhs, rhs):
+        if t.dtype == torch.float32:
+            given.append(t)
+            low.append(t.detach().to(dtype))
+        else:
+            given.append(t.to(dtype))
+            low.append(given[-1])
+    call = _lookup(*low, group_sizes, dimension_numbers, preferred_element_type, backend, validate)
+    return _MasterFunction.apply(*given, *low, call.checked_sizes(group_sizes), call)
 
 
 _CALLS: dict[tuple, _Call] = {}
@@ -349,6 +407,9 @@ def ragged_dot_general(
         dtype = amp.autocast_dtype(lhs)
         if dtype is not None:
             with amp.off_for(lhs):
+                if _masters(lhs, rhs, group_sizes, dtype):  # float32 operands' gradients straight in float32
+                    return _master_call(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type,
+                                        backend, validate, dtype)
                 return ragged_dot_general(
                     amp.cast(lhs, dtype), amp.cast(rhs, dtype) if isinstance(rhs, torch.Tensor) else rhs, group_sizes,
                     ragged_dot_dimension_numbers, preferred_element_type=preferred_element_type, backend=backend,
@@ -356,13 +417,8 @@ def ragged_dot_general(
     if torch.compiler.is_compiling():
         return _traced(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
                        validate)
-    try:
-        key = (lhs.shape, lhs.stride(), lhs.dtype, lhs.device, rhs.shape, rhs.stride(), rhs.dtype, rhs.device,
-               group_sizes.shape, group_sizes.dtype, group_sizes.device, ragged_dot_dimension_numbers,
-               preferred_element_type, backend, validate)
-        call = _CALLS.get(key)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable arguments: checked below
-        key = call = None
+    key, call = _cached(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
+                        validate)
     if call is None:
         cacheable = key is not None and isinstance(group_sizes, torch.Tensor)
         group_sizes = _as_sizes(group_sizes, lhs)
@@ -378,6 +434,27 @@ def ragged_dot_general(
         if cacheable:
             remember(_CALLS, key, call, _MAX_CALLS)
     return call(lhs, rhs, group_sizes)
+
+
+def _cached(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> tuple:
+    """(the call's key, its cached `_Call` or None); (None, None) for arguments that cannot key a call."""
+    try:
+        key = (lhs.shape, lhs.stride(), lhs.dtype, lhs.device, rhs.shape, rhs.stride(), rhs.dtype, rhs.device,
+               group_sizes.shape, group_sizes.dtype, group_sizes.device, dimension_numbers,
+               preferred_element_type, backend, validate)
+        return key, _CALLS.get(key)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable arguments: checked by the caller
+        return None, None
+
+
+def _lookup(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> _Call:
+    """The `_Call` of one-dtype tensor operands and 1-D group sizes: cached, or checked and built now."""
+    key, call = _cached(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate)
+    if call is None:
+        call = _Call(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate)
+        if key is not None:
+            remember(_CALLS, key, call, _MAX_CALLS)
+    return call
 
 
 def _common_dtype(lhs, rhs) -> torch.dtype | None:

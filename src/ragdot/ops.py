@@ -274,13 +274,16 @@ def _products(problem: str, b: torch.Tensor) -> tuple:
 
 
 def vjp(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | None, dc: torch.Tensor,
-        backend: str, scale: int, needs: tuple[bool, bool], apply: Callable[..., torch.Tensor] = run):
+        backend: str, scale: int, needs: tuple[bool, bool], apply: Callable[..., torch.Tensor] = run,
+        dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None)):
     """(da, db) of one canonical problem, as canonical problems through `apply(problem, a, b, sizes, dtype,
-    backend, scale)`; the cotangent is contracted in the accumulation dtype."""
+    backend, scale)`; the cotangent is contracted in the accumulation dtype. `dtypes`: the gradients' dtypes
+    where not the operands' own (float32 gradients of 16-bit casts of float32 master operands)."""
     acc_dtype = torch.promote_types(dc.dtype, a.dtype)  # the wider of the cotangent's and the operands'
     acc = tuple(t if t.dtype == acc_dtype else t.to(acc_dtype) for t in (a, b, dc))
     grads = []
-    for need, dtype, (product, operands, view) in zip(needs, (a.dtype, b.dtype), _products(problem, b)):
+    out_dtypes = tuple(t.dtype if d is None else d for t, d in zip((a, b), dtypes))
+    for need, dtype, (product, operands, view) in zip(needs, out_dtypes, _products(problem, b)):
         if not need:
             grads.append(None)
             continue
