@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,10 +30,9 @@ if not os.environ.get("PYTHONPATH"):  # this checkout's ragdot unless PYTHONPATH
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from step_gaps import _summary as _step_summary  # noqa: E402
-from step_gaps import gaps_of_trace  # noqa: E402
+from step_gaps import profile_gaps, write_rows  # noqa: E402
 
 from ragdot.bench.moe_layer import _forward  # noqa: E402
-from ragdot.measure import records  # noqa: E402
 from ragdot.measure.timing import capture_graph, event_ms, free_memory, warm_off_stream  # noqa: E402
 from ragdot.moe.model import get_config  # noqa: E402
 
@@ -53,21 +50,6 @@ def _step(fn, x, dy, ranges: bool = False, clock: list | None = None) -> None:
         y.backward(dy)
     if clock is not None:
         clock.append((t1 - t0, time.perf_counter() - t1))
-
-
-def _profiled(fn, x, dy, reset) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    reset()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _step(fn, x, dy, ranges=True)
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    return gaps_of_trace(events)
 
 
 def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dict]:
@@ -96,7 +78,8 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
         for _ in range(steps):
             reset()
             eager.append(event_ms(lambda fn=fn, clock=clock: _step(fn, x, dy, clock=clock), device))
-        gaps = _profiled(fn, x, dy, reset)
+        reset()
+        gaps = profile_gaps(lambda fn=fn: _step(fn, x, dy, ranges=True))
         reset()
         layer.aux_loss = layer.z_loss = None
         graph = [float("nan")]
@@ -135,11 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = [row for name in args.configs for row in run(name, args.tokens, args.variants, args.steps)]
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = records.new_stem(args.out, "layer-gaps", (".json", ".txt"))
-        doc = {"meta": records.run_meta(torch.device("cuda"), torch.bfloat16), "rows": rows}
-        records.write_document(args.out / f"{stem}.json", doc)
-        (args.out / f"{stem}.txt").write_text("\n".join(_step_summary(r) for r in rows) + "\n")
+        write_rows(args.out, "layer-gaps", rows)
     return 0
 
 

@@ -231,18 +231,28 @@ def _self_times(ops: list[dict]) -> list[list]:
     return out
 
 
-def _profiled(model, opt, tokens) -> dict:
+def profile_gaps(step) -> dict:
+    """`gaps_of_trace` of one profiled call of `step()` (which opens its phases' profiler ranges itself)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _step(model, opt, tokens, ranges=True)
+        step()
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text())["traceEvents"]
     return gaps_of_trace(events)
+
+
+def write_rows(out: Path, name: str, rows: list[dict]) -> None:
+    """`<name>-<date>.json` (meta and rows) and the text summary of `rows` in folder `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = records.new_stem(out, name, (".json", ".txt"))
+    doc = {"meta": records.run_meta(torch.device("cuda"), torch.bfloat16), "rows": rows}
+    records.write_document(out / f"{stem}.json", doc)
+    (out / f"{stem}.txt").write_text("\n".join(_summary(r) for r in rows) + "\n")
 
 
 def _drop_losses(model) -> None:
@@ -265,7 +275,7 @@ def run(cfg_name: str, variants: list[str], steps: int) -> list[dict]:
         eager = [event_ms(lambda clock=clock: _step(model, opt, tokens, clock=clock), device) for _ in range(steps)]
         host = [statistics.median(c[i] for c in clock) * 1e3 for i in range(3)]
         syncs = _syncs(model, opt, tokens)
-        gaps = _profiled(model, opt, tokens)
+        gaps = profile_gaps(lambda: _step(model, opt, tokens, ranges=True))
         _drop_losses(model)  # the last step's graph goes before the capture's own warm-up
         warm_off_stream(lambda: _step(model, opt, tokens), device)
         torch.cuda.empty_cache()
@@ -321,11 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = [row for name in args.configs for row in run(name, args.variants, args.steps)]
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = records.new_stem(args.out, "step-gaps", (".json", ".txt"))
-        doc = {"meta": records.run_meta(torch.device("cuda"), torch.bfloat16), "rows": rows}
-        records.write_document(args.out / f"{stem}.json", doc)
-        (args.out / f"{stem}.txt").write_text("\n".join(_summary(r) for r in rows) + "\n")
+        write_rows(args.out, "step-gaps", rows)
     return 0
 
 
