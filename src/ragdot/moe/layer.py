@@ -132,12 +132,6 @@ class SwiGLU(nn.Module):
         return swiglu(x @ self.w_gate_up) @ self.w_down
 
 
-def _masters(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether the unfused sparse path keeps float32 expert weights as ragged_dot's master operands for 16-bit
-    tokens x (what `forward` hands its paths under torch.autocast)."""
-    return w.dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16)
-
-
 def _one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
     """int32 one-hot by comparison (F.one_hot checks its input's range with a host sync); >= classes -> 0."""
     return (index[..., None] == torch.arange(classes, device=index.device)).to(torch.int32)
@@ -378,9 +372,7 @@ class MoELayer(nn.Module):
                 w_gate_up, w_down = self.expert_weights(x2.dtype)
             sizes, order = sort_experts(r.experts, self.num_experts, impl=self.routing_impl)
             return fused_experts(x2, order, sizes, r.weights, w_gate_up, w_down), sizes
-        w_gate_up, w_down = self.w_gate_up, self.w_down
-        if not _masters(x2, w_gate_up):  # float32 parameters of 16-bit tokens stay: ragged_dot's master operands
-            w_gate_up, w_down = self.expert_weights(x2.dtype)
+        w_gate_up, w_down = self.expert_weights(x2.dtype)
         # x2 and the router's experts are checked already: the unchecked permute and combine
         impl = resolve_impl(self.routing_impl, x2.device)
         rows, sizes, slots = permute_rows(x2, r.experts, self.num_experts, impl)
@@ -398,21 +390,12 @@ class MoELayer(nn.Module):
         """rows [T*k, dim] grouped by expert -> down(swiglu(up(rows))) [T*k, dim] with the experts' weights in rows'
         dtype (`expert_weights`); with `keep` (a `remade` block's), the SwiGLU output is registered to be remade
         from the pre-activation in the backward."""
-        h = self._product(rows, w_gate_up, sizes)  # [T*k, 2H]
+        h = ragdot.ragged_dot(rows, w_gate_up, sizes, backend=self.backend)  # [T*k, 2H]
         a = _swiglu_rows(h)
         if keep is not None:
             h_in = h.detach()
             keep(a, lambda: swiglu(h_in))
-        return self._product(a, w_down, sizes)  # [T*k, dim]
-
-    def _product(self, rows: torch.Tensor, w: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-        """ragged_dot(rows, w); float32 w with 16-bit rows (the experts under torch.autocast) in a region of rows'
-        dtype, where ragged_dot keeps w as a master operand (its cast outside autograd, its gradient in float32
-        straight from the product)."""
-        if _masters(rows, w):
-            with torch.autocast(rows.device.type, dtype=rows.dtype):
-                return ragdot.ragged_dot(rows, w, sizes, backend=self.backend)
-        return ragdot.ragged_dot(rows, w, sizes, backend=self.backend)
+        return ragdot.ragged_dot(a, w_down, sizes, backend=self.backend)  # [T*k, dim]
 
     def _dense_dropless(self, x2: torch.Tensor, r: RouterOutput) -> tuple[torch.Tensor, torch.Tensor]:
         if self.ep is not None:
