@@ -146,6 +146,28 @@ def test_installed_lowering_on_cuda_matches_eager_in_bfloat16():
     assert f"torch.ops.ragdot.{direct_out_name('ragged_k')}(" in "\n".join(codes)
 
 
+@pytest.mark.gpu
+def test_compiled_weight_gradient_runs_gluon_into_the_buffer_where_eager_does():
+    """The `.out` path (compiled code's buffer) plans as eager calls do, gluon included where it runs (sm_90): the
+    weight gradient runs the same kernel as the eager call's and gives its bits."""
+    from ragdot import ops
+
+    if "gluon" not in ragdot.backends():
+        pytest.skip("the gluon backend does not run here")
+    gen = torch.Generator().manual_seed(3)
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    a = torch.randn(1, 1024, 256, generator=gen).to(dev, bf16)
+    b = torch.randn(1, 1024, 512, generator=gen).to(dev, bf16)
+    sizes = torch.tensor([300, 0, 200, 400, 124, 0, 0, 0], device=dev)
+    want = ops.run("ragged_k", a, b, sizes, bf16, "auto")
+    out = torch.full_like(want, float("nan"))
+    assert ops.run_into("ragged_k", a, b, sizes, bf16, "auto", 1, out) is out
+    chosen = ops.runner("ragged_k", "auto", a, b, 8, bf16, 1, into=True, replay=False).label
+    assert chosen.startswith("gluon") == ops.runner("ragged_k", "auto", a, b, 8, bf16).label.startswith("gluon")
+    assert chosen.startswith("gluon"), chosen
+    assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize("name", ["ragged_m", "ragged_k", "batch"])
 def test_direct_entry_is_the_out_overload(name):
     """What generated code calls (`torch.ops.ragdot._<op>_out_direct`) writes and returns the buffer the

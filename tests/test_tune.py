@@ -234,9 +234,10 @@ def test_untuned_weight_gradients_try_gluon_before_triton_where_it_runs(monkeypa
     assert select.heuristic_order("ragged_k", names, long, 64) == ["torch", "triton", "gluon", "reference"]
 
 
-def test_results_written_into_the_callers_buffer_leave_gluon_out(monkeypatch):
-    """ragdot.jax (copy_ms > 0: the result lands in XLA's buffer) replays recorded launches, which gluon's are
-    not yet: its plans never name gluon, with or without a measurement that gluon won."""
+def test_results_written_into_the_callers_buffer_leave_gluon_out_only_when_replayed(monkeypatch):
+    """ragdot.jax (copy_ms > 0: the result lands in XLA's buffer; replay: it replays recorded launches, which
+    gluon's are not yet) never names gluon, with or without a measurement that gluon won; compiled code's `.out`
+    buffer (copy_ms > 0, no replay) keeps gluon, which writes there itself."""
     from types import SimpleNamespace
 
     gpu = SimpleNamespace(device=torch.device("cuda", 0), shape=(1, 10240, 2880))
@@ -246,13 +247,20 @@ def test_results_written_into_the_callers_buffer_leave_gluon_out(monkeypatch):
     monkeypatch.setattr(select, "tuned_entry", lambda key: None)
     untuned = [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16)]
     assert untuned[0] == "gluon"
-    assert "gluon" not in [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16, copy_ms=0.5)]
+    assert "gluon" not in [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16, copy_ms=0.5,
+                                                      replay=True)]
+    compiled = [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16, copy_ms=0.5)]
+    assert compiled[0] == "gluon"
     entry = {"backend": "gluon", "configs": {"triton": None, "gluon": None},
              "ms": {"gluon:a": {"balanced": 1.0}, "triton:b": {"balanced": 2.0}, "torch": {"balanced": 1.5}}}
     monkeypatch.setattr(select, "tuned_entry", lambda key: entry)
     assert [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16)][0] == "gluon"
-    jax = [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16, copy_ms=0.9)]
+    jax = [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16, copy_ms=0.9, replay=True)]
     assert jax == ["triton", "torch", "reference"]  # torch pays the copy: 1.5 + 0.9 > 2.0
+    writes = {"gluon": True, "triton": True, "torch": False, "reference": False}  # no gluon on a CPU host
+    monkeypatch.setattr(select, "get_backend", lambda name: SimpleNamespace(writes_into=writes[name]))
+    compiled = [n for n, _ in select.plan("ragged_k", "auto", gpu, None, 128, torch.bfloat16, copy_ms=0.9)]
+    assert compiled[0] == "gluon"  # measured fastest, and it writes into the buffer
 
 
 def test_plan_applies_the_heuristic_order_only_without_an_entry(monkeypatch):

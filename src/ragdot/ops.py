@@ -74,7 +74,7 @@ class Runner:
                  "scale")
 
     def __init__(self, problem: str, requested: str, a: torch.Tensor, b: torch.Tensor, num_groups: int,
-                 out_dtype: torch.dtype, scale: int = 1, into: bool = False):
+                 out_dtype: torch.dtype, scale: int = 1, into: bool = False, replay: bool = False):
         self.problem, self.requested, self.out_dtype, self.groups = problem, requested, out_dtype, num_groups
         self.scale = scale
         self.out_shape = _out_shape(problem, a, b, num_groups)
@@ -85,7 +85,8 @@ class Runner:
         if not _empty(problem, a, b, num_groups):
             eager = not (a.is_cuda and torch.cuda.is_current_stream_capturing())
             copy = copy_ms(self.out_shape, out_dtype, a.device) if into else 0.0
-            self.candidates = plan(problem, requested, a, b, num_groups, out_dtype, eager=eager, copy_ms=copy)
+            self.candidates = plan(problem, requested, a, b, num_groups, out_dtype, eager=eager, copy_ms=copy,
+                                   replay=replay)
             self._advance(a, b, [])
 
     def _advance(self, a: torch.Tensor, b: torch.Tensor, errors: list[str]) -> None:
@@ -162,14 +163,16 @@ def _state(a: torch.Tensor) -> tuple:
 
 
 def runner(problem: str, backend: str, a: torch.Tensor, b: torch.Tensor, num_groups: int,
-           out_dtype: torch.dtype, scale: int = 1, into: bool = False) -> Runner:
+           out_dtype: torch.dtype, scale: int = 1, into: bool = False, replay: bool | None = None) -> Runner:
     """The prepared runner of this signature (built on first use). `into`: the caller needs the result in a
-    buffer of its own, so `auto` charges a copy of it to backends that cannot write there (`copy_ms`)."""
+    buffer of its own, so `auto` charges a copy of it to backends that cannot write there (`copy_ms`).
+    `replay` (default: `into`, the JAX bridge's case): its launches are recorded and replayed (no gluon)."""
+    replay = into if replay is None else replay
     key = (problem, backend, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), num_groups, out_dtype,
-           scale, _state(a), into)
+           scale, _state(a), into, replay)
     found = _RUNNERS.get(key)
     if found is None:
-        found = remember(_RUNNERS, key, Runner(problem, backend, a, b, num_groups, out_dtype, scale, into),
+        found = remember(_RUNNERS, key, Runner(problem, backend, a, b, num_groups, out_dtype, scale, into, replay),
                          _MAX_RUNNERS)
     return found
 
@@ -434,7 +437,9 @@ def run_into(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor
              backend: str, scale: int, out: torch.Tensor) -> torch.Tensor:
     """One canonical problem written into `out` (its contiguous canonical output): the kernel writes there
     where the chosen backend's prepared calls can (`writes_into`), else the result is copied."""
-    r = runner(problem, backend, a, b, 0 if sizes is None else sizes.shape[0], out_dtype, scale, into=True)
+    # compiled code's buffer, written by the kernel itself: every backend that writes in place may serve (gluon too)
+    r = runner(problem, backend, a, b, 0 if sizes is None else sizes.shape[0], out_dtype, scale, into=True,
+               replay=False)
     kernel = getattr(r.fn, "prepared", None)
     if kernel is not None and out.is_contiguous() and tuple(out.shape) == r.out_shape and out.dtype == out_dtype:
         try:

@@ -135,10 +135,11 @@ def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups:
 
 def plan(
     problem: str, requested: str, a: torch.Tensor, b: torch.Tensor, num_groups: int, out_dtype: torch.dtype,
-    *, eager: bool = True, copy_ms: float = 0.0,
+    *, eager: bool = True, copy_ms: float = 0.0, replay: bool = False,
 ) -> list[tuple[str, Any]]:
     """The (backend, config) pairs to try in order; `eager` says the call runs outside a graph capture;
-    `copy_ms`: what copying the result into the caller's buffer costs a backend that cannot write it."""
+    `copy_ms`: what copying the result into the caller's buffer costs a backend that cannot write it; `replay`:
+    the call's launches are recorded and replayed (the JAX bridge), which gluon's are not."""
     if a.device.type != "cuda":
         names = candidates(a.device) if requested == "auto" else [requested]
         return [(name, None) for name in names]
@@ -149,7 +150,7 @@ def plan(
     if requested != "auto":
         return [(requested, entry_config(entry, requested))]
     names = candidates(a.device)
-    if copy_ms:  # ragdot.jax, writing XLA's buffers, replays recorded launches: gluon's are not recordable yet
+    if replay:  # ragdot.jax, writing XLA's buffers, replays recorded launches: gluon's are not recordable yet
         names = [n for n in names if n != "gluon"]
     if entry is not None:
         first = _winner(entry, problem, key.device, names, eager, copy_ms)
