@@ -401,7 +401,9 @@ def ragged_dot_general(
     lhs dimensions of the ragged dimension's kind that precede it (`ragdot.stacked`; one call per slice).
     Shape mistakes raise `ragdot.ShapeError`, both a ValueError and, as in jax, a TypeError. Floating operands
     of different dtypes are promoted to a common one first, as jax does (a cast per call: pass one dtype to
-    avoid it).
+    avoid it). Inside a `torch.autocast` region floating operands (not float64) are cast to its dtype, as for a
+    matmul; in eager autograd float32 operands that require grad are master operands there (their gradients
+    come from float32 products, not from 16-bit gradients cast up).
     """
     if amp.active() and isinstance(lhs, torch.Tensor):  # torch.autocast: cast as for a matmul, then autocast off
         dtype = amp.autocast_dtype(lhs)
