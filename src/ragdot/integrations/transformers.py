@@ -46,8 +46,8 @@ Inputs in another dtype than the weights are cast to the weights' dtype; the out
 ``torch.autocast`` region the expert products then run in the region's dtype, as ``ragdot.ragged_dot`` does there
 (a matmul's rule: float32 weights are cast per call, and as ragdot's master operands their gradients come from
 products with a float32 output), where transformers' "grouped_mm" turns autocast off and multiplies in the
-weights' dtype. The fused block takes float32 weights there
-as master weights: cast once per forward inside it, their gradients written in float32 by its GEMMs.
+weights' dtype. The fused block takes float32 weights there as master weights: cast once per forward inside it,
+their gradients written in float32 by its GEMMs.
 """
 
 from __future__ import annotations
