@@ -226,6 +226,25 @@ def _suites() -> dict[str, Suite]:
             Step("host-load", ("{py}", "benchmarks/host_load_probe.py"), 240, tail=30),
             Step("moe-host", ("{py}", "benchmarks/moe_host_profile.py", "--device", "cuda", "--out", "{out}"), 240,
                  tail=20),
+            # one MoE layer's eager step against its replay, the GPU's idle time by phase and host op
+            Step("layer-gaps", ("{py}", "benchmarks/layer_gaps.py", "--configs", "gpt-oss-like", "qwen3-30b-a3b",
+                                "deepseek2-16b", "deepseek3-671b-reduced", "--out", "{out}/layer-gaps"), 360, tail=40),
+            Step("layer-host", ("{py}", "benchmarks/layer_host.py", "--configs", "qwen3-30b-a3b", "deepseek2-16b",
+                                "--tokens", "4096"), 150, tail=40),
+        )),
+        "amp": Suite("mixed precision with float32 parameters: the autocast tests on the GPU, the MoE layer under "
+                     "autocast (eager clock), whole transformers models with float32 parameters under bf16 autocast", (
+            Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_autocast.py",
+                               "tests/test_fused_moe.py", "tests/test_transformers_integration.py", "-k",
+                               "master or autocast"), 200, tail=8),
+            Step("layer", ("{py}", "benchmarks/autocast_layer.py", "--configs", "qwen3-30b-a3b", "deepseek2-16b",
+                           "--tokens", "8192", "--rounds", "2", "--json", "{out}/autocast.json"), 200, tail=12),
+            Step("models", (*RAGDOT, "bench-models", "--models", "qwen3-moe", "deepseek-v3", "--phases", "train",
+                            "--modes", "eager", "--dtype", "fp32", "--autocast", "bf16", "--impls", "grouped_mm",
+                            "ragdot", "ragdot_unfused", "--budget", "230", "--out", "{out}/models"), 260, tail=14),
+            Step("gpt-oss", (*RAGDOT, "bench-models", "--models", "gpt-oss", "--layers", "2", "--phases", "train",
+                             "--modes", "eager", "--dtype", "fp32", "--autocast", "bf16", "--impls", "grouped_mm",
+                             "ragdot", "--steps", "4", "--budget", "240", "--out", "{out}/gpt-oss"), 260, tail=12),
         )),
         "fused": Suite("the fused MoE block against the unfused layer (fused_gpu.py), its kernels' tile configs "
                        "at two layer shapes (fused_sweep.py; graph clock), one step's kernel time (layer_profile.py; "
