@@ -204,3 +204,24 @@ def test_compiled_moe_layer_in_an_autocast_region(device):
     torch.testing.assert_close(out.float(), ref.float(), rtol=0.05, atol=0.05)
     out.float().sum().backward()
     assert layer.w_gate_up.grad.dtype == torch.float32 and layer.router.weight.grad.dtype == torch.float32
+
+
+def test_master_operand_calls_raise_the_same_clear_errors(device):
+    """The master path checks its arguments as every call does: invalid sizes with validate, a bad backend, float
+    group sizes, each with the message of the call outside the region."""
+    low = _low("reference", device)
+    x, w, _ = _leaves(device)
+    cases = [
+        (dict(group_sizes=torch.tensor([30, 20, 0, 0], device=device), validate=True), ValueError),
+        (dict(group_sizes=torch.tensor([-1, 3, 0, 0], device=device), validate=True), ValueError),
+        (dict(group_sizes=torch.tensor([3, 3, 0, 0], device=device), backend="nope"), ValueError),
+        (dict(group_sizes=torch.tensor([3.0, 3.0, 0.0, 0.0], device=device)), TypeError),
+    ]
+    for kwargs, error in cases:
+        kwargs = dict(kwargs)
+        sizes = kwargs.pop("group_sizes")
+        with pytest.raises(error) as outside:
+            ragdot.ragged_dot(x, w, sizes, **kwargs)
+        with torch.autocast(device.type, dtype=low), pytest.raises(error) as inside:
+            ragdot.ragged_dot(x, w, sizes, **kwargs)
+        assert str(inside.value) == str(outside.value)
