@@ -432,9 +432,8 @@ def ragged_dot_general(
         if isinstance(group_sizes, torch.Tensor) and group_sizes.ndim > 1:  # jax's [slices..., G] form
             return _stacked(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
                             validate)
-        call = _Call(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend, validate)
-        if cacheable:
-            remember(_CALLS, key, call, _MAX_CALLS)
+        call = _new_call(key if cacheable else None, lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
+                         preferred_element_type, backend, validate)
     return call(lhs, rhs, group_sizes)
 
 
@@ -449,13 +448,19 @@ def _cached(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, ba
         return None, None
 
 
+def _new_call(key, lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> _Call:
+    """A checked `_Call`, kept under `key` unless that is None."""
+    call = _Call(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate)
+    if key is not None:
+        remember(_CALLS, key, call, _MAX_CALLS)
+    return call
+
+
 def _lookup(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> _Call:
     """The `_Call` of one-dtype tensor operands and 1-D group sizes: cached, or checked and built now."""
     key, call = _cached(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate)
     if call is None:
-        call = _Call(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate)
-        if key is not None:
-            remember(_CALLS, key, call, _MAX_CALLS)
+        call = _new_call(key, lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate)
     return call
 
 

@@ -288,8 +288,7 @@ class MoELayer(nn.Module):
             return self.w_gate_up, self.w_down
         return self.w_gate_up.to(dtype), self.w_down.to(dtype)
 
-    def uses_fused(self, x: torch.Tensor, w_gate_up: torch.Tensor | None = None,
-                   w_down: torch.Tensor | None = None) -> bool:
+    def uses_fused(self, x: torch.Tensor) -> bool:
         """Whether the sparse path runs the fused block for input x [tokens, dim]: never under torch.func
         transforms or forward-mode AD (the block has no rules for them); as ``fused`` says when it is a bool; for
         None, no backend asked for by name, no ``recompute``, and ``ragdot.moe.fused.preferred``: where the block
@@ -301,9 +300,8 @@ class MoELayer(nn.Module):
             return self.fused
         if self.backend not in (None, "auto") or self.recompute:
             return False
-        if w_gate_up is None or w_down is None:  # float32 parameters of a 16-bit x: the block casts them itself
-            w_gate_up, w_down = self.w_gate_up, self.w_down
-        return preferred(x, self.top_k, w_gate_up, w_down)
+        # float32 parameters of a 16-bit x (torch.autocast) are the block's master weights: it casts them itself
+        return preferred(x, self.top_k, self.w_gate_up, self.w_down)
 
     def capacity(self, seq_len: int) -> int:
         """Rows per expert and sequence on the dense_drop path."""
