@@ -112,6 +112,26 @@ def test_ragdot_unfused_is_registered_without_the_fused_block(tmp_path):
     assert rt.is_registered("ragdot_unfused") and (None, False) in rt._FORWARDS
 
 
+def test_no_experts_row_is_the_bound_and_does_no_expert_work(tmp_path):
+    """The no_experts step: every layer's experts output is its input scaled by the routing weights' sum, no
+    expert weight is read; its row carries grouped_mm's ms over its own as the bound, not a speed-up."""
+    import torch
+
+    code = main(["bench-models", "--tiny", "--impls", "grouped_mm", "no_experts", "--phases", "train", "--steps",
+                 "1", "--warmup", "0", "--out", str(tmp_path), "-q"])
+    assert code == 0
+    _, rows = _rows(tmp_path)
+    assert [r["impl"] for r in rows] == ["grouped_mm", "no_experts"] and all(r["status"] == "ok" for r in rows)
+    assert rows[1]["bound_vs_grouped_mm"] == pytest.approx(rows[0]["ms"] / rows[1]["ms"])
+    assert "vs_grouped_mm" not in rows[1]
+    h = torch.randn(5, 4, dtype=torch.float64)
+    w = torch.rand(5, 2, dtype=torch.float64, requires_grad=True)
+    out = bm._no_experts(torch.nn.Module(), h, torch.zeros(5, 2, dtype=torch.long), w)
+    torch.testing.assert_close(out, h * (w[:, :1] + w[:, 1:]), rtol=0, atol=0)
+    out.sum().backward()
+    torch.testing.assert_close(w.grad, h.sum(-1, keepdim=True).expand(5, 2))
+
+
 @pytest.mark.parametrize("impls", [["ragdot"], ["grouped_mm", "ragdot"]], ids=["alone", "interleaved"])
 def test_profile_adds_kernel_time_and_top_kernels(tmp_path, impls):
     code = main(["bench-models", "--tiny", "--impls", *impls, "--phases", "train", "--steps", "1", "--warmup",
@@ -191,8 +211,10 @@ def test_relative_compares_with_grouped_mm_of_the_same_group():
             key | dict(impl="ragdot", ms=5.0, peak_gib=1.0, status="ok"),
             key | dict(impl="ragdot_fused", status="OOM"),
             key | dict(impl="ragdot", ms=5.0, status="ok", batch=2)]  # fmt: skip
+    rows.append(key | dict(impl="no_experts", ms=4.0, status="ok"))
     bm.relative(rows)
     assert rows[1]["vs_grouped_mm"] == 2.0 and rows[1]["mem_vs_grouped_mm"] == 0.5
+    assert rows[4]["bound_vs_grouped_mm"] == 2.5 and "vs_grouped_mm" not in rows[4]
     assert "vs_grouped_mm" not in rows[2] and "vs_grouped_mm" not in rows[3]
 
 

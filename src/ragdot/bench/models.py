@@ -69,6 +69,9 @@ EXTRA: dict[str, dict] = {"ragdot_triton": {"backend": "triton"}, "ragdot_torch"
 MODES: tuple[str, ...] = ("eager", "compile")
 PHASES: tuple[str, ...] = ("train", "prefill", "decode")
 RAGDOT_IMPLS: tuple[str, ...] = ("ragdot", "ragdot_fused", *EXTRA)
+# The step with no expert work at all (see ``_no_experts``): grouped_mm's ms over its ms is the most any experts
+# implementation could gain on that step; rows get it as ``bound_vs_grouped_mm``
+NO_EXPERTS = "no_experts"
 CLOCK_CUDA = "CUDA events around each eager call, median"
 CLOCK_CPU = "wall clock around each call, median"
 STEPS_PER_VISIT = 2  # timed train or prefill steps per visit of an implementation (interleaved timing)
@@ -139,9 +142,11 @@ for _name, _spec in TINY_MODELS.items():
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), metavar="MODEL",
                         help=f"models (default all: {' '.join(MODELS)})")
-    parser.add_argument("--impls", nargs="+", choices=[*IMPLS, *EXTRA], metavar="IMPL",
+    parser.add_argument("--impls", nargs="+", choices=[*IMPLS, *EXTRA, NO_EXPERTS], metavar="IMPL",
                         help=f"experts implementations (default: {' '.join(IMPLS)}; also {' '.join(EXTRA)}: "
-                        "ragdot with ragged_dot's backend pinned instead of auto, or without the fused block)")
+                        "ragdot with ragged_dot's backend pinned instead of auto, or without the fused block; "
+                        f"{NO_EXPERTS}: the step without any expert work, the bound of what an experts "
+                        "implementation can gain)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), metavar="MODE", help="eager, compile (default both)")
     parser.add_argument("--phases", nargs="+", choices=list(PHASES), metavar="PHASE",
                         help="train, prefill, decode (default all)")
@@ -463,13 +468,29 @@ def _cleanup(model: torch.nn.Module, device: torch.device) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ summary
+def _no_experts(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+    """An experts forward that does no expert work: each token's output is its input scaled by the sum of its
+    routing weights (one elementwise product, so the router still gets a gradient and the rest of the model
+    runs as with real experts). Its step is the floor under every experts implementation's step; never a
+    model's result."""
+    return hidden_states * top_k_weights.sum(-1, keepdim=True).to(hidden_states.dtype)
+
+
 def relative(rows: list[dict]) -> None:
     """Each ragdot row gets ``vs_grouped_mm`` (grouped_mm ms / its ms) and ``mem_vs_grouped_mm`` (its peak /
-    grouped_mm's) from the grouped_mm row of the same model, mode, phase and batch."""
+    grouped_mm's) from the grouped_mm row of the same model, mode, phase and batch; the no_experts row gets
+    ``bound_vs_grouped_mm`` (grouped_mm ms / its ms: the largest ``vs_grouped_mm`` any experts implementation
+    could reach on that step)."""
     base = {_group(r): r for r in rows if r["impl"] == "grouped_mm" and r.get("status") == "ok"}
     for r in rows:
         b = base.get(_group(r))
-        if r["impl"] not in RAGDOT_IMPLS or b is None or r.get("status") != "ok":
+        if b is None or r.get("status") != "ok":
+            continue
+        if r["impl"] == NO_EXPERTS:
+            r["bound_vs_grouped_mm"] = b["ms"] / r["ms"]
+            continue
+        if r["impl"] not in RAGDOT_IMPLS:
             continue
         r["vs_grouped_mm"] = b["ms"] / r["ms"]
         if r.get("peak_gib") and b.get("peak_gib"):
@@ -483,14 +504,16 @@ def _group(r: dict) -> tuple:
 def print_table(rows: list[dict], console: Any) -> None:
     from ragdot.measure.console import Table
 
-    table = Table(title="transformers MoE models: ms per step (x: grouped_mm ms / this ms; mem: peak / grouped_mm)")
+    table = Table(title="transformers MoE models: ms per step (x: grouped_mm ms / this ms, no_experts: the bound; "
+                  "mem: peak / grouped_mm)")
     cols = ("model", "mode", "phase", "batch", "tokens", "impl", "ms", "tok/s", "peak GiB", "x", "mem", "status")
     for c in cols:
         table.add_column(c, justify="left" if c in ("model", "mode", "phase", "impl", "status") else "right")
     for r in rows:
+        x = r.get("vs_grouped_mm", r.get("bound_vs_grouped_mm"))
         table.add_row(r["model"], r["mode"], r["phase"], str(r["batch"]), str(r["tokens"]), r["impl"],
                       _fmt(r.get("ms"), "{:.2f}"), _fmt(r.get("tokens_per_s"), "{:,.0f}"),
-                      _fmt(r.get("peak_gib"), "{:.1f}"), _fmt(r.get("vs_grouped_mm"), "{:.2f}x"),
+                      _fmt(r.get("peak_gib"), "{:.1f}"), _fmt(x, "{:.2f}x"),
                       _fmt(r.get("mem_vs_grouped_mm"), "{:.2f}"), r.get("status", ""))  # fmt: skip
     console.print(table)
 
@@ -556,6 +579,8 @@ def run(args: argparse.Namespace) -> int:
     rt.register(rt.FUSED_NAME, fused=True)
     for name in set(args.impls) & set(EXTRA):
         rt.register(name, **EXTRA[name])
+    if NO_EXPERTS in args.impls:
+        rt._interface().register(NO_EXPERTS, _no_experts)
     specs = _specs(args)
     items = plan(specs, args)
     console = Console(quiet=args.quiet)
