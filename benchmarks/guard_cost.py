@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import torch
 
@@ -26,10 +27,13 @@ def main() -> None:
     p.add_argument("--full", action="store_true", help="the benchmark widths (default: the tiny CPU config)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--impls", nargs="+", default=["grouped_mm", "ragdot"])
+    p.add_argument("--layers", type=int, help="override the config's layer count (guards grow with it)")
     args = p.parse_args()
     rt.register()
     dev = torch.device(args.device)
     spec = (MODELS if args.full else TINY_MODELS)[args.model]
+    if args.layers is not None:
+        spec = replace(spec, config={**spec.config, "num_hidden_layers": args.layers})
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     frames = {}
     code = None
@@ -65,7 +69,9 @@ def main() -> None:
                     check(f_locals)
                 best[impl][1] = min(best[impl][1], (time.perf_counter() - t0) / 100 * 1e6)
     size = "full" if args.full else "tiny"
-    print(f"guard check per decode step ({args.model} {size}, {dev.type}; host clock, min of 40 x 100): "
+    layers = spec.config["num_hidden_layers"]
+    print(f"guard check per decode step ({args.model} {size}, {layers} layers, {dev.type}; host clock, "
+          "min of 40 x 100): "
           + ", ".join(f"{impl} {b[1]:.1f} us" for impl, b in best.items()))
 
 

@@ -547,3 +547,50 @@ def test_experts_forward_and_backward_never_wait_for_the_device(impl, family):
         module(x, idx, w).float().sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+def test_layout_flags_read_from_the_instance_then_the_class_and_through_properties():
+    class Experts(torch.nn.Module):
+        has_bias = True
+
+        @property
+        def is_transposed(self):
+            return self._t
+
+    m = Experts()
+    m._t = False
+    assert rt._flag(m, "has_bias", False) is True  # the class's
+    m.has_bias = False
+    assert rt._flag(m, "has_bias", True) is False  # the instance's wins
+    assert rt._flag(m, "is_transposed", True) is False  # a property is evaluated, not taken for its truth
+    assert rt._flag(m, "has_post_expert_norm", False) is False and rt._flag(m, "_is_expert_parallel", True) is True
+    m.register_buffer("has_gate", None)  # not a flag: buffers and parameters are never read as one
+    assert rt._flag(m, "has_gate", True) is True
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["plain", "autocast"])
+def test_compiled_experts_call_the_custom_op_directly_except_under_autocast(autocast, monkeypatch):
+    """Traced (compiled) experts products go straight to the problem's custom op (`api._traced_ragged_m`: the
+    operands are ragdot's own, so there is nothing to check, and every check traced would be a guard in each
+    compiled step); under autocast they keep ragged_dot's path, which casts to the region's dtype."""
+    module = _experts("gpt_oss")
+    idx, w = _routing(16, 2, module.num_experts, seed=3)
+    x = torch.randn(16, _hidden(module))
+    calls = []
+
+    def spy(*args):
+        calls.append(args[0].dtype)
+        return api_traced(*args)
+
+    api_traced = rt._traced_ragged_m
+    monkeypatch.setattr(rt, "_traced_ragged_m", spy)
+    fn = rt.make_experts_forward(None)
+    region = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+    with torch.no_grad(), region:
+        want = fn(module, x, idx, w)
+        torch._dynamo.reset()
+        got = torch.compile(lambda a, i, s: fn(module, a, i, s), backend="aot_eager", fullgraph=True)(x, idx, w)
+    torch._dynamo.reset()
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, **(dict(rtol=2e-2, atol=2e-2) if autocast else TOL))
+    assert calls == ([] if autocast else [torch.float32, torch.float32])

@@ -25,6 +25,7 @@ from ragdot.dimension_numbers import (
     plan_views,
 )
 from ragdot.groups import group_ends_from_sizes, validate_requested, validate_sizes
+from ragdot.ops import apply_op
 
 __all__ = ["ragged_dot", "ragged_dot_general", "backends", "explain", "group_ends_from_sizes"]
 
@@ -376,7 +377,18 @@ def _traced(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, ba
         if validate or validate_requested():
             validate_sizes(group_sizes, can.extent // can.group_scale)
         sizes = group_sizes.to(lhs.device).contiguous()
-    return can.finish(ops.apply_op(can.mode, can.a, can.b, sizes, out_dtype, name, can.group_scale))
+    # `apply_op` by its own name: reached through the `ops` module object, dynamo would also guard that module
+    # against its own globals' name for it (one more Python guard on every compiled call)
+    return can.finish(apply_op(can.mode, can.a, can.b, sizes, out_dtype, name, can.group_scale))
+
+
+def _traced_ragged_m(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, backend: str) -> torch.Tensor:
+    """`ragged_dot` under torch.compile (autocast off) for operands correct by construction: lhs [M, K], rhs
+    [G, K, N] of lhs's dtype and device, group_sizes int [G] on that device (a permutation's counts, so never
+    past M), backend a checked name. The problem's custom op without the checks and canonical views `_traced`
+    traces: each module and global they read is one more guard in every compiled call's check (the
+    transformers integration's compiled decode step, whose check is part of each step's host time)."""
+    return apply_op("ragged_m", lhs[None], rhs[None], group_sizes, lhs.dtype, backend, 1)[0]
 
 
 def ragged_dot_general(

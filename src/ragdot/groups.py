@@ -16,9 +16,10 @@ def validate_requested() -> bool:
     """Whether RAGDOT_VALIDATE is set to anything but "" or "0". Read on every eager call (setting it at run
     time counts), from os.environ's underlying dict: ~40 ns a call instead of the mapping's ~0.6 µs. Under
     torch.compile it is read as the call is traced."""
-    if _ENV_DATA is None or _VALIDATE_KEY is None or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _ENV_DATA is None or _VALIDATE_KEY is None:
         # traced: dynamo guards this one key of os.environ (reading the underlying dict would guard all of it:
-        # every variable, and a recompile whenever any of them changes)
+        # every variable, and a recompile whenever any of them changes); tested first, so that the module's
+        # handles on that dict are not traced (each would add guards to every compiled call's check)
         return os.environ.get("RAGDOT_VALIDATE", "") not in ("", "0")
     value = _ENV_DATA.get(_VALIDATE_KEY)
     return value is not None and os.environ.decodevalue(value) not in ("", "0")

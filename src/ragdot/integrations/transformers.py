@@ -58,7 +58,7 @@ from collections.abc import Callable
 import torch
 
 from ragdot import amp
-from ragdot.api import _check_backend, ragged_dot
+from ragdot.api import _check_backend, _traced_ragged_m, ragged_dot
 from ragdot.moe.fused import fused_experts, fused_supported, preferred, sort_experts
 from ragdot.moe.group_bias import add_group_bias
 from ragdot.moe.layer import _SwiGLU, _transformed
@@ -76,31 +76,44 @@ _SILU = ("SiLU", "SiLUActivation")
 
 
 def _flag(module: torch.nn.Module, name: str, default: bool) -> bool:
-    return bool(getattr(module, name, default))
+    """A layout flag: a plain attribute of the module or its class (never a parameter, buffer or submodule).
+    Read from the instance's ``__dict__`` and then the class, not through ``getattr``: a flag the module lacks
+    would go through ``nn.Module.__getattr__``, and under torch.compile every decode step's guard check would
+    repeat that failing lookup (a raised AttributeError per flag and layer)."""
+    value = module.__dict__.get(name, _MISSING)
+    if value is _MISSING:
+        value = getattr(type(module), name, default)
+        if hasattr(type(value), "__get__"):  # a property or another descriptor: its value is the instance's
+            value = getattr(module, name, default)
+    return bool(value)
+
+
+_MISSING = object()
 
 
 def _check_layout(module: torch.nn.Module) -> None:
-    """Raise a one-line error naming the flag when the module's layout is not one this forward handles."""
-    cls = type(module).__name__
+    """Raise a one-line error naming the flag when the module's layout is not one this forward handles. (The
+    class name is looked up only in the messages: under torch.compile, reading each layer's ``type(module)``
+    would add a guard per layer to every compiled call's check.)"""
     num_experts = getattr(module, "num_experts", None)
     if not isinstance(num_experts, int) or num_experts < 1:
-        raise ValueError(f"{cls}.num_experts must be a positive int, got {num_experts!r}")
+        raise ValueError(f"{type(module).__name__}.num_experts must be a positive int, got {num_experts!r}")
     has_gate = _flag(module, "has_gate", True)
     if _flag(module, "has_bias", False):
         for name in ("gate_up_proj_bias" if has_gate else "up_proj_bias", "down_proj_bias"):
             if not isinstance(getattr(module, name, None), torch.Tensor):
-                raise ValueError(f"has_bias=True needs {cls}.{name}; it is missing")
+                raise ValueError(f"has_bias=True needs {type(module).__name__}.{name}; it is missing")
     if has_gate and not hasattr(module, "_apply_gate"):
-        raise ValueError(f"has_gate=True needs {cls}._apply_gate; it is missing")
+        raise ValueError(f"has_gate=True needs {type(module).__name__}._apply_gate; it is missing")
     if has_gate and not _flag(module, "is_concatenated", True) and _uses_default_gate(module):
         raise ValueError(
-            f"is_concatenated=False (interleaved gate/up) needs {cls} to define its own _apply_gate; "
+            f"is_concatenated=False (interleaved gate/up) needs {type(module).__name__} to define its own _apply_gate; "
             "the default one splits a concatenated [gate; up] layout"
         )
     if not has_gate and not callable(getattr(module, "act_fn", None)):
-        raise ValueError(f"has_gate=False needs {cls}.act_fn; it is missing")
+        raise ValueError(f"has_gate=False needs {type(module).__name__}.act_fn; it is missing")
     if _flag(module, "has_post_expert_norm", False) and not callable(getattr(module, "post_expert_norm", None)):
-        raise ValueError(f"has_post_expert_norm=True needs {cls}.post_expert_norm; it is missing")
+        raise ValueError(f"has_post_expert_norm=True needs {type(module).__name__}.post_expert_norm; it is missing")
 
 
 def _expert_parallel(module: torch.nn.Module) -> bool:
@@ -109,7 +122,7 @@ def _expert_parallel(module: torch.nn.Module) -> bool:
     Newer transformers releases (5.24) set ``_is_expert_parallel`` on every decorated experts module (False
     unless expert parallelism is configured); older 5.x ones (5.17) have no flag and may pass sentinels at any
     time, so without the flag the sentinels are always handled (a few element-wise ops on [T, k])."""
-    return bool(getattr(module, "_is_expert_parallel", True))
+    return _flag(module, "_is_expert_parallel", True)
 
 
 def _uses_default_gate(module: torch.nn.Module) -> bool:
@@ -139,7 +152,10 @@ def _eager_grad(*tensors: torch.Tensor) -> bool:
 def _matmul(rows, weight, is_transposed, sizes, backend):
     """ragged_dot of rows with a weight [E, in, out] (is_transposed) or [E, out, in] (transformers' default,
     through a transposed view: ragged_dot computes that weight's gradient in its own [E, out, in] layout)."""
-    return ragged_dot(rows, weight if is_transposed else weight.transpose(1, 2), sizes, backend=backend)
+    w = weight if is_transposed else weight.transpose(1, 2)
+    if torch.compiler.is_compiling() and not amp.active():  # ragdot's own counts and operands: nothing to check
+        return _traced_ragged_m(rows, w, sizes, _check_backend(backend))
+    return ragged_dot(rows, w, sizes, backend=backend)
 
 
 def _linear(
@@ -161,7 +177,7 @@ def _gate(module: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     """The module's gate on the up projection's rows. The decorator's default gate with a SiLU activation runs
     ragdot's SwiGLU in eager autograd: the same elementwise ops (the same bits), but only h is saved for the
     backward (silu(gate) is recomputed there), where the plain ops also keep silu(gate) [S, H]."""
-    if _uses_default_gate(module) and type(getattr(module, "act_fn", None)).__name__ in _SILU and _eager_grad(h):
+    if _eager_grad(h) and _uses_default_gate(module) and type(getattr(module, "act_fn", None)).__name__ in _SILU:
         return _SwiGLU.apply(h)
     return module._apply_gate(h)
 
