@@ -221,6 +221,18 @@ def _suites() -> dict[str, Suite]:
                             "--phases", "decode", "--impls", "grouped_mm", "ragdot", "--budget", "400", "--out",
                             "{out}/models"), 440, tail=20),
         )),
+        "bounds": Suite("whole transformers models beside a step without expert work (no_experts: the most an "
+                        "experts path can gain), then the compiled decode step's guard check and its steps", (
+            Step("train", (*RAGDOT, "bench-models", "--models", "gpt-oss", "qwen3-moe", "--phases", "train", "--modes",
+                           "eager", "compile", "--impls", "grouped_mm", "ragdot", "no_experts", "--budget", "300",
+                           "--out", "{out}/train"), 340, tail=20),
+            # the guard tree does not depend on the widths: tiny 4-layer configs, on the GPU's tensors
+            Step("guards", ("{py}", "benchmarks/guard_cost.py", "--device", "cuda", "--model", "gpt-oss", "--layers",
+                            "4"), 120, tail=3),
+            Step("decode", (*RAGDOT, "bench-models", "--models", "gpt-oss", "--modes", "compile", "--phases", "decode",
+                            "--decode-batches", "1", "8", "--impls", "grouped_mm", "ragdot", "--budget", "300",
+                            "--out", "{out}/decode"), 340, tail=12),
+        )),
         "probes": Suite("diagnosis probes: graph capture, host time under GPU load, the MoE layer host time", (
             Step("capture", ("{py}", "benchmarks/capture_probe.py"), 240, tail=12),
             Step("host-load", ("{py}", "benchmarks/host_load_probe.py"), 240, tail=30),
