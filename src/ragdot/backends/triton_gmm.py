@@ -14,19 +14,16 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import os
 from typing import Any
 
 import torch
 
 from ragdot.backends.base import BackendBase
 from ragdot.kernels.configs import TileConfig
+from ragdot.kernels.interpreter import dot_refusal
+from ragdot.kernels.interpreter import interpreting as _interpreting
 
 _SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _kernels(problem: str):
@@ -82,6 +79,9 @@ class TritonBackend(BackendBase):
                 raise NotImplementedError(f"triton backend: operand dtypes {[x.dtype for x in tensors]}")
         if out_dtype not in _SUPPORTED:
             raise NotImplementedError(f"triton backend: out_dtype {out_dtype}")
+        reason = dot_refusal(first.dtype)
+        if reason is not None:
+            raise NotImplementedError(f"triton backend: {reason}")
 
     # ---- configs ------------------------------------------------------------------------------------------
     def default_config(self, problem, dims, dtype) -> TileConfig:

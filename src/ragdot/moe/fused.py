@@ -37,6 +37,7 @@ import torch
 from ragdot import amp
 from ragdot import ops as _ops
 from ragdot._memo import remember
+from ragdot.kernels.interpreter import dot_refusal
 from ragdot.moe import routing_kernels as _rk
 from ragdot.moe.permute import default_impl
 from ragdot.ops import stored_transposed
@@ -48,10 +49,12 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def fused_supported(x: torch.Tensor, *weights: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     """Whether the block can run these operands: Triton present, x float16/bfloat16/float32 and each weight in
-    x's dtype or, for a 16-bit x, float32 (master weights: `fused_experts` multiplies their casts). `dtype`: the
+    x's dtype or, for a 16-bit x, float32 (master weights: `fused_experts` multiplies their casts), and not a
+    dtype Triton's interpreter multiplies wrong where it runs (`kernels.interpreter.dot_refusal`). `dtype`: the
     dtype x will be cast to first (torch.autocast's), if not its own."""
     dtype = x.dtype if dtype is None else dtype
-    return _rk.HAS_TRITON and dtype in _DTYPES and all(_weight_ok(dtype, w) for w in weights)
+    return (_rk.HAS_TRITON and dtype in _DTYPES and all(_weight_ok(dtype, w) for w in weights)
+            and dot_refusal(dtype) is None)
 
 
 def _weight_ok(dtype: torch.dtype, w: torch.Tensor) -> bool:
@@ -144,6 +147,9 @@ def _tokens(order: torch.Tensor, top_k: int) -> torch.Tensor:
 
 
 def _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic):
+    reason = dot_refusal(x.dtype)  # the entry of eager calls and of the compiled op alike
+    if reason is not None:
+        raise NotImplementedError(f"fused experts: {reason}")
     fm, _ = _kernels()
     x, weights = x.contiguous(), weights.contiguous()
     if forward_kind == "gemms":
@@ -526,6 +532,9 @@ def _check(x, order, sizes, weights, w_gate_up, w_down) -> None:
         raise ValueError(f"order must be int32 [{weights.numel()}] from sort_experts, got {tuple(order.shape)}")
     if sizes.dtype != torch.int32 or tuple(sizes.shape) != (e,):
         raise ValueError(f"sizes must be int32 [{e}] from sort_experts, got {tuple(sizes.shape)}")
+    reason = dot_refusal(x.dtype)
+    if reason is not None:
+        raise NotImplementedError(f"fused experts: {reason}")
     if not fused_supported(x, w_gate_up, w_down) or w_gate_up.dtype != w_down.dtype:
         raise TypeError(f"fused experts need triton, x float16/bfloat16/float32 and both weights in x's dtype (or "
                         f"float32 for a 16-bit x), got x {x.dtype}, w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype}")

@@ -1,0 +1,77 @@
+"""Triton's interpreter (the CPU runs of the Triton kernels): a dtype whose `tl.dot` it computes wrong is refused
+with a clear reason, never computed (`ragdot.kernels.interpreter`); `auto` then answers from another backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ragdot
+from helpers import nerr
+from ragdot.kernels import interpreter
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(not interpreter.interpreting() or torch.cuda.is_available(),
+                                reason="Triton's interpreter on a CPU host")
+
+
+def _operands(dtype, rows=24):
+    gen = torch.Generator().manual_seed(3)
+    lhs, rhs = torch.randn(rows, 16, generator=gen), torch.randn(3, 16, 8, generator=gen)
+    return lhs.to(dtype), rhs.to(dtype), torch.tensor([9, 0, 11])
+
+
+def _want(lhs, rhs, sizes):
+    out = torch.zeros(lhs.shape[0], rhs.shape[2], dtype=torch.float64)
+    start = 0
+    for g, n in enumerate(sizes.tolist()):
+        out[start:start + n] = lhs[start:start + n].double() @ rhs[g].double()
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_triton_backend_computes_a_dtype_right_or_refuses_it(dtype):
+    """Whatever this Triton's interpreter does with the dtype, the triton backend never returns a wrong
+    product: it computes it (checked against float64) or raises NotImplementedError naming the interpreter."""
+    lhs, rhs, sizes = _operands(dtype)
+    want = _want(lhs, rhs, sizes)
+    if interpreter.dot_refusal(dtype) is None:
+        got = ragdot.ragged_dot(lhs, rhs, sizes, backend="triton")
+        assert nerr(got.double(), want) < (5e-2 if dtype == torch.bfloat16 else 5e-3)
+    else:
+        with pytest.raises(NotImplementedError, match="interpreter"):
+            ragdot.ragged_dot(lhs, rhs, sizes, backend="triton")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_auto_answers_every_16_bit_dtype_right(dtype):
+    lhs, rhs, sizes = _operands(dtype)
+    got = ragdot.ragged_dot(lhs, rhs, sizes)
+    assert got.dtype == dtype and nerr(got.double(), _want(lhs, rhs, sizes)) < 5e-2
+
+
+def test_the_probe_finds_a_wrong_product(monkeypatch):
+    """The probe's verdict decides: a dtype probed wrong is refused by the backend and by the fused block."""
+    from ragdot.moe.fused import fused_supported
+
+    monkeypatch.setitem(interpreter._EXACT, torch.float16, False)
+    reason = interpreter.dot_refusal(torch.float32, torch.float16)
+    assert reason is not None and "float16" in reason and "TRITON_INTERPRET=1" in reason
+    lhs, rhs, sizes = _operands(torch.float16, rows=25)  # a signature no call has prepared yet: checked anew
+    with pytest.raises(NotImplementedError, match="interpreter"):
+        ragdot.ragged_dot(lhs, rhs, sizes, backend="triton")
+    assert not fused_supported(lhs, rhs, rhs)
+    monkeypatch.setitem(interpreter._EXACT, torch.float16, True)
+    assert interpreter.dot_refusal(torch.float16) is None and fused_supported(lhs, rhs, rhs)
+
+
+def test_float16_and_float32_products_are_right_in_this_interpreter():
+    assert interpreter._probe(torch.float16)
+    assert interpreter.dot_refusal(torch.float32) is None  # only 16-bit dots are probed
+
+
+def test_nothing_is_refused_outside_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setitem(interpreter._EXACT, torch.bfloat16, False)
+    assert interpreter.dot_refusal(torch.bfloat16) is None
