@@ -75,3 +75,10 @@ def test_nothing_is_refused_outside_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setitem(interpreter._EXACT, torch.bfloat16, False)
     assert interpreter.dot_refusal(torch.bfloat16) is None
+
+
+def test_a_tool_that_reads_no_value_may_run_every_dtype(monkeypatch):
+    monkeypatch.setitem(interpreter._EXACT, torch.bfloat16, False)
+    assert interpreter.dot_refusal(torch.bfloat16) is not None
+    monkeypatch.setattr(interpreter, "refuse_wrong_dots", False)
+    assert interpreter.dot_refusal(torch.bfloat16) is None

@@ -16,7 +16,11 @@ import os
 
 import torch
 
-__all__ = ["interpreting", "dot_refusal"]
+__all__ = ["interpreting", "dot_refusal", "refuse_wrong_dots"]
+
+# False lets the interpreter run every dtype anyway: for tools that read no value a kernel computes, only the
+# sizes of what is saved and allocated (benchmarks/saved_bytes.py with bfloat16 on a CPU)
+refuse_wrong_dots = True
 
 
 def interpreting() -> bool:
@@ -58,7 +62,7 @@ def _probe(dtype: torch.dtype) -> bool:
 def dot_refusal(*dtypes: torch.dtype) -> str | None:
     """Why a Triton kernel multiplying operands of these dtypes must not run here (None: it may): only under
     the interpreter, for a dtype whose ``tl.dot`` it computes wrong."""
-    if torch.compiler.is_compiling() or not interpreting():
+    if torch.compiler.is_compiling() or not interpreting() or not refuse_wrong_dots:
         return None  # traced code: the kernels' entry points ask when they run (no guard on the environment)
     for dtype in dict.fromkeys(dtypes):
         if dtype in (torch.float16, torch.bfloat16) and not _dot_exact(dtype):
