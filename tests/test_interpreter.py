@@ -82,3 +82,12 @@ def test_a_tool_that_reads_no_value_may_run_every_dtype(monkeypatch):
     assert interpreter.dot_refusal(torch.bfloat16) is not None
     monkeypatch.setattr(interpreter, "refuse_wrong_dots", False)
     assert interpreter.dot_refusal(torch.bfloat16) is None
+
+
+def test_the_probe_runs_inside_an_autocast_region(monkeypatch):
+    """The first question may come from inside torch.autocast (a layer's forward): the probe's own float32
+    reference product must not be autocast."""
+    monkeypatch.delitem(interpreter._EXACT, torch.bfloat16, raising=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        verdict = interpreter.dot_refusal(torch.bfloat16)
+    assert torch.bfloat16 in interpreter._EXACT and (verdict is None) == interpreter._EXACT[torch.bfloat16]

@@ -52,11 +52,13 @@ def _probe(dtype: torch.dtype) -> bool:
         tile = i[:, None] * n + i[None, :]
         tl.store(c + tile, tl.dot(tl.load(a + tile), tl.load(b + tile)))
 
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(16, 16, generator=gen).to(dtype) for _ in range(2))
-    c = torch.empty(16, 16)
-    _probe[(1,)](a, b, c, 16)
-    return bool(torch.allclose(c, a.float() @ b.float(), rtol=1e-2, atol=1e-2))
+    # probed wherever it is first asked, possibly inside an autocast region or with grad on: neither applies
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        gen = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(16, 16, generator=gen).to(dtype) for _ in range(2))
+        c = torch.empty(16, 16)
+        _probe[(1,)](a, b, c, 16)
+        return bool(torch.allclose(c, a.float() @ b.float(), rtol=1e-2, atol=1e-2))
 
 
 def dot_refusal(*dtypes: torch.dtype) -> str | None:
