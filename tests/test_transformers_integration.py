@@ -567,6 +567,14 @@ def test_layout_flags_read_from_the_instance_then_the_class_and_through_properti
     m.register_buffer("has_gate", None)  # not a flag: buffers and parameters are never read as one
     assert rt._flag(m, "has_gate", True) is True
 
+    class Proxy(torch.nn.Module):  # a wrapper that forwards lookups it cannot answer: its answers count
+        def __getattr__(self, name):
+            if name == "is_transposed":
+                return True
+            return super().__getattr__(name)
+
+    assert rt._flag(Proxy(), "is_transposed", False) is True and rt._flag(Proxy(), "has_bias", False) is False
+
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["plain", "autocast"])
 def test_compiled_experts_call_the_custom_op_directly_except_under_autocast(autocast, monkeypatch):

@@ -80,15 +80,19 @@ def _flag(module: torch.nn.Module, name: str, default: bool) -> bool:
     Read from the instance's ``__dict__`` and then the class, not through ``getattr``: a flag the module lacks
     would go through ``nn.Module.__getattr__``, and under torch.compile every decode step's guard check would
     repeat that failing lookup (a raised AttributeError per flag and layer)."""
+    cls = type(module)
+    if cls.__getattr__ is not _MODULE_GETATTR:  # a wrapper that answers lookups itself: ask it
+        return bool(getattr(module, name, default))
     value = module.__dict__.get(name, _MISSING)
     if value is _MISSING:
-        value = getattr(type(module), name, default)
+        value = getattr(cls, name, default)
         if hasattr(type(value), "__get__"):  # a property or another descriptor: its value is the instance's
             value = getattr(module, name, default)
     return bool(value)
 
 
 _MISSING = object()
+_MODULE_GETATTR = torch.nn.Module.__getattr__
 
 
 def _check_layout(module: torch.nn.Module) -> None:
