@@ -233,6 +233,13 @@ def _suites() -> dict[str, Suite]:
                             "--decode-batches", "1", "8", "--impls", "grouped_mm", "ragdot", "--budget", "300",
                             "--out", "{out}/decode"), 340, tail=12),
         )),
+        "tune-vs-call": Suite("the weight-gradient cells where auto trails the forced triton tile: the tuner's "
+                              "timing against the call path's, one process (docs/gluon.md)", (
+            Step("llama4-wgrad_wi", ("{py}", "benchmarks/tune_vs_call.py", "--shape", "llama4-17b-16e", "--cls",
+                                     "wgrad_wi"), 150, tail=14),
+            Step("qwen3-wgrad_wo", ("{py}", "benchmarks/tune_vs_call.py", "--shape", "qwen3-30b-a3b", "--cls",
+                                    "wgrad_wo"), 120, tail=14),
+        )),
         "probes": Suite("diagnosis probes: graph capture, host time under GPU load, the MoE layer host time", (
             Step("capture", ("{py}", "benchmarks/capture_probe.py"), 240, tail=12),
             Step("host-load", ("{py}", "benchmarks/host_load_probe.py"), 240, tail=30),
