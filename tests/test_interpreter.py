@@ -91,3 +91,16 @@ def test_the_probe_runs_inside_an_autocast_region(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         verdict = interpreter.dot_refusal(torch.bfloat16)
     assert torch.bfloat16 in interpreter._EXACT and (verdict is None) == interpreter._EXACT[torch.bfloat16]
+
+
+def test_the_fused_block_refuses_a_dtype_probed_wrong(monkeypatch):
+    from ragdot.moe.fused import fused_experts, sort_experts
+
+    monkeypatch.setitem(interpreter._EXACT, torch.float16, False)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 16, generator=gen).half()
+    ids = torch.randint(0, 3, (6, 2), generator=gen)
+    sizes, order = sort_experts(ids, 3)
+    wgu, wd = torch.randn(3, 16, 8, generator=gen).half(), torch.randn(3, 4, 16, generator=gen).half()
+    with pytest.raises(NotImplementedError, match="interpreter"):
+        fused_experts(x, order, sizes, torch.rand(6, 2, generator=gen), wgu, wd)

@@ -147,9 +147,6 @@ def _tokens(order: torch.Tensor, top_k: int) -> torch.Tensor:
 
 
 def _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic):
-    reason = dot_refusal(x.dtype)  # the entry of eager calls and of the compiled op alike
-    if reason is not None:
-        raise NotImplementedError(f"fused experts: {reason}")
     fm, _ = _kernels()
     x, weights = x.contiguous(), weights.contiguous()
     if forward_kind == "gemms":
@@ -180,6 +177,7 @@ def _fused_op(
     save: bool,
     deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    _refuse_wrong_dots(x.dtype)  # traced `_check` cannot ask the interpreter (`kernels.interpreter`): asked here
     return _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic)
 
 
@@ -532,9 +530,14 @@ def _check(x, order, sizes, weights, w_gate_up, w_down) -> None:
         raise ValueError(f"order must be int32 [{weights.numel()}] from sort_experts, got {tuple(order.shape)}")
     if sizes.dtype != torch.int32 or tuple(sizes.shape) != (e,):
         raise ValueError(f"sizes must be int32 [{e}] from sort_experts, got {tuple(sizes.shape)}")
-    reason = dot_refusal(x.dtype)
-    if reason is not None:
-        raise NotImplementedError(f"fused experts: {reason}")
     if not fused_supported(x, w_gate_up, w_down) or w_gate_up.dtype != w_down.dtype:
+        _refuse_wrong_dots(x.dtype)  # the reason where it is the interpreter's (fused_supported asked it too)
         raise TypeError(f"fused experts need triton, x float16/bfloat16/float32 and both weights in x's dtype (or "
                         f"float32 for a 16-bit x), got x {x.dtype}, w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype}")
+
+
+def _refuse_wrong_dots(dtype: torch.dtype) -> None:
+    """NotImplementedError where Triton's interpreter multiplies `dtype` wrong (`kernels.interpreter`)."""
+    reason = dot_refusal(dtype)
+    if reason is not None:
+        raise NotImplementedError(f"fused experts: {reason}")
