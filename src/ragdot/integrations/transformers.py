@@ -52,13 +52,13 @@ their gradients written in float32 by its GEMMs.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
 
 from ragdot import amp
 from ragdot.api import _check_backend, _traced_ragged_m, ragged_dot
+from ragdot.kernels.interpreter import interpreting
 from ragdot.moe.fused import fused_experts, fused_supported, preferred, sort_experts
 from ragdot.moe.group_bias import add_group_bias
 from ragdot.moe.layer import _SwiGLU, _transformed
@@ -250,7 +250,7 @@ def fused_applies(module: torch.nn.Module, hidden_states: torch.Tensor) -> bool:
     w_up, w_down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     if not isinstance(w_up, torch.Tensor) or not isinstance(w_down, torch.Tensor):
         return False
-    on_device = hidden_states.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    on_device = hidden_states.device.type == "cuda" or interpreting()
     region = amp.autocast_dtype(hidden_states)  # under torch.autocast float32 weights are master weights
     if not on_device or (region is None and hidden_states.dtype != w_up.dtype):
         return False

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import torch
 
 from ragdot.kernels import record
+from ragdot.kernels.interpreter import interpreting
 
 Problem = Literal["ragged_m", "ragged_k", "batch"]
 PROBLEMS: tuple[str, ...] = ("ragged_m", "ragged_k", "batch")
@@ -439,7 +440,7 @@ def compile_only(
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if interpreting():
         raise RuntimeError("compile_only: TRITON_INTERPRET=1 is set; Triton's interpreter compiles nothing")
     previous = driver._active
     driver.set_active(_FakeDriver(GPUTarget(backend, arch, warp_size)))

@@ -15,7 +15,6 @@ yet, every call takes the ordinary path.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from triton import knobs
 
 from ragdot.kernels import configs
 from ragdot.kernels import record as _record
+from ragdot.kernels.interpreter import interpreting
 
 __all__ = ["BoundLaunch", "hooked", "tma_fill_args"]
 
@@ -158,7 +158,7 @@ class BoundLaunch:
         self._compiled: dict[tuple, Any] = {}
         self._tail: tuple[Any, ...] | None = None
         self._tensors: tuple[int, ...] | None = None  # positions of the tensor arguments
-        self._direct = os.environ.get("TRITON_INTERPRET", "0") != "1"
+        self._direct = not interpreting()
 
     @classmethod
     def in_order(cls, kernel: Any, grid: tuple[int, ...], constexprs: tuple[Any, ...], options: dict[str, Any],

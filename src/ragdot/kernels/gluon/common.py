@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
 
 import torch
+
+from ragdot.kernels.interpreter import interpreting
 
 __all__ = ["gluon_importable", "hopper_device", "unavailable_reason", "mma_layout", "maxnreg_for", "consumer_regs",
            "descriptor"]
@@ -22,7 +23,7 @@ def gluon_importable() -> bool:
 
 def hopper_device(device: torch.device | None = None) -> bool:
     """Whether `device` (default: the current CUDA device) is an NVIDIA sm_90 GPU outside the interpreter."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip is not None:
+    if interpreting() or torch.version.hip is not None:
         return False
     if not torch.cuda.is_available():
         return False
@@ -34,7 +35,7 @@ def hopper_device(device: torch.device | None = None) -> bool:
 def unavailable_reason(device: torch.device | None = None) -> str | None:
     """None where the Gluon kernels can run on `device`; otherwise why not, in one line (the cheap checks
     first, so that a machine without a Hopper GPU never imports Gluon for this)."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if interpreting():
         return "Gluon kernels do not run in Triton's interpreter (TRITON_INTERPRET=1)"
     if not hopper_device(device):
         return "the Gluon kernels need an NVIDIA sm_90 (Hopper) GPU"
