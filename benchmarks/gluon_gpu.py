@@ -78,6 +78,23 @@ def cell_operands(cls: str, m: int, k: int, n: int, e: int, gen, dtype=None):
     return "ragged_m", a[None], wb[None], a, wb
 
 
+def named_cell(shape_text: str, cls: str, device):
+    """(shape, cell_operands of it) for a script's --shape (an anchor name or 'M,K,N,E'), --cls and --device:
+    bf16 on CUDA, float32 elsewhere (a CPU dry run); ValueError naming --shape unless it is exactly one shape."""
+    import torch
+
+    from ragdot.cli_common import parse_shape_args
+
+    shapes = parse_shape_args([shape_text])
+    if len(shapes) != 1:
+        raise ValueError(f"--shape: one shape, got {len(shapes)} from {shape_text!r}")
+    (shape,) = shapes
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return shape, cell_operands(cls, shape.M, shape.K, shape.N, shape.E, torch.Generator(device=dev).manual_seed(0),
+                                dtype)
+
+
 def tuning_dims(ops, e: int) -> tuple[int, int, int, int]:
     """The dims a backend's `tuning_configs` takes for the problem of `ops` (cell_operands): (M, K, N, G) for
     ragged_m, (M, R, N, G) for ragged_k, as the tuner passes them."""

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_gpu import cell_operands, system_call, tuning_dims  # noqa: E402
+from gluon_gpu import named_cell, system_call, tuning_dims  # noqa: E402
 
-from ragdot.cli_common import error_line, parse_shape_args  # noqa: E402
+from ragdot.cli_common import error_line  # noqa: E402
 
 CLASSES = ("fwd_wi", "dgrad_wi", "wgrad_wi", "wgrad_wo")
 
@@ -81,14 +81,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.calls < 1:
         raise ValueError(f"--calls must be >= 1, got {args.calls}")
-    shapes = parse_shape_args([args.shape])
-    if len(shapes) != 1:
-        raise ValueError(f"--shape: one shape, got {len(shapes)} from {args.shape!r}")
-    (shape,) = shapes
-    dev = torch.device(args.device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    m, k, n, e = shape.M, shape.K, shape.N, shape.E
-    ops = cell_operands(args.cls, m, k, n, e, torch.Generator(device=dev).manual_seed(0), dtype)
+    shape, ops = named_cell(args.shape, args.cls, args.device)
+    dev, m, e = ops[1].device, shape.M, shape.E
     if args.list_configs:
         for label in _labels(args.list_configs, ops, e):
             print(label)

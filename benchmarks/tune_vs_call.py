@@ -25,12 +25,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_gpu import cell_operands, system_call  # noqa: E402
+from gluon_gpu import named_cell, system_call  # noqa: E402
 
-from ragdot.cli_common import error_line, parse_shape_args  # noqa: E402
+from ragdot.cli_common import error_line  # noqa: E402
 
 CLASSES = ("fwd_wi", "dgrad_wi", "wgrad_wi", "wgrad_wo")
 
@@ -83,12 +81,9 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.iters < 1:
         raise ValueError(f"--iters must be >= 1, got {args.iters}")
-    (shape,) = parse_shape_args([args.shape])
-    dev = torch.device(args.device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    ops = cell_operands(args.cls, shape.M, shape.K, shape.N, shape.E, torch.Generator(device=dev).manual_seed(0),
-                        dtype)
+    shape, ops = named_cell(args.shape, args.cls, args.device)
     problem, a, b = ops[:3]
+    dev = a.device
     usable = [n for n in args.backends if n in ragdot.backends()]
     if not usable:
         raise ValueError(f"--backends: none of {args.backends} is usable here (usable: {', '.join(ragdot.backends())})")

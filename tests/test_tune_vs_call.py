@@ -50,3 +50,8 @@ def test_a_dry_run_prints_each_way_for_each_candidate(capsys):
 def test_no_usable_backend_is_one_line(capsys):
     assert _module().main(["--device", "cpu", "--shape", "32,16,16,2", "--backends", "nonesuch"]) == 2
     assert "--backends" in capsys.readouterr().err
+
+
+def test_more_than_one_shape_is_one_line(capsys):
+    assert _module().main(["--device", "cpu", "--shape", "tag:anchor"]) == 2
+    assert "--shape: one shape" in capsys.readouterr().err
