@@ -467,7 +467,6 @@ def _cleanup(model: torch.nn.Module, device: torch.device) -> None:
     free_memory(device)
 
 
-# ------------------------------------------------------------------------------------------------ summary
 def _no_experts(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
     """An experts forward that does no expert work: each token's output is its input scaled by the sum of its
@@ -477,6 +476,7 @@ def _no_experts(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_inde
     return hidden_states * top_k_weights.sum(-1, keepdim=True).to(hidden_states.dtype)
 
 
+# ------------------------------------------------------------------------------------------------ summary
 def relative(rows: list[dict]) -> None:
     """Each ragdot row gets ``vs_grouped_mm`` (grouped_mm ms / its ms) and ``mem_vs_grouped_mm`` (its peak /
     grouped_mm's) from the grouped_mm row of the same model, mode, phase and batch; the no_experts row gets

@@ -47,7 +47,7 @@ def _probe(dtype: torch.dtype) -> bool:
         return True  # nothing to run: no kernel of ragdot's runs either
 
     @triton.jit
-    def _probe(a, b, c, n: tl.constexpr):  # a, b, c: [n, n] row-major, c float32
+    def _dot_kernel(a, b, c, n: tl.constexpr):  # a, b, c: [n, n] row-major, c float32
         i = tl.arange(0, n)
         tile = i[:, None] * n + i[None, :]
         tl.store(c + tile, tl.dot(tl.load(a + tile), tl.load(b + tile)))
@@ -57,7 +57,7 @@ def _probe(dtype: torch.dtype) -> bool:
         gen = torch.Generator().manual_seed(0)
         a, b = (torch.randn(16, 16, generator=gen).to(dtype) for _ in range(2))
         c = torch.empty(16, 16)
-        _probe[(1,)](a, b, c, 16)
+        _dot_kernel[(1,)](a, b, c, 16)
         return bool(torch.allclose(c, a.float() @ b.float(), rtol=1e-2, atol=1e-2))
 
 
