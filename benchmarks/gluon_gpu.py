@@ -42,6 +42,7 @@ MARK = "CELL "
 SYSTEMS = ("gluon", "triton", "vendor")
 CLASSES = ("wgrad_wi", "wgrad_wo")
 EXTRA_CLASSES = ("fwd_wi", "dgrad_wi")  # the ragged_m kernel, forward and data-gradient weight layouts
+CELL_CLASSES = (*EXTRA_CLASSES, *CLASSES)  # every class `cell_operands` builds
 COLUMNS = ("shape", "cls", "system", "routing", "M", "K", "N", "E", "status", "graph_ms", "eager_ms",
            "graph_tflops", "eager_tflops", "graph_vs_vendor", "eager_vs_vendor", "error_vs_vendor", "message")
 

@@ -24,11 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_gpu import named_cell, system_call, tuning_dims  # noqa: E402
+from gluon_gpu import CELL_CLASSES, named_cell, system_call, tuning_dims  # noqa: E402
 
 from ragdot.cli_common import error_line  # noqa: E402
-
-CLASSES = ("fwd_wi", "dgrad_wi", "wgrad_wi", "wgrad_wo")
 
 
 def _labels(backend: str, ops, e: int) -> dict[str, object]:
@@ -62,7 +60,7 @@ def resolve(system: str, ops, e: int) -> tuple[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="mixtral-8x7b", help="anchor shape name or 'M,K,N,E'")
-    parser.add_argument("--cls", default="fwd_wi", choices=CLASSES)
+    parser.add_argument("--cls", default="fwd_wi", choices=CELL_CLASSES)
     parser.add_argument("--routing", default="balanced", choices=("balanced", "skewed", "empty"))
     parser.add_argument("--systems", nargs="+", default=["vendor", "triton"], metavar="SYSTEM")
     parser.add_argument("--calls", type=int, default=1, help="profiled calls per system (default 1)")

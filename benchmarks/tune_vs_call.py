@@ -26,11 +26,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_gpu import named_cell, system_call  # noqa: E402
+from gluon_gpu import CELL_CLASSES, named_cell, system_call  # noqa: E402
 
 from ragdot.cli_common import error_line  # noqa: E402
-
-CLASSES = ("fwd_wi", "dgrad_wi", "wgrad_wi", "wgrad_wo")
 
 
 def _candidates(problem: str, a, b, e: int, names: list[str]) -> list[tuple[str, object]]:
@@ -61,7 +59,7 @@ def _user_call(cls: str, ops, sizes, backend: str):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="llama4-17b-16e", help="anchor shape name or 'M,K,N,E'")
-    parser.add_argument("--cls", default="wgrad_wi", choices=CLASSES)
+    parser.add_argument("--cls", default="wgrad_wi", choices=CELL_CLASSES)
     parser.add_argument("--routings", nargs="+", default=["balanced", "skewed"], choices=("balanced", "skewed"))
     parser.add_argument("--backends", nargs="+", default=["triton", "gluon"], metavar="BACKEND")
     parser.add_argument("--iters", type=int, default=20, help="replays per sample (the tuner's default: 20)")
