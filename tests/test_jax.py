@@ -3,6 +3,8 @@ every dimension-number case ragdot supports, group-size edge cases, dtypes and e
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -197,11 +199,15 @@ def test_traced_group_sizes_compile_once_and_the_bridge_is_one_custom_call_each_
         s = jnp.asarray(sizes, jnp.int32)
         assert nerr(_t(jf(lhs, rhs, s)), _t(jax.lax.ragged_dot(lhs, rhs, s))) < TOL[torch.float32]
     assert len(traces) == 1
-    text = str(jax.make_jaxpr(jax.grad(lambda x, w, s: rj.ragged_dot(x, w, s).sum(), (0, 1)))(
-        lhs, rhs, jnp.asarray([5, 0, 9], jnp.int32)))
-    call = "ffi_call" if bridge == "ffi" else "buffer_callback"
-    assert text.count(call) == 2 and "ragged_dot_general" not in text
-    assert ("target_name=ragdot_launch" in text) == (bridge == "ffi")
+    sizes = jnp.asarray([5, 0, 9], jnp.int32)
+
+    def lowered(loss):
+        return jax.jit(jax.grad(lambda x, w, s: loss(rj.ragged_dot(x, w, s)), (0, 1))).lower(lhs, rhs, sizes).as_text()
+
+    text = lowered(lambda out: (out * out).sum())
+    assert text.count("custom_call @") == 2 and "ragged_dot" not in text  # forward and backward, no jax.lax
+    assert ("custom_call @ragdot_launch" in text) == (bridge == "ffi")
+    assert lowered(lambda out: out.sum()).count("custom_call @") == 1  # a gradient that needs no forward skips it
 
 
 def test_vmap_runs_one_call_per_slice():
@@ -231,10 +237,89 @@ def test_shape_errors_are_jax_s_type_errors(lhs_shape, rhs_shape, sizes_shape, d
             fn(jnp.ones(lhs_shape), jnp.ones(rhs_shape), jnp.ones(sizes_shape, jnp.int32), dn)
 
 
-def test_jvp_is_refused_with_jax_s_own_error():
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_mode_matches_the_oracle_in_every_mode(case):
+    """jax.jvp: the tangent P(lhs', rhs) + P(lhs, rhs') against float64, under jit, with the primal unchanged."""
+    lhs, rhs, sizes = _inputs(case)
+    tl, tr, _ = _inputs(case, seed=2)
+    jdn, dn = _dns(case)
+    out, tangent = jax.jit(lambda x, w, dx, dw: jax.jvp(
+        lambda a, b: rj.ragged_dot_general(a, b, sizes, jdn), (x, w), (dx, dw)))(lhs, rhs, tl, tr)
+    s = torch.tensor(np.asarray(sizes))
+    want = ragged_dot_general_oracle(_t(tl), _t(rhs), s, dn) + ragged_dot_general_oracle(_t(lhs), _t(tr), s, dn)
+    assert tangent.shape == out.shape and tangent.dtype == out.dtype
+    assert nerr(_t(tangent), want) < TOL[torch.float32]
+    assert nerr(_t(out), ragged_dot_general_oracle(_t(lhs), _t(rhs), s, dn)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("case", ["fwd_wi", "wgrad", "batched_ragged_m", "batch_mode"])
+def test_jacfwd_equals_jacrev_and_jax_s_gradient_checks_pass(case):
+    """Forward and reverse mode agree (each is the other's transpose), and jax.test_util.check_grads passes in
+    both modes, to second order in forward mode (a tangent of a tangent)."""
+    from jax.test_util import check_grads
+
+    lhs, rhs, sizes = _inputs(case)
+    jdn, _ = _dns(case)
+    f = lambda x, w: rj.ragged_dot_general(x, w, sizes, jdn)  # noqa: E731
+    fwd, rev = jax.jacfwd(f, (0, 1))(lhs, rhs), jax.jacrev(f, (0, 1))(lhs, rhs)
+    for a, b in zip(fwd, rev):
+        assert nerr(_t(a), _t(b)) < TOL[torch.float32]
+    check_grads(f, (lhs, rhs), order=1, modes=("fwd", "rev"), atol=2e-2, rtol=2e-2)
+    check_grads(f, (lhs, rhs), order=2, modes=("fwd",), atol=2e-2, rtol=2e-2)
+
+
+def test_second_derivatives_through_forward_over_reverse_match_jax():
+    """jvp of grad (jax.hessian's forward over reverse) and forward over forward, against jax.lax."""
     lhs, rhs, sizes = _inputs("fwd_wi")
-    with pytest.raises(TypeError, match="custom_vjp"):
-        jax.jvp(lambda x: rj.ragged_dot(x, rhs, sizes), (lhs,), (lhs,))
+    tl, tr, _ = _inputs("fwd_wi", seed=3)
+    results = []
+    for fn in (rj.ragged_dot, functools.partial(jax.lax.ragged_dot, precision=jax.lax.Precision.HIGHEST)):
+        loss = lambda x, w, fn=fn: (fn(x, w, sizes) ** 2).sum()  # noqa: E731
+        grad_tangent = jax.jvp(jax.grad(loss, (0, 1)), (lhs, rhs), (tl, tr))[1]
+        inner = lambda x, w, fn=fn: jax.jvp(lambda a, b: fn(a, b, sizes), (x, w), (tl, tr))[1]  # noqa: E731
+        results.append((*grad_tangent, jax.jvp(inner, (lhs, rhs), (tl, tr))[1]))
+    for a, b in zip(*results):
+        assert nerr(_t(a), _t(b)) < TOL[torch.float32]
+    short = jnp.asarray([2, 0, 1], jnp.int32)  # rows 3.. in no group
+    hess = jax.hessian(lambda x: (rj.ragged_dot(x, rhs, short) ** 2).sum())(lhs[:6])
+    want = jax.hessian(lambda x: (x[:3, :, None] * rhs[jnp.array([0, 0, 2])]).sum(1).__pow__(2).sum())(lhs[:6])
+    assert hess.shape == (6, 8, 6, 8) and float(jnp.abs(hess[3:]).max()) == 0.0
+    assert nerr(_t(hess), _t(want)) < TOL[torch.float32]
+
+
+def test_vmap_of_forward_and_reverse_mode_runs_each_slice():
+    """vmap over jvp, grad of vmap and vmap of grad give each slice's own result (jax.lax 0.10 refuses the
+    non-leading batch axes jacfwd makes; ragdot runs one call per slice)."""
+    lhs, rhs, sizes = _inputs("fwd_wi")
+    xs = jnp.stack([lhs, 2 * lhs, -lhs])
+    f = lambda x: rj.ragged_dot(x, rhs, sizes)  # noqa: E731
+    tangents = jax.vmap(lambda x: jax.jvp(f, (x,), (x,))[1])(xs)
+    grads = jax.vmap(jax.grad(lambda x: (f(x) ** 2).sum()))(xs)
+    of_vmap = jax.grad(lambda x: (jax.vmap(f)(jnp.stack([x, 2 * x])) ** 2).sum())(lhs)
+    for i in range(3):
+        assert nerr(_t(tangents[i]), _t(f(xs[i]))) < TOL[torch.float32]
+        assert nerr(_t(grads[i]), _t(jax.grad(lambda x: (f(x) ** 2).sum())(xs[i]))) < TOL[torch.float32]
+    assert nerr(_t(of_vmap), _t(5 * jax.grad(lambda x: (f(x) ** 2).sum())(lhs))) < TOL[torch.float32]
+
+
+def test_out_sharding_places_the_result_as_jax_does():
+    """out_sharding: a PartitionSpec under a mesh with explicit axes or a NamedSharding gives the result that
+    sharding, eager and jitted, and the gradient its operand's; jax's own errors outside a mesh."""
+    lhs, rhs, sizes = _inputs("fwd_wi")
+    ref = _t(jax.lax.ragged_dot(lhs, rhs, sizes))
+    mesh = jax.make_mesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+        for spec in (jax.P("x", None), jax.NamedSharding(mesh, jax.P(None, "x"))):
+            f = functools.partial(rj.ragged_dot, group_sizes=sizes, out_sharding=spec)
+            want = spec if isinstance(spec, jax.P) else spec.spec
+            for g in (f, jax.jit(f)):
+                out = g(lhs, rhs)
+                assert jax.typeof(out).sharding.spec == want and out.sharding.spec == want
+                assert nerr(_t(out), ref) < TOL[torch.float32]
+            dl, dr = jax.grad(lambda x, w, f=f: (f(x, w) ** 2).sum(), (0, 1))(lhs, rhs)
+            assert dl.shape == lhs.shape and dr.shape == rhs.shape
+    with pytest.raises(ValueError, match="mesh"):
+        rj.ragged_dot(lhs, rhs, sizes, out_sharding=jax.P("x", None))
 
 
 @pytest.mark.parametrize("call,exc,pattern", [
@@ -247,7 +332,7 @@ def test_jvp_is_refused_with_jax_s_own_error():
     (lambda x, w, s: rj.ragged_dot(x, w, s, group_offset=jnp.zeros(1, jnp.int32)), ValueError, "group_offset"),
     (lambda x, w, s: rj.ragged_dot(x, w, s, group_offset=jnp.zeros(1, jnp.int32)), NotImplementedError,
      "group_offset"),
-    (lambda x, w, s: rj.ragged_dot(x, w, s, out_sharding=object()), ValueError, "out_sharding"),
+    (lambda x, w, s: rj.ragged_dot(x, w, s, out_sharding=object()), TypeError, "out_sharding must be"),
     (lambda x, w, s: rj.ragged_dot(x, w, s, preferred_element_type=jnp.int32), TypeError, "preferred_element_type"),
     (lambda x, w, s: rj.ragged_dot(x, w, s, backend="nope"), ValueError, "backend='nope' is unknown"),
     (lambda x, w, s: rj.ragged_dot(np.ones((20, 8)).tolist(), w, s), TypeError, "lhs must be a jax array"),

@@ -4,12 +4,12 @@
     out = jax.jit(ragdot.jax.ragged_dot)(tokens, expert_weights, group_sizes)   # [M, K] x [G, K, N] -> [M, N]
 
 Calls work inside `jax.jit` with traced group sizes (no host synchronisation), are differentiable with
-`jax.grad`/`jax.vjp` in all three modes. Each is an XLA FFI custom call on XLA's own buffers and stream
-whose C handler replays the Triton launches ragdot recorded on the signature's first call, or runs
-ragdot's PyTorch code where that is not possible (`jax.experimental.buffer_callback` where the handler
-cannot be built); docs/jax.md. `clear_plans()` forgets the recorded launches (after changing the tuning
-cache or torch's TF32 setting); `bridge_stats()` says per traced call whether it runs from C. Needs the
-`jax` extra.
+`jax.grad`/`jax.vjp` and in forward mode (`jax.jvp`, `jax.jacfwd`) in all three modes. Each is an XLA FFI
+custom call on XLA's own buffers and stream whose C handler replays the Triton launches ragdot recorded on
+the signature's first call, or runs ragdot's PyTorch code where that is not possible
+(`jax.experimental.buffer_callback` where the handler cannot be built); docs/jax.md. `clear_plans()`
+forgets the recorded launches (after changing the tuning cache or torch's TF32 setting); `bridge_stats()`
+says per traced call whether it runs from C. Needs the `jax` extra.
 """
 
 from __future__ import annotations

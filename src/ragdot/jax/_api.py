@@ -1,8 +1,9 @@
-"""The JAX side: argument checks at trace time, the buffer callbacks and the custom_vjp.
+"""The JAX side: argument checks at trace time, the custom calls, and the custom_jvp with its two primitives.
 
 A call is checked while it is traced (shapes, dtypes, dimension numbers through ragdot's own planner, the
 backend name), so every mistake raises at once with the PyTorch side's message. The traced program holds
-one custom call for the forward and, under `jax.grad`/`jax.vjp`, one for the backward: the XLA FFI target
+one custom call for the forward and, under `jax.grad`/`jax.vjp`, one for the backward (`jax.jvp`: two more
+forwards for the tangent): the XLA FFI target
 "ragdot_launch" (`ragdot.jax._ffi`: a C handler that replays ragdot's recorded Triton launches, or runs
 ragdot's PyTorch code on XLA's buffers through `ragdot.jax._bridge`), or, where its library cannot be
 built or RAGDOT_JAX_BRIDGE=callback or general, a `buffer_callback` running the same bridge.
@@ -19,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax.experimental.buffer_callback import buffer_callback
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from ragdot.api import _check_backend
 from ragdot.dimension_numbers import RAGGED_DOT_DN, RaggedDotDimensionNumbers, ShapeError, plan_views
@@ -148,25 +151,108 @@ def _forward(sig: Signature, out_shape: tuple[int, ...], lhs: Any, rhs: Any, siz
     return _callbacks(sig, out_shape)[0](lhs, rhs, sizes)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
 def _ragged(sig: Signature, out_shape: tuple[int, ...], lhs: Any, rhs: Any, sizes: Any) -> Any:
     return _forward(sig, out_shape, lhs, rhs, sizes)
 
 
-def _ragged_fwd(sig, out_shape, lhs, rhs, sizes):
-    return _forward(sig, out_shape, lhs, rhs, sizes), (lhs, rhs, sizes)
+@_ragged.defjvp
+def _ragged_jvp(sig, out_shape, primals, tangents):
+    lhs, rhs, sizes = primals
+    dlhs, drhs, _ = tangents
+    out = _ragged(sig, out_shape, lhs, rhs, sizes)  # itself differentiable again (forward over forward)
+    return out, _tangent_p.bind(dlhs, drhs, lhs, rhs, sizes, sig=sig, out_shape=out_shape)
 
 
-def _ragged_bwd(sig, out_shape, residuals, dout):
-    lhs, rhs, sizes = residuals
-    zero_sizes = np.zeros(sizes.shape, jax.dtypes.float0)
+# The tangent of a ragged product P, out' = P(lhs', rhs) + P(lhs, rhs'), is linear in (lhs', rhs'): jax.grad
+# linearizes to it and transposes it into ragdot's backward (one custom call giving both gradients), while
+# jax.jvp evaluates it as two forward calls. The backward, (ct rhs^T, lhs^T ct) = B(ct, lhs, rhs), is a
+# primitive too, so that forward mode differentiates it (jax.hessian, jvp of grad): it is bilinear in ct and
+# (lhs, rhs), and so is each tangent, hence every derivative is more of the same two primitives.
+_tangent_p = Primitive("ragdot_ragged_dot_tangent")
+_cotangent_p = Primitive("ragdot_ragged_dot_cotangent")
+_cotangent_p.multiple_results = True
+
+
+def _tangent_impl(dlhs, drhs, lhs, rhs, sizes, *, sig, out_shape):
+    return _forward(sig, out_shape, dlhs, rhs, sizes) + _forward(sig, out_shape, lhs, drhs, sizes)
+
+
+def _tangent_abstract(dlhs, drhs, lhs, rhs, sizes, *, sig, out_shape):
+    return jax.core.ShapedArray(out_shape, _jax_dtype(sig.out_dtype))
+
+
+def _tangent_transpose(ct, dlhs, drhs, lhs, rhs, sizes, *, sig, out_shape):
+    if type(ct) is ad.Zero:
+        grads = _zero_grads(sig)
+    else:
+        grads = _cotangent_p.bind(ct.astype(_jax_dtype(sig.out_dtype)), lhs, rhs, sizes, sig=sig,
+                                  out_shape=out_shape)
+    linear = (ad.is_undefined_primal(dlhs), ad.is_undefined_primal(drhs))
+    return [_placed_like(g, x.aval) if want else None for g, x, want in zip(grads, (dlhs, drhs), linear)] + [
+        None, None, None]
+
+
+def _tangent_jvp(primals, tangents, *, sig, out_shape):
+    dlhs, drhs, lhs, rhs, sizes = primals
+    t_dlhs, t_drhs, t_lhs, t_rhs = (ad.instantiate_zeros(t) for t in tangents[:4])
+    bind = functools.partial(_tangent_p.bind, sig=sig, out_shape=out_shape)
+    return bind(*primals), bind(t_dlhs, t_drhs, lhs, rhs, sizes) + bind(t_lhs, t_rhs, dlhs, drhs, sizes)
+
+
+def _zero_grads(sig: Signature) -> tuple[Any, Any]:
+    return jnp.zeros(sig.lhs_shape, _jax_dtype(sig.dtype)), jnp.zeros(sig.rhs_shape, _jax_dtype(sig.dtype))
+
+
+def _cotangent_impl(dout, lhs, rhs, sizes, *, sig, out_shape):
     if lhs.size == 0 or rhs.size == 0 or dout.size == 0:
-        return jnp.zeros_like(lhs), jnp.zeros_like(rhs), zero_sizes
-    dlhs, drhs = _callbacks(sig, out_shape)[1](lhs, rhs, sizes, dout.astype(_jax_dtype(sig.out_dtype)))
-    return dlhs, drhs, zero_sizes
+        return _zero_grads(sig)
+    return _callbacks(sig, out_shape)[1](lhs, rhs, sizes, dout)
 
 
-_ragged.defvjp(_ragged_fwd, _ragged_bwd)
+def _cotangent_abstract(dout, lhs, rhs, sizes, *, sig, out_shape):
+    dtype = _jax_dtype(sig.dtype)
+    return jax.core.ShapedArray(sig.lhs_shape, dtype), jax.core.ShapedArray(sig.rhs_shape, dtype)
+
+
+def _cotangent_jvp(primals, tangents, *, sig, out_shape):
+    dout, lhs, rhs, sizes = primals
+    t_dout, t_lhs, t_rhs = (ad.instantiate_zeros(t) for t in tangents[:3])
+    bind = functools.partial(_cotangent_p.bind, sig=sig, out_shape=out_shape)
+    first, second = bind(t_dout, lhs, rhs, sizes), bind(dout, t_lhs, t_rhs, sizes)
+    return bind(*primals), [a + b for a, b in zip(first, second)]
+
+
+def _per_slice(prim: Any) -> Any:
+    """vmap of `prim`: one bind per slice of the mapped axis (as the custom calls' own "sequential" vmap), so
+    each stays a primitive jax can differentiate and transpose."""
+    def batch(args, dims, **params):
+        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+        moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+        outs = [prim.bind(*(a if d is None else a[i] for a, d in zip(moved, dims)), **params) for i in range(size)]
+        if prim.multiple_results:
+            return [jnp.stack(o) for o in zip(*outs)], [0] * len(outs[0])
+        return jnp.stack(outs), 0
+    return batch
+
+
+for _prim, _impl, _abstract, _jvp in ((_tangent_p, _tangent_impl, _tangent_abstract, _tangent_jvp),
+                                      (_cotangent_p, _cotangent_impl, _cotangent_abstract, _cotangent_jvp)):
+    _prim.def_impl(_impl)
+    _prim.def_abstract_eval(_abstract)
+    mlir.register_lowering(_prim, mlir.lower_fun(_impl, multiple_results=_prim.multiple_results))
+    ad.primitive_jvps[_prim] = _jvp
+    batching.primitive_batchers[_prim] = _per_slice(_prim)
+ad.primitive_transposes[_tangent_p] = _tangent_transpose
+
+
+def _placed_like(grad: Any, aval: Any) -> Any:
+    """A gradient with its primal's sharding, as jax requires of operands typed with explicit mesh axes (the
+    custom call's results carry none)."""
+    sharding = aval.sharding
+    if sharding.mesh.empty or jax.typeof(grad).sharding == sharding:
+        return grad
+    return jax.sharding.reshard(grad, sharding)
 
 
 def ragged_dot_general(
@@ -188,14 +274,14 @@ def ragged_dot_general(
     contract: indices at or past sum(group_sizes) belong to no group (their output rows are exactly zero
     and whatever they hold, NaN included, reaches no other element). `precision` is accepted for drop-in
     use and ignored: ragdot accumulates in float32 and computes float32 without TF32 unless torch's matmul
-    setting allows it. `group_offset` and `out_sharding` are accepted as None only (jax's signature; ragdot
-    computes every group and places the result as jax places an unsharded one). `backend` picks ragdot's
-    backend (None: ragdot's own choice).
+    setting allows it. `group_offset` is accepted as None only (jax itself raises for it). `out_sharding`
+    places the result as jax does (`jax.sharding.reshard`: a NamedSharding, or a PartitionSpec under a mesh
+    with explicit axes); ragdot computes the whole product, so operands sharded over several devices are
+    gathered first. `backend` picks ragdot's backend (None: ragdot's own choice).
     """
     if group_offset is not None:  # jax itself raises NotImplementedError for it; this is both
         raise UnsupportedArgument("group_offset is not supported by ragdot.jax, as by jax.lax (pass None)")
-    if out_sharding is not None:
-        raise ValueError("out_sharding is not supported by ragdot.jax (pass None)")
+    out_sharding = _out_sharding(out_sharding)
     _check_arrays(lhs, rhs)
     lhs, rhs = _promoted(lhs, rhs)
     sizes = _sizes(group_sizes)
@@ -203,9 +289,24 @@ def ragged_dot_general(
         dn = RaggedDotDimensionNumbers.coerce(ragged_dot_dimension_numbers)
         out_dtype = _jax_dtype(_out_dtype(preferred_element_type, _float_dtype(lhs.dtype, "lhs")))
         one = functools.partial(_one_row_call, precision=precision, backend=backend)
-        return ragged_dot_stacked(lhs, rhs, sizes, dn, one, preferred_element_type, out_dtype, JAX_OPS)
-    sig, plan = _signature(lhs, rhs, sizes, ragged_dot_dimension_numbers, preferred_element_type, backend)
-    return _ragged(sig, _out_shape(plan), lhs, rhs, sizes)
+        out = ragged_dot_stacked(lhs, rhs, sizes, dn, one, preferred_element_type, out_dtype, JAX_OPS)
+    else:
+        sig, plan = _signature(lhs, rhs, sizes, ragged_dot_dimension_numbers, preferred_element_type, backend)
+        out = _ragged(sig, _out_shape(plan), lhs, rhs, sizes)
+    return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
+
+
+def _out_sharding(out_sharding: Any) -> Any:
+    """jax's rule for `out_sharding`: None, a NamedSharding (one on an empty mesh is None) or a PartitionSpec
+    (resolved against the mesh in context by `jax.sharding.reshard`, which raises jax's own errors)."""
+    if isinstance(out_sharding, jax.sharding.NamedSharding) and out_sharding.mesh.empty:
+        return None
+    if out_sharding is None or isinstance(out_sharding, (jax.sharding.NamedSharding, jax.sharding.PartitionSpec)):
+        return out_sharding
+    raise TypeError(
+        f"out_sharding must be a jax.sharding.NamedSharding or PartitionSpec (or None), got "
+        f"{type(out_sharding).__name__}"
+    )
 
 
 def _one_row_call(lhs, rhs, sizes, dn, *, preferred_element_type, precision, backend):
