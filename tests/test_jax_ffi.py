@@ -309,3 +309,44 @@ def test_a_record_is_its_thread_s_and_a_launch_outside_the_hooks_marks_it_foreig
     assert rec.foreign and rec.steps == []
     with pytest.raises(_plan.Unplannable, match="outside ragdot's recorded launches"):
         _plan.program(rec, [], None)
+
+
+_EXIT_CHILD = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import ragdot.jax as rj
+from ragdot.jax import _ffi
+mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+lhs, rhs, sizes = np.ones((16, 4), np.float32), np.ones((2, 4, 3), np.float32), np.array([5, 9], np.int32)
+with jax.set_mesh(mesh):
+    x = jax.device_put(lhs, NamedSharding(mesh, P("x", None)))
+    w = jax.device_put(rhs, NamedSharding(mesh, P("x")))
+    f = jax.jit(lambda a, w: rj.ragged_dot(a, w, sizes))
+    print(float(np.asarray(f(x, w)).sum()))  # one replica read; the other may still be running at exit
+    g = jax.jit(jax.grad(lambda a, w: (f(a, w) ** 2).sum(), (0, 1)))(x, w)
+    print(float(np.asarray(g[0]).sum()), float(np.asarray(g[1]).sum()))
+    f(x * 2, w)  # dispatched and never read: still running as the interpreter exits
+if CLOSE:
+    _ffi._close(_ffi.library())
+    try:
+        jax.jit(lambda a: rj.ragged_dot(a, rhs, sizes))(lhs * 3).block_until_ready()
+    except Exception as e:
+        print("refused:", "interpreter is exiting" in str(e))
+"""
+
+
+@needs_library
+@pytest.mark.parametrize("close", [False, True])
+def test_a_call_still_queued_at_interpreter_exit_does_not_abort_the_process(close):
+    """Sharded over two host devices, a replica whose result nobody reads can still be calling into Python when
+    the interpreter finalizes, which aborted the process ("terminate called without an active exception"):
+    about a third of runs, nearly every run with a call dispatched and never read. The exit hook stops new
+    calls into Python and waits for those inside; after it, a call fails with its reason."""
+    env = {**{k: v for k, v in os.environ.items() if k != "RAGDOT_JAX_BRIDGE"},
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    for _ in range(1 if close else 3):
+        proc = subprocess.run([sys.executable, "-c", f"CLOSE = {close}\n" + _EXIT_CHILD], capture_output=True,
+                              text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        assert proc.stdout.split()[:3] == ["168.0", "1344.0", "1344.0"]
+        assert ("refused: True" in proc.stdout) == close

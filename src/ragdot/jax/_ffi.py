@@ -20,12 +20,14 @@ Where the library cannot be built (no compiler, no headers) ragdot.jax falls bac
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import math
 import os
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,10 +86,22 @@ def _load() -> ctypes.CDLL:
                                         ctypes.c_int64]
     _state["resolver"] = resolver = _RESOLVER(_resolve)  # kept alive: the library calls it
     lib.ragdot_ffi_init(ctypes.c_uint32(_TOKEN), resolver)
+    lib.ragdot_ffi_in_flight.restype = ctypes.c_int64
+    atexit.register(_close, lib)  # after jax's own hooks were registered, so it runs before them
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ragdot_ffi_host), platform="cpu")
     with contextlib.suppress(Exception):  # a jaxlib without CUDA: the host target alone
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ragdot_ffi_cuda), platform="CUDA")
     return lib
+
+
+def _close(lib: ctypes.CDLL, wait_s: float = 10.0) -> None:
+    """At interpreter exit: no more calls into the resolver (a call still queued on another device, whose
+    result nobody reads, fails instead of entering a finalizing interpreter, which would abort the process);
+    wait for those already inside it."""
+    lib.ragdot_ffi_close()
+    deadline = time.monotonic() + wait_s
+    while lib.ragdot_ffi_in_flight() > 0 and time.monotonic() < deadline:
+        time.sleep(0.001)  # releases the GIL the calls inside the resolver need
 
 
 MODES = ("ffi", "callback", "general")

@@ -33,6 +33,15 @@ static Slot* slots = NULL;
 static int64_t n_slots = 0;
 static uint32_t token = 0;
 static resolver_fn resolver = NULL;
+// Interpreter exit (ragdot_ffi_close, from an atexit hook): a thread that enters Python while the interpreter
+// finalizes is ended by it mid-call, through XLA's frames, which aborts the process. So after close no call
+// enters the resolver (it fails instead; its results are never read), and the hook waits for the calls already
+// inside it (in_flight).
+static int closing = 0;
+static int64_t in_flight = 0;
+
+void ragdot_ffi_close(void) { __atomic_store_n(&closing, 1, __ATOMIC_SEQ_CST); }
+int64_t ragdot_ffi_in_flight(void) { return __atomic_load_n(&in_flight, __ATOMIC_SEQ_CST); }
 
 // ---- set from Python (ctypes) ----------------------------------------------------------------------------
 void ragdot_ffi_init(uint32_t process_token, resolver_fn fn) {
@@ -165,8 +174,14 @@ static XLA_FFI_Error* handle(XLA_FFI_CallFrame* frame, int cuda) {
     return error == NULL ? NULL : fail(api, XLA_FFI_Error_Code_INTERNAL, error);
   }
   if (resolver == NULL) return fail(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, "ragdot.jax: no resolver set");
-  if (resolver(slot, device, stream, n, ptrs, message, sizeof(message)) != 0)
-    return fail(api, XLA_FFI_Error_Code_INTERNAL, message[0] ? message : "ragdot.jax: the call failed");
+  __atomic_add_fetch(&in_flight, 1, __ATOMIC_SEQ_CST);  // before reading closing: the hook waits for it
+  if (__atomic_load_n(&closing, __ATOMIC_SEQ_CST)) {
+    __atomic_sub_fetch(&in_flight, 1, __ATOMIC_SEQ_CST);
+    return fail(api, XLA_FFI_Error_Code_CANCELLED, "ragdot.jax: the Python interpreter is exiting");
+  }
+  int failed = resolver(slot, device, stream, n, ptrs, message, sizeof(message));
+  __atomic_sub_fetch(&in_flight, 1, __ATOMIC_SEQ_CST);
+  if (failed) return fail(api, XLA_FFI_Error_Code_INTERNAL, message[0] ? message : "ragdot.jax: the call failed");
   return NULL;
 }
 
