@@ -302,6 +302,29 @@ def test_vmap_of_forward_and_reverse_mode_runs_each_slice():
     assert nerr(_t(of_vmap), _t(5 * jax.grad(lambda x: (f(x) ** 2).sum())(lhs))) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("policy", [None, "nothing_saveable", "dots_saveable"])
+def test_layers_in_a_scan_with_rematerialization_match_jax(policy):
+    """The way MaxText-like models call it: layers in `jax.lax.scan`, each under `jax.checkpoint`; gradients and
+    a forward-mode tangent against jax.lax."""
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((20, 8)), jnp.float32)
+    ws = jnp.asarray(rng.standard_normal((3, 3, 8, 8)) * 0.3, jnp.float32)
+    sizes = jnp.asarray([5, 0, 9], jnp.int32)
+    remat = functools.partial(jax.checkpoint, policy=policy and getattr(jax.checkpoint_policies, policy))
+
+    def loss(fn):
+        def body(h, w):
+            return jnp.tanh(fn(h, w, sizes)), None
+        return lambda x, ws: (jax.lax.scan(remat(body), x, ws)[0] ** 2).sum()
+
+    lax_hi = functools.partial(jax.lax.ragged_dot, precision=jax.lax.Precision.HIGHEST)
+    got, want = (jax.jit(jax.grad(loss(fn), (0, 1)))(x, ws) for fn in (rj.ragged_dot, lax_hi))
+    for a, b in zip(got, want):
+        assert nerr(_t(a), _t(b)) < TOL[torch.float32]
+    tangents = [jax.jvp(lambda w, fn=fn: loss(fn)(x, w), (ws,), (ws,))[1] for fn in (rj.ragged_dot, lax_hi)]
+    assert abs(float(tangents[0] - tangents[1])) <= 1e-4 * abs(float(tangents[1]))
+
+
 def test_out_sharding_places_the_result_as_jax_does():
     """out_sharding: a PartitionSpec under a mesh with explicit axes or a NamedSharding gives the result that
     sharding, eager and jitted, and the gradient its operand's; jax's own errors outside a mesh."""
