@@ -287,6 +287,36 @@ def test_second_derivatives_through_forward_over_reverse_match_jax():
     assert nerr(_t(hess), _t(want)) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("case", ["fwd_wi", "dgrad", "wgrad", "batched_ragged_k", "batch_mode"])
+def test_reverse_over_reverse_matches_the_oracle_s_double_backward(case):
+    """jax.grad of a function of jax.grad (both operands), in each mode, against torch's double backward through
+    the float64 oracle."""
+    lhs, rhs, sizes = _inputs(case)
+    jdn, dn = _dns(case)
+    c_lhs, c_rhs, _ = _inputs(case, seed=5)
+
+    def outer(fn, grad, dot):
+        def inner(x, w):
+            return (fn(x, w) ** 3).sum()
+
+        def loss(x, w):
+            gx, gw = grad(inner, x, w)
+            return dot(gx, c_lhs) + dot(gw, c_rhs)
+        return loss
+
+    jfn = functools.partial(rj.ragged_dot_general, group_sizes=sizes, ragged_dot_dimension_numbers=jdn)
+    jgrad = lambda f, x, w: jax.grad(f, (0, 1))(x, w)  # noqa: E731
+    got = jax.jit(jax.grad(outer(jfn, jgrad, lambda a, c: jnp.vdot(a, c)), (0, 1)))(lhs, rhs)
+
+    s = torch.tensor(np.asarray(sizes))
+    tfn = lambda x, w: ragged_dot_general_oracle(x, w, s, dn)  # noqa: E731
+    tgrad = lambda f, x, w: torch.autograd.grad(f(x, w), (x, w), create_graph=True)  # noqa: E731
+    x, w = _t(lhs).requires_grad_(), _t(rhs).requires_grad_()
+    want = torch.autograd.grad(outer(tfn, tgrad, lambda a, c: (a * _t(c)).sum())(x, w), (x, w))
+    for a, b in zip(got, want):
+        assert a.shape == tuple(b.shape) and nerr(_t(a), b) < 1e-4
+
+
 def test_vmap_of_forward_and_reverse_mode_runs_each_slice():
     """vmap over jvp, grad of vmap and vmap of grad give each slice's own result (jax.lax 0.10 refuses the
     non-leading batch axes jacfwd makes; ragdot runs one call per slice)."""

@@ -167,8 +167,9 @@ def _ragged_jvp(sig, out_shape, primals, tangents):
 # The tangent of a ragged product P, out' = P(lhs', rhs) + P(lhs, rhs'), is linear in (lhs', rhs'): jax.grad
 # linearizes to it and transposes it into ragdot's backward (one custom call giving both gradients), while
 # jax.jvp evaluates it as two forward calls. The backward, (ct rhs^T, lhs^T ct) = B(ct, lhs, rhs), is a
-# primitive too, so that forward mode differentiates it (jax.hessian, jvp of grad): it is bilinear in ct and
-# (lhs, rhs), and so is each tangent, hence every derivative is more of the same two primitives.
+# primitive too, so that it can be differentiated again (jax.hessian, jvp of grad, grad of grad): it is
+# bilinear in ct and (lhs, rhs), and so is each tangent, hence every derivative and every transpose is more
+# of the same two primitives.
 _tangent_p = Primitive("ragdot_ragged_dot_tangent")
 _cotangent_p = Primitive("ragdot_ragged_dot_cotangent")
 _cotangent_p.multiple_results = True
@@ -223,6 +224,17 @@ def _cotangent_jvp(primals, tangents, *, sig, out_shape):
     return bind(*primals), [a + b for a, b in zip(first, second)]
 
 
+def _cotangent_transpose(cts, dout, lhs, rhs, sizes, *, sig, out_shape):
+    """Reverse over reverse. B is linear in dout alone (its transpose is the tangent P(g_l, rhs) + P(lhs, g_r))
+    or in (lhs, rhs) alone (its transpose is B(dout, g_l, g_r)): the two ways the rule above binds it."""
+    g_lhs, g_rhs = (ad.instantiate_zeros(c) for c in cts)
+    if ad.is_undefined_primal(dout):
+        return [_tangent_p.bind(g_lhs, g_rhs, lhs, rhs, sizes, sig=sig, out_shape=out_shape), None, None, None]
+    grads = _cotangent_p.bind(dout, g_lhs, g_rhs, sizes, sig=sig, out_shape=out_shape)
+    return [None] + [_placed_like(g, x.aval) if ad.is_undefined_primal(x) else None
+                     for g, x in zip(grads, (lhs, rhs))] + [None]
+
+
 def _per_slice(prim: Any) -> Any:
     """vmap of `prim`: one bind per slice of the mapped axis (as the custom calls' own "sequential" vmap), so
     each stays a primitive jax can differentiate and transpose."""
@@ -244,6 +256,7 @@ for _prim, _impl, _abstract, _jvp in ((_tangent_p, _tangent_impl, _tangent_abstr
     ad.primitive_jvps[_prim] = _jvp
     batching.primitive_batchers[_prim] = _per_slice(_prim)
 ad.primitive_transposes[_tangent_p] = _tangent_transpose
+ad.primitive_transposes[_cotangent_p] = _cotangent_transpose
 
 
 def _placed_like(grad: Any, aval: Any) -> Any:
