@@ -330,6 +330,12 @@ def test_vmap_of_forward_and_reverse_mode_runs_each_slice():
         assert nerr(_t(tangents[i]), _t(f(xs[i]))) < TOL[torch.float32]
         assert nerr(_t(grads[i]), _t(jax.grad(lambda x: (f(x) ** 2).sum())(xs[i]))) < TOL[torch.float32]
     assert nerr(_t(of_vmap), _t(5 * jax.grad(lambda x: (f(x) ** 2).sum())(lhs))) < TOL[torch.float32]
+    _, pullback = jax.vjp(f, lhs)  # a batch of cotangents through one pullback
+    douts = jnp.stack([f(lhs), -f(lhs)])
+    assert nerr(_t(jax.vmap(pullback)(douts)[0][1]), _t(-pullback(f(lhs))[0])) < TOL[torch.float32]
+    empty = xs[:0]  # an empty batch: empty results, nothing run
+    assert jax.vmap(lambda x: jax.jvp(f, (x,), (x,))[1])(empty).shape == (0, 20, 6)
+    assert jax.vmap(jax.grad(lambda x: (f(x) ** 2).sum()))(empty).shape == (0, 20, 8)
 
 
 @pytest.mark.parametrize("policy", [None, "nothing_saveable", "dots_saveable"])

@@ -241,6 +241,11 @@ def _per_slice(prim: Any) -> Any:
     def batch(args, dims, **params):
         size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
         moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+        if size == 0:  # nothing to run: empty results of the slices' shapes
+            avals = prim.abstract_eval(*(jax.core.ShapedArray(a.shape[1:] if d is not None else a.shape, a.dtype)
+                                         for a, d in zip(moved, dims)), **params)[0]
+            empty = [jnp.zeros((0, *v.shape), v.dtype) for v in (avals if prim.multiple_results else [avals])]
+            return (empty, [0] * len(empty)) if prim.multiple_results else (empty[0], 0)
         outs = [prim.bind(*(a if d is None else a[i] for a, d in zip(moved, dims)), **params) for i in range(size)]
         if prim.multiple_results:
             return [jnp.stack(o) for o in zip(*outs)], [0] * len(outs[0])
