@@ -361,6 +361,54 @@ def test_layers_in_a_scan_with_rematerialization_match_jax(policy):
     assert abs(float(tangents[0] - tangents[1])) <= 1e-4 * abs(float(tangents[1]))
 
 
+_SHARD_MAP_CHILD = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+import ragdot.jax as rj
+
+def dense(x, w, s):  # the ragged product written densely: rows past sum(s) in no group
+    gid = jnp.searchsorted(jnp.cumsum(s), jnp.arange(x.shape[0]), side="right")
+    onehot = (gid[:, None] == jnp.arange(w.shape[0])[None]).astype(x.dtype)
+    return jnp.einsum("mk,gkn,mg->mn", x, w, onehot, precision=jax.lax.Precision.HIGHEST)
+
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.standard_normal((2, 20, 8)), jnp.float32)
+w = jnp.asarray(rng.standard_normal((2, 3, 8, 6)), jnp.float32)
+s = jnp.asarray([[5, 0, 9], [2, 10, 8]], jnp.int32)
+mesh = jax.make_mesh((2,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+errors = {}
+for name, ww, w_spec in (("replicated", w[0], P()), ("per_device", w, P("d"))):
+    results = []
+    for f in (rj.ragged_dot, dense):
+        local = lambda a, b, c, f=f: f(a[0], b[0] if b.ndim == 4 else b, c[0])[None]
+        sm = jax.shard_map(local, mesh=mesh, in_specs=(P("d"), w_spec, P("d")), out_specs=P("d"))
+        grads = jax.jit(jax.grad(lambda a, b, sm=sm: jnp.sin(sm(a, b, s)).sum(), (0, 1)))(x, ww)
+        tangent = jax.jvp(jax.grad(lambda a, sm=sm: (sm(a, ww, s) ** 2).sum()), (x,), (x,))[1]
+        results.append((jax.jit(sm)(x, ww, s), *grads, tangent))
+    errors[name] = [float(jnp.abs(a - b).max() / jnp.abs(b).max()) for a, b in zip(*results)]
+print(json.dumps(errors))
+"""
+
+
+def test_inside_shard_map_forward_gradients_and_tangents_are_each_device_s(bridge):
+    """Inside `jax.shard_map` over two host devices (a child process: the device count is fixed at start), each
+    device's product, the gradient of weights replicated over the devices summed over them, weights held per
+    device each getting its own, and forward over reverse: against the product written densely."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    proc = subprocess.run([sys.executable, "-c", _SHARD_MAP_CHILD], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in ("replicated", "per_device"):  # forward, d lhs, d rhs, jvp of grad
+        assert len(errors[name]) == 4 and max(errors[name]) < 1e-5, errors
+
+
 def test_out_sharding_places_the_result_as_jax_does():
     """out_sharding: a PartitionSpec under a mesh with explicit axes or a NamedSharding gives the result that
     sharding, eager and jitted, and the gradient its operand's; jax's own errors outside a mesh."""

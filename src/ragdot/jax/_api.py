@@ -147,8 +147,8 @@ def _torch_dtype(dtype: Any) -> torch.dtype:
 
 def _forward(sig: Signature, out_shape: tuple[int, ...], lhs: Any, rhs: Any, sizes: Any) -> Any:
     if math.prod(out_shape) == 0:  # nothing to write: XLA would not run the call
-        return jnp.zeros(out_shape, _jax_dtype(sig.out_dtype))
-    return _callbacks(sig, out_shape)[0](lhs, rhs, sizes)
+        return _vary(jnp.zeros(out_shape, _jax_dtype(sig.out_dtype)), _varying(jax.typeof(lhs)))
+    return _vary(_callbacks(sig, out_shape)[0](lhs, rhs, sizes), _varying(jax.typeof(lhs)))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
@@ -180,7 +180,7 @@ def _tangent_impl(dlhs, drhs, lhs, rhs, sizes, *, sig, out_shape):
 
 
 def _tangent_abstract(dlhs, drhs, lhs, rhs, sizes, *, sig, out_shape):
-    return jax.core.ShapedArray(out_shape, _jax_dtype(sig.out_dtype))
+    return _typed_like(lhs, out_shape, _jax_dtype(sig.out_dtype))
 
 
 def _tangent_transpose(ct, dlhs, drhs, lhs, rhs, sizes, *, sig, out_shape):
@@ -213,7 +213,16 @@ def _cotangent_impl(dout, lhs, rhs, sizes, *, sig, out_shape):
 
 def _cotangent_abstract(dout, lhs, rhs, sizes, *, sig, out_shape):
     dtype = _jax_dtype(sig.dtype)
-    return jax.core.ShapedArray(sig.lhs_shape, dtype), jax.core.ShapedArray(sig.rhs_shape, dtype)
+    return _typed_like(dout, sig.lhs_shape, dtype), _typed_like(dout, sig.rhs_shape, dtype)
+
+
+def _typed_like(aval: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """A result's type: `shape` and `dtype`, the default sharding, and `aval`'s varying manual axes (inside
+    `jax.shard_map` a ragged product of operands that vary over an axis varies over it)."""
+    if not _varying(aval):
+        return jax.core.ShapedArray(shape, dtype)
+    replicated = jax.sharding.NamedSharding(aval.sharding.mesh, jax.sharding.PartitionSpec(*[None] * len(shape)))
+    return aval.update(shape=shape, dtype=dtype, sharding=replicated, weak_type=False)
 
 
 def _cotangent_jvp(primals, tangents, *, sig, out_shape):
@@ -265,12 +274,34 @@ ad.primitive_transposes[_cotangent_p] = _cotangent_transpose
 
 
 def _placed_like(grad: Any, aval: Any) -> Any:
-    """A gradient with its primal's sharding, as jax requires of operands typed with explicit mesh axes (the
-    custom call's results carry none)."""
+    """A gradient typed as its primal: the same sharding (operands typed with explicit mesh axes) and the same
+    varying manual axes (inside `jax.shard_map`). The custom calls' results carry neither, and jax requires
+    both of a cotangent."""
     sharding = aval.sharding
-    if sharding.mesh.empty or jax.typeof(grad).sharding == sharding:
-        return grad
-    return jax.sharding.reshard(grad, sharding)
+    if not sharding.mesh.empty and jax.typeof(grad).sharding != sharding:
+        grad = jax.sharding.reshard(grad, sharding)
+    return _vary(grad, _varying(aval))
+
+
+def _vary(x: Any, axes: frozenset) -> Any:
+    """`x` typed to vary over the manual mesh `axes` too (a no-op outside shard_map). ragdot's custom calls
+    compute each device's own product, so inside shard_map their operands are first cast to vary alike (an
+    invariant operand, such as replicated weights, then gets the sum over devices of its per-device gradients
+    from the cast's transpose) and their results typed as varying (the custom calls' results carry no type)."""
+    missing = tuple(a for a in axes if a not in _varying(jax.typeof(x)))
+    if not missing:
+        return x
+    cast = getattr(jax.lax, "pcast", None)
+    return cast(x, missing, to="varying") if cast else jax.lax.pvary(x, missing)
+
+
+def _varying(aval: Any) -> frozenset:
+    """The manual mesh axes a value varies over inside shard_map (`vma` in some jax releases, `mat.varying`
+    in others); empty outside."""
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        vma = getattr(getattr(aval, "mat", None), "varying", None)
+    return frozenset(vma or ())
 
 
 def ragged_dot_general(
@@ -310,6 +341,8 @@ def ragged_dot_general(
         out = ragged_dot_stacked(lhs, rhs, sizes, dn, one, preferred_element_type, out_dtype, JAX_OPS)
     else:
         sig, plan = _signature(lhs, rhs, sizes, ragged_dot_dimension_numbers, preferred_element_type, backend)
+        axes = frozenset().union(*(_varying(jax.typeof(x)) for x in (lhs, rhs, sizes)))
+        lhs, rhs, sizes = (_vary(x, axes) for x in (lhs, rhs, sizes))  # inside shard_map (see _vary)
         out = _ragged(sig, _out_shape(plan), lhs, rhs, sizes)
     return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
 
