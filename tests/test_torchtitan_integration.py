@@ -103,7 +103,7 @@ def test_torchtitan_padding_rows_are_zero_and_bad_targets_are_refused():
 def test_torchtitan_own_moe_layer_runs_ragdot(experts, monkeypatch):
     """torchtitan's MoE layer (bfloat16: its experts cast to it) with ragdot's reference backend in the seam
     (Triton's CPU interpreter has no bfloat16): output, input gradient and every parameter gradient match the
-    unpatched layer's torch._grouped_mm, and ragged_dot really ran (three calls forward for SwiGLU experts, two
+    unpatched layer's torch._grouped_mm, and ragdot.grouped_mm really ran (three calls forward for SwiGLU experts, two
     for gpt-oss's)."""
     titan = pytest.importorskip("torchtitan.models.common.moe")
     from torchtitan.models.common.linear import Linear
@@ -139,8 +139,8 @@ def test_torchtitan_own_moe_layer_runs_ragdot(experts, monkeypatch):
 
     want = step()
     calls = []
-    real = tt.ragged_dot
-    monkeypatch.setattr(tt, "ragged_dot", lambda *a, **k: calls.append(k.get("backend")) or real(*a, **k))
+    real = tt._grouped_mm  # ragdot.grouped_mm, which the seam calls
+    monkeypatch.setattr(tt, "_grouped_mm", lambda *a, **k: calls.append(k.get("backend")) or real(*a, **k))
     tt.patch(backend="reference")
     try:
         assert tt.is_patched() and tt.is_patched(GptOssGroupedExperts)

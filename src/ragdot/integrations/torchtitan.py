@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from ragdot.api import _check_backend, ragged_dot
+from ragdot.grouped import grouped_mm as _grouped_mm
+from ragdot.grouped import sizes_from_offsets
 
 __all__ = ["patch", "unpatch", "is_patched", "sizes_from_offsets", "grouped_mm", "run_experts"]
 
@@ -39,18 +41,13 @@ _ORIGINALS: dict[tuple[int, str], tuple[Any, Callable]] = {}  # (id(target), att
 _MARK = "_ragdot_backend"
 
 
-def sizes_from_offsets(offs: torch.Tensor) -> torch.Tensor:
-    """Cumulative group ends int [E] -> group sizes int32 [E] (on the device, no host sync)."""
-    if not isinstance(offs, torch.Tensor) or offs.dim() != 1 or offs.is_floating_point():
-        raise ValueError(f"offs must be a 1-D integer tensor of cumulative group ends, got {offs!r:.80}")
-    return torch.diff(offs.to(torch.int32), prepend=offs.new_zeros(1, dtype=torch.int32))
-
-
 def grouped_mm(A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    """``torch._grouped_mm(A, B_t, offs=offs)`` for 2-D ``A [R, K]`` and 3-D ``B_t [E, K, N]`` on ragdot."""
-    if A.dim() != 2 or B_t.dim() != 3:
-        raise ValueError(f"A must be [rows, K] and B_t [E, K, N], got {tuple(A.shape)} and {tuple(B_t.shape)}")
-    return ragged_dot(A, B_t, sizes_from_offsets(offs), backend=backend)
+    """``torch._grouped_mm(A, B_t, offs=offs)`` for 2-D ``A [R, K]`` and 3-D ``B_t [E, K, N]`` on ragdot (the form
+    torchtitan's experts use; ``ragdot.grouped_mm`` takes all four)."""
+    if not isinstance(A, torch.Tensor) or not isinstance(B_t, torch.Tensor) or A.dim() != 2 or B_t.dim() != 3:
+        raise ValueError(f"A must be [rows, K] and B_t [E, K, N], got {getattr(A, 'shape', A)} and "
+                         f"{getattr(B_t, 'shape', B_t)}")
+    return _grouped_mm(A, B_t, offs, backend=backend)
 
 
 def run_experts(
