@@ -116,3 +116,27 @@ def test_bad_input_raises_naming_the_argument(call, exc, pattern):
     a, b, _, offs_t = _operands("2d_3d", torch.float32)
     with pytest.raises(exc, match=pattern):
         call(a, b, offs_t)
+
+
+@pytest.mark.parametrize("backend", sorted({b for b, _ in PARAMS}))
+def test_strided_and_transposed_operands_as_torch_passes_them(backend):
+    """Operands as PyTorch's own grouped-GEMM tests build them: column slices, every other group, weights given
+    as transposed views; an empty first group. Against torch._grouped_mm where it runs, else the loop."""
+    gen = torch.Generator().manual_seed(7)
+    m, n, k, g = 16, 32, 64, 4
+    a = rand((m * g, 2 * k), torch.float32, DEV, gen)[:, :k]
+    b_t = rand((2 * g, n, 2 * k), torch.float32, DEV, gen)[::2, :, :k].transpose(-2, -1)  # [G, K, N] view
+    a3 = rand((2 * g, m, 2 * k), torch.float32, DEV, gen)[::2, :, :k]
+    wide = rand((n * g, 2 * k), torch.float32, DEV, gen)[:, :k].t()  # [K, N*G] view
+    long_a, long_b = (rand((rows, 2 * k * g), torch.float32, DEV, gen)[:, :k * g] for rows in (m, n))
+    ends = {size: torch.arange(size, g * size + 1, size, dtype=torch.int32, device=DEV) for size in (m, n, k)}
+    for e in ends.values():
+        e[0] = 0
+    cases = [(a, b_t, ends[m]), (a3, b_t, None), (long_a, long_b.t(), ends[k]), (a3, wide, ends[n])]
+    for mat_a, mat_b, offs in cases:
+        out = ragdot.grouped_mm(mat_a, mat_b, offs, backend=backend)
+        try:
+            want = torch._grouped_mm(mat_a, mat_b, offs=offs)
+        except (RuntimeError, NotImplementedError):
+            want = _loop(mat_a, mat_b, None if offs is None else offs.tolist())
+        assert out.shape == want.shape and nerr(out, want) <= TOL[torch.float32]
