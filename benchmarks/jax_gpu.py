@@ -7,7 +7,7 @@ Steps, each in its own process under a time limit (a step that hangs or crashes 
 runs; the whole run stays within --budget seconds):
 
 1. env: versions, devices, whether buffer_callback's execution context has a stream.
-2. check: forward and grad of ragdot.jax under jax.jit against jax.lax.ragged_dot_general (and a float64
+2. check: forward, grad and jvp of ragdot.jax under jax.jit against jax.lax.ragged_dot_general (and a float64
    oracle where jax has no gradient: contracting and batch modes), bf16 and f32, every canonical mode, sum <
    M with a NaN tail, results chained inside one jitted program (the stream order), and whether the forward
    wrote XLA's output buffer in place (zero copy).
@@ -201,9 +201,22 @@ def _check_case(jax, name: str, dtype: str, cpu: bool) -> dict[str, object]:
         dl, ll = dl[keep], np.asarray(ll)[keep]
     res["dlhs"] = _nerr(dl.astype(jnp.float32), ll)
     res["drhs"] = _nerr(dr.astype(jnp.float32), lr)
+    # forward mode: the tangent P(lhs', rhs) + P(lhs, rhs') (lhs' poisoned in the tail as lhs is) against jax.lax's
+    t_lhs, t_rhs = (jnp.asarray(rng.standard_normal(x.shape), dtype) for x in (lhs, rhs))
+    t_lhs = jnp.where(jnp.isnan(lhs), jnp.nan, t_lhs)
+
+    def tangent(fn, a, ta):
+        return jax.jit(lambda a, b, ta, tb: jax.jvp(lambda x, y: fn(x, y, sizes, jdn), (a, b), (ta, tb))[1])(
+            a, rhs, ta, t_rhs)
+
+    got_t = tangent(rj.ragged_dot_general, lhs, t_lhs)
+    want_t = tangent(lambda a, b, s, d: jax.lax.ragged_dot_general(a, b, s, d, precision=hi), clean,
+                     jnp.nan_to_num(t_lhs, nan=0.0))
+    res["jvp"] = _nerr(got_t.astype(jnp.float32), want_t.astype(jnp.float32))
+    res["jvp_nan"] = bool(jnp.isnan(got_t).any())
     tol = _TOL[dtype]
-    res["ok"] = bool(res["fwd_vs_lax"] < tol and res["dlhs"] < tol and res["drhs"] < tol and not res["fwd_nan"]
-                     and not res["grad_nan"] and res["out_dtype_ok"])
+    res["ok"] = bool(res["fwd_vs_lax"] < tol and res["dlhs"] < tol and res["drhs"] < tol and res["jvp"] < tol
+                     and not res["fwd_nan"] and not res["grad_nan"] and not res["jvp_nan"] and res["out_dtype_ok"])
     return res
 
 
