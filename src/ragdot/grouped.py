@@ -14,7 +14,8 @@ backends, gradients in both operands and torch.compile support:
 `offs[g]` is the end of group g (int, non-decreasing, on the operands' device). Where `torch._grouped_mm`
 leaves rows or columns past `offs[-1]` undefined (whatever memory held), ragdot writes exact zeros, and such
 rows or columns reach no other element: ragdot's contract. `out_dtype` is ragdot's `preferred_element_type`
-(float32 accumulation whatever the output dtype).
+(float32 accumulation whatever the output dtype); operands of two floating dtypes are promoted as
+`ragged_dot_general` promotes them, where torch refuses them.
 """
 
 from __future__ import annotations
