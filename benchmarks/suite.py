@@ -240,6 +240,15 @@ def _suites() -> dict[str, Suite]:
             Step("qwen3-wgrad_wo", ("{py}", "benchmarks/tune_vs_call.py", "--shape", "qwen3-30b-a3b", "--cls",
                                     "wgrad_wo"), 120, tail=14),
         )),
+        "frontends": Suite("the calls other code makes: ragdot.grouped_mm's four forms against the raw "
+                           "torch._grouped_mm (eager and graph clocks) after its GPU tests, and ragdot.jax's "
+                           "checks (forward, grad and jvp through the FFI replay)", (
+            Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_grouped.py",
+                               "tests/test_jax.py", "-k", "grouped or gpu or shard_map"), 200, tail=8),
+            Step("forms", ("{py}", "benchmarks/grouped_forms.py", "--out", "{out}/forms"), 150, tail=12),
+            Step("jax-check", ("{py}", "benchmarks/jax_gpu.py", "--out", "{out}/jax", "--steps", "env", "check",
+                               "--budget", "200"), 220, tail=12),
+        )),
         "probes": Suite("diagnosis probes: graph capture, host time under GPU load, the MoE layer host time", (
             Step("capture", ("{py}", "benchmarks/capture_probe.py"), 240, tail=12),
             Step("host-load", ("{py}", "benchmarks/host_load_probe.py"), 240, tail=30),

@@ -140,3 +140,22 @@ def test_strided_and_transposed_operands_as_torch_passes_them(backend):
         except (RuntimeError, NotImplementedError):
             want = _loop(mat_a, mat_b, None if offs is None else offs.tolist())
         assert out.shape == want.shape and nerr(out, want) <= TOL[torch.float32]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU dry run")
+def test_the_forms_benchmark_dry_run_checks_and_writes_every_form(tmp_path, capsys):
+    """benchmarks/grouped_forms.py --tiny on the CPU: each form checked against torch._grouped_mm and written."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "grouped_forms.py"
+    spec = importlib.util.spec_from_file_location("grouped_forms", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--out", str(tmp_path), "--tiny", "--max-seconds", "0.02"]) == 0
+    rows = json.loads((tmp_path / "grouped-forms.json").read_text())["rows"]
+    assert [r["form"] for r in rows] == list(FORMS) and all(r["clock"] == "wall" for r in rows)
+    assert all(r["err_vs_vendor"] < 1e-5 and r["ragdot_ms"] > 0 for r in rows)
+    assert module.main(["--out", str(tmp_path)]) == 2  # no GPU and no --tiny: one line, exit 2
+    assert "pass --tiny" in capsys.readouterr().err
