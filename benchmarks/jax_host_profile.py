@@ -150,9 +150,9 @@ def _fresh_jit(rj: Any) -> Callable[..., Any]:
     """A newly jitted ragdot.jax.ragged_dot whose callbacks are built anew (after a wrapper was installed)."""
     import jax
 
-    from ragdot.jax import _api
+    from ragdot.jax import _calls
 
-    _api._directions.cache_clear()
+    _calls._directions.cache_clear()
     return jax.jit(lambda a, b, c: rj.ragged_dot(a, b, c))
 
 
@@ -333,9 +333,9 @@ def _inside(jax: Any, rows: _Rows, ops: tuple, calls: int, profile: Path | None)
             profile.write_text(_profile_text(inside.profile, inside.count))
     finally:
         undo()
-        from ragdot.jax import _api
+        from ragdot.jax import _calls
 
-        _api._directions.cache_clear()  # later sections get callbacks without the wrapper
+        _calls._directions.cache_clear()  # later sections get callbacks without the wrapper
 
 
 def _dlpack_rows(jax: Any, rows: _Rows, ops: tuple) -> None:
