@@ -140,6 +140,70 @@ def test_logits_loss_and_every_gradient_match(family):
     assert all(grads[n].abs().sum() > 0 for n in expert_grads)
 
 
+# More transformers families whose experts use the decorator (transformers 5.17), built from their default config
+# with small widths: each one's own layout flags, activation and router around ragdot's experts.
+MORE_FAMILIES = (
+    "afmoe", "cohere2_moe", "deepseek_v4", "ernie4_5_moe", "exaone_moe", "flex_olmo", "glm4_moe", "glm4_moe_lite",
+    "granitemoe", "granitemoe_swa", "granitemoeshared", "hunyuan_v1_moe", "hy_v3", "inkling", "laguna", "mellum",
+    "mimo_v2_flash", "minimax", "minimax_m2", "nemotron_h", "phimoe", "qwen2_moe", "solar_open", "zaya",
+)
+_SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+              moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=6, num_local_experts=6,
+              n_routed_experts=6, num_experts_per_tok=2, vocab_size=128, head_dim=8, max_position_embeddings=64,
+              first_k_dense_replace=0, n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+              qk_nope_head_dim=8, v_head_dim=8, sliding_window=8, moe_layer_freq=1, decoder_sparse_step=1,
+              mlp_only_layers=[], tie_word_embeddings=False)
+
+
+def _small_model(family: str) -> torch.nn.Module:
+    """The family's causal LM from its default config with `_SMALL`'s widths where it has those fields."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"transformers.models.{family}")
+    except ImportError:
+        pytest.skip(f"transformers {transformers.__version__} has no {family}")
+    model_cls = next(getattr(module, n) for n in dir(module) if n.endswith("ForCausalLM"))
+    config = model_cls.config_class()
+    text = getattr(config, "text_config", None) or config
+    small = dict(_SMALL)
+    if hasattr(text, "kv_lora_rank"):  # latent attention: its head widths come from the rope / lora fields
+        small.pop("head_dim")
+        small["num_key_value_heads"] = small["num_attention_heads"]
+    for key, value in small.items():
+        if hasattr(text, key):
+            setattr(text, key, value)
+    if getattr(text, "pad_token_id", None) is not None and text.pad_token_id >= _SMALL["vocab_size"]:
+        text.pad_token_id = 0
+    if getattr(text, "layer_types", None) is not None:
+        text.layer_types = text.layer_types[: text.num_hidden_layers]
+    torch.manual_seed(0)
+    model = model_cls(config).float().eval()  # gradients still flow; no dropout or router jitter (phimoe) to differ
+    _randomize_biases(model, 0)
+    return model
+
+
+@pytest.mark.parametrize("family", MORE_FAMILIES)
+def test_more_families_match_grouped_mm_through_ragdot_s_experts(family, monkeypatch):
+    """Logits, loss and every parameter gradient of "ragdot" against "grouped_mm", and ragdot's experts really ran
+    (counted in transformers' registry)."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    model = _small_model(family)
+    registry = ExpertsInterface._global_mapping
+    calls = []
+    monkeypatch.setitem(registry, rt.NAME, lambda *a, fn=registry[rt.NAME], **k: calls.append(1) or fn(*a, **k))
+    ids = torch.randint(3, _SMALL["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    logits, loss, grads = _step(model, "ragdot", ids)
+    assert calls, "ragdot's experts forward never ran"
+    o_logits, o_loss, o_grads = _step(model, "grouped_mm", ids)
+    torch.testing.assert_close(logits, o_logits, **TOL)
+    torch.testing.assert_close(loss, o_loss, **TOL)
+    assert set(grads) == set(o_grads) and any(".experts." in n for n in grads)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, o_grads[name], **TOL, msg=f"grad of {name}")
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
 def test_fused_variant_matches_grouped_mm(family):
     """"ragdot_fused": the fused kernels where the layout is plain SwiGLU (Qwen3-MoE, DeepSeek-V3), the
