@@ -141,12 +141,17 @@ def test_logits_loss_and_every_gradient_match(family):
 
 
 # More transformers families whose experts use the decorator (transformers 5.17), built from their default config
-# with small widths: each one's own layout flags, activation and router around ragdot's experts.
-MORE_FAMILIES = (
-    "afmoe", "cohere2_moe", "deepseek_v4", "ernie4_5_moe", "exaone_moe", "flex_olmo", "glm4_moe", "glm4_moe_lite",
-    "granitemoe", "granitemoe_swa", "granitemoeshared", "hunyuan_v1_moe", "hy_v3", "inkling", "laguna", "mellum",
-    "mimo_v2_flash", "minimax", "minimax_m2", "nemotron_h", "phimoe", "qwen2_moe", "solar_open", "zaya",
-)
+# with small widths: each one's own layout flags, activation, attention and router around ragdot's experts.
+# family -> what it needs beyond `_SMALL` (hybrid models: enough layers for one attention layer)
+MORE_FAMILIES = {
+    "afmoe": {}, "axk1": {}, "axk2": {}, "cohere2_moe": {}, "deepseek_v2": {}, "deepseek_v32": {}, "deepseek_v4": {},
+    "ernie4_5_moe": {}, "exaone_moe": {}, "flex_olmo": {}, "glm4_moe": {}, "glm4_moe_lite": {}, "glm_moe_dsa": {},
+    "granitemoe": {}, "granitemoe_swa": {}, "granitemoeshared": {}, "hunyuan_v1_moe": {}, "hy_v3": {}, "hy_v4": {},
+    "inkling": {}, "jamba": dict(num_hidden_layers=8), "laguna": {}, "mellum": {}, "mimo_v2_flash": {},
+    "minimax": {}, "minimax_m2": {}, "mistral4": {}, "nemotron_h": {}, "phimoe": {}, "qwen2_moe": {},
+    "qwen3_5_moe": dict(num_hidden_layers=4), "qwen3_next": dict(num_hidden_layers=4), "solar_open": {},
+    "zaya": dict(num_experts_per_tok=1),
+}
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
               moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=6, num_local_experts=6,
               n_routed_experts=6, num_experts_per_tok=2, vocab_size=128, head_dim=8, max_position_embeddings=64,
@@ -156,7 +161,8 @@ _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_ke
 
 
 def _small_model(family: str) -> torch.nn.Module:
-    """The family's causal LM from its default config with `_SMALL`'s widths where it has those fields."""
+    """The family's causal LM with `_SMALL`'s widths (and the family's extras) for the fields its config has:
+    passed to the config's constructor, or set on the text config of a composite one."""
     import importlib
 
     try:
@@ -164,19 +170,20 @@ def _small_model(family: str) -> torch.nn.Module:
     except ImportError:
         pytest.skip(f"transformers {transformers.__version__} has no {family}")
     model_cls = next(getattr(module, n) for n in dir(module) if n.endswith("ForCausalLM"))
-    config = model_cls.config_class()
-    text = getattr(config, "text_config", None) or config
-    small = dict(_SMALL)
-    if hasattr(text, "kv_lora_rank"):  # latent attention: its head widths come from the rope / lora fields
+    default = model_cls.config_class()
+    small = {**_SMALL, **MORE_FAMILIES[family]}
+    if hasattr(default, "kv_lora_rank"):  # latent attention: its head widths come from the rope / lora fields
         small.pop("head_dim")
         small["num_key_value_heads"] = small["num_attention_heads"]
-    for key, value in small.items():
-        if hasattr(text, key):
-            setattr(text, key, value)
+    if getattr(default, "text_config", None) is None:
+        config = text = model_cls.config_class(**{k: v for k, v in small.items() if hasattr(default, k)})
+    else:
+        config, text = default, default.text_config
+        for key, value in small.items():
+            if hasattr(text, key):
+                setattr(text, key, value)
     if getattr(text, "pad_token_id", None) is not None and text.pad_token_id >= _SMALL["vocab_size"]:
         text.pad_token_id = 0
-    if getattr(text, "layer_types", None) is not None:
-        text.layer_types = text.layer_types[: text.num_hidden_layers]
     torch.manual_seed(0)
     model = model_cls(config).float().eval()  # gradients still flow; no dropout or router jitter (phimoe) to differ
     _randomize_biases(model, 0)
