@@ -190,18 +190,22 @@ def _small_model(family: str) -> torch.nn.Module:
     return model
 
 
+@pytest.mark.parametrize("impl", [rt.NAME, rt.FUSED_NAME])
 @pytest.mark.parametrize("family", MORE_FAMILIES)
-def test_more_families_match_grouped_mm_through_ragdot_s_experts(family, monkeypatch):
-    """Logits, loss and every parameter gradient of "ragdot" against "grouped_mm", and ragdot's experts really ran
+def test_more_families_match_grouped_mm_through_ragdot_s_experts(family, impl, monkeypatch):
+    """Logits, loss and every parameter gradient of "ragdot" and "ragdot_fused" (the fused kernels wherever the
+    layout is plain SwiGLU, the ragged_dot path elsewhere) against "grouped_mm", and ragdot's experts really ran
     (counted in transformers' registry)."""
     from transformers.integrations.moe import ExpertsInterface
 
+    if impl == rt.FUSED_NAME:
+        _needs_triton()
     model = _small_model(family)
     registry = ExpertsInterface._global_mapping
     calls = []
-    monkeypatch.setitem(registry, rt.NAME, lambda *a, fn=registry[rt.NAME], **k: calls.append(1) or fn(*a, **k))
+    monkeypatch.setitem(registry, impl, lambda *a, fn=registry[impl], **k: calls.append(1) or fn(*a, **k))
     ids = torch.randint(3, _SMALL["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
-    logits, loss, grads = _step(model, "ragdot", ids)
+    logits, loss, grads = _step(model, impl, ids)
     assert calls, "ragdot's experts forward never ran"
     o_logits, o_loss, o_grads = _step(model, "grouped_mm", ids)
     torch.testing.assert_close(logits, o_logits, **TOL)
