@@ -146,6 +146,8 @@ def test_logits_loss_and_every_gradient_match(family):
 MORE_FAMILIES = {
     "afmoe": {}, "axk1": {}, "axk2": {}, "cohere2_moe": {}, "deepseek_v2": {}, "deepseek_v32": {}, "deepseek_v4": {},
     "ernie4_5_moe": {}, "exaone_moe": {}, "flex_olmo": {}, "glm4_moe": {}, "glm4_moe_lite": {}, "glm_moe_dsa": {},
+    "gemma4": dict(enable_moe_block=True, top_k_experts=2, layer_types=["sliding_attention", "full_attention"],
+                   vocab_size_per_layer_input=128, hidden_size_per_layer_input=8, per_layer_config={}),
     "granitemoe": {}, "granitemoe_swa": {}, "granitemoeshared": {}, "hunyuan_v1_moe": {}, "hy_v3": {}, "hy_v4": {},
     "inkling": {}, "jamba": dict(num_hidden_layers=8), "laguna": {}, "mellum": {}, "mimo_v2_flash": {},
     "minimax": {}, "minimax_m2": {}, "mistral4": {}, "nemotron_h": {}, "phimoe": {}, "qwen2_moe": {},
@@ -172,11 +174,12 @@ def _small_model(family: str) -> torch.nn.Module:
     model_cls = next(getattr(module, n) for n in dir(module) if n.endswith("ForCausalLM"))
     default = model_cls.config_class()
     small = {**_SMALL, **MORE_FAMILIES[family]}
-    if hasattr(default, "kv_lora_rank"):  # latent attention: its head widths come from the rope / lora fields
+    fields = default.to_dict()  # (not hasattr: gemma4's config raises on reading a per-layer field globally)
+    if "kv_lora_rank" in fields:  # latent attention: its head widths come from the rope / lora fields
         small.pop("head_dim")
         small["num_key_value_heads"] = small["num_attention_heads"]
-    if getattr(default, "text_config", None) is None:
-        config = text = model_cls.config_class(**{k: v for k, v in small.items() if hasattr(default, k)})
+    if fields.get("text_config") is None:
+        config = text = model_cls.config_class(**{k: v for k, v in small.items() if k in fields})
     else:
         config, text = default, default.text_config
         for key, value in small.items():
