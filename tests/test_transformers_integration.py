@@ -145,7 +145,14 @@ def test_logits_loss_and_every_gradient_match(family):
 # family -> what it needs beyond `_SMALL` (hybrid models: enough layers for one attention layer)
 MORE_FAMILIES = {
     "afmoe": {}, "axk1": {}, "axk2": {}, "cohere2_moe": {}, "deepseek_v2": {}, "deepseek_v32": {}, "deepseek_v4": {},
+    "dots1": dict(n_shared_experts=1, layer_types=["full_attention"] * 2, max_window_layers=2),
     "ernie4_5_moe": {}, "exaone_moe": {}, "flex_olmo": {}, "glm4_moe": {}, "glm4_moe_lite": {}, "glm_moe_dsa": {},
+    "granitemoehybrid": dict(layer_types=["linear_attention", "attention"], mamba_n_heads=4, mamba_d_head=16,
+                             mamba_d_state=16, mamba_chunk_size=8, shared_intermediate_size=16),
+    "kimi_linear": dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2,
+                        mlp_layer_types=["sparse"] * 4, num_experts_per_token=2, linear_head_dim=8,
+                        linear_num_heads=4, num_shared_experts=1),
+    "lfm2_moe": dict(num_dense_layers=1, layer_types=["conv", "full_attention"]),
     "gemma4": dict(enable_moe_block=True, top_k_experts=2, layer_types=["sliding_attention", "full_attention"],
                    vocab_size_per_layer_input=128, hidden_size_per_layer_input=8, per_layer_config={}),
     "granitemoe": {}, "granitemoe_swa": {}, "granitemoeshared": {}, "hunyuan_v1_moe": {}, "hy_v3": {}, "hy_v4": {},
