@@ -116,20 +116,19 @@ def _cotangent_transpose(cts, dout, lhs, rhs, sizes, *, sig, out_shape):
 
 
 def _per_slice(prim: Any) -> Any:
-    """vmap of `prim`: one bind per slice of the mapped axis (as the custom calls' own "sequential" vmap), so
-    each stays a primitive jax can differentiate and transpose."""
+    """vmap of `prim`: one bind per slice of the mapped axis in a `jax.lax.map` loop (as the custom calls' own
+    "sequential" vmap), so each stays a primitive jax can differentiate and transpose, and the program does not
+    grow with the batch (jax.jacfwd maps over every input element)."""
     def batch(args, dims, **params):
-        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
         moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-        if size == 0:  # nothing to run: empty results of the slices' shapes
-            avals = prim.abstract_eval(*(jax.core.ShapedArray(a.shape[1:] if d is not None else a.shape, a.dtype)
-                                         for a, d in zip(moved, dims)), **params)[0]
-            empty = [jnp.zeros((0, *v.shape), v.dtype) for v in (avals if prim.multiple_results else [avals])]
-            return (empty, [0] * len(empty)) if prim.multiple_results else (empty[0], 0)
-        outs = [prim.bind(*(a if d is None else a[i] for a, d in zip(moved, dims)), **params) for i in range(size)]
-        if prim.multiple_results:
-            return [jnp.stack(o) for o in zip(*outs)], [0] * len(outs[0])
-        return jnp.stack(outs), 0
+        mapped = [d is not None for d in dims]
+
+        def one(slices):
+            it = iter(slices)
+            return prim.bind(*(next(it) if m else a for a, m in zip(moved, mapped)), **params)
+
+        out = jax.lax.map(one, tuple(a for a, m in zip(moved, mapped) if m))
+        return (out, [0] * len(out)) if prim.multiple_results else (out, 0)
     return batch
 
 
