@@ -18,8 +18,10 @@ from ragdot.jax._calls import _callbacks, _jax_dtype
 
 def _forward(sig: Signature, out_shape: tuple[int, ...], lhs: Any, rhs: Any, sizes: Any) -> Any:
     if math.prod(out_shape) == 0:  # nothing to write: XLA would not run the call
-        return _vary(jnp.zeros(out_shape, _jax_dtype(sig.out_dtype)), _varying(jax.typeof(lhs)))
-    return _vary(_callbacks(sig, out_shape)[0](lhs, rhs, sizes), _varying(jax.typeof(lhs)))
+        out = jnp.zeros(out_shape, _jax_dtype(sig.out_dtype))
+    else:
+        out = _callbacks(sig, out_shape)[0](lhs, rhs, sizes)
+    return _vary(out, _varying(jax.typeof(lhs)))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
