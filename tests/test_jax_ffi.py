@@ -343,7 +343,7 @@ def test_a_call_still_queued_at_interpreter_exit_does_not_abort_the_process(clos
     about a third of runs, nearly every run with a call dispatched and never read. The exit hook stops new
     calls into Python and waits for those inside; after it, a call fails with its reason."""
     env = {**{k: v for k, v in os.environ.items() if k != "RAGDOT_JAX_BRIDGE"},
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}  # host devices
     for _ in range(1 if close else 3):
         proc = subprocess.run([sys.executable, "-c", f"CLOSE = {close}\n" + _EXIT_CHILD], capture_output=True,
                               text=True, env=env, timeout=600)
