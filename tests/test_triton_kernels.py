@@ -446,6 +446,20 @@ def test_tuning_configs_start_with_the_heuristic() -> None:
     ]
 
 
+def test_tuning_configs_start_with_the_tile_the_device_runs_untuned(monkeypatch) -> None:
+    """On a TMA-capable device the untuned call runs the ragged_k TMA tile; the tuner must try it first, not the
+    pointer-load tile (it was the ninth candidate, outside `ragdot tune --max-configs 7`, though it was the best
+    Triton tile on every anchor weight gradient)."""
+    import ragdot.kernels.configs as configs
+
+    monkeypatch.setattr(configs, "tma_capable", lambda device: True)
+    dims = (5120, 8192, 1536, 16)
+    tma = configs.pick_config("ragged_k", *dims, torch.bfloat16, "cpu")
+    assert tma.tma and tma.persistent and tma != configs.pick_config("ragged_k", *dims, torch.bfloat16)
+    assert configs.tuning_configs("ragged_k", *dims, torch.bfloat16, limit=1, device="cpu") == [tma]
+    assert configs.tuning_configs("ragged_k", *dims, torch.bfloat16, limit=1)[0] != tma  # no device: portable
+
+
 def test_configs() -> None:
     for problem in ("ragged_m", "ragged_k", "batch"):
         for shape in ((5120, 512, 512, 256), (15360, 6144, 20480, 32), (64, 64, 64, 1), (8192, 8192, 64, 4)):

@@ -94,7 +94,9 @@ class TritonBackend(BackendBase):
             return []
         from ragdot.kernels.configs import tuning_configs
 
-        return list(tuning_configs(problem, *dims, dtype, limit=limit))
+        # the tuner measures on the current CUDA device: its untuned tile (sm_90: the TMA one) comes first
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        return list(tuning_configs(problem, *dims, dtype, limit=limit, device=device))
 
     def config_to_dict(self, config: TileConfig | None) -> dict[str, Any] | None:
         return None if config is None else dataclasses.asdict(config)

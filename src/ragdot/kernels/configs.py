@@ -192,11 +192,12 @@ _TUNE_SPACE: dict[str, tuple[tuple[str, TileConfig], ...]] = {
 
 
 def tuning_configs(
-    problem: Problem, m: int, k: int, n: int, g: int, dtype: torch.dtype, limit: int = 8
+    problem: Problem, m: int, k: int, n: int, g: int, dtype: torch.dtype, limit: int = 8,
+    device: torch.device | str | None = None,
 ) -> list[TileConfig]:
-    """Up to `limit` configs for the autotuner to measure: the heuristic's pick, then the measured-strong
-    configs of the problem's regime (dims as in `pick_config`)."""
-    heuristic = pick_config(problem, m, k, n, g, dtype)
+    """Up to `limit` configs for the autotuner to measure: the heuristic's pick for `device` (the tile a call
+    there runs untuned), then the measured-strong configs of the problem's regime (dims as in `pick_config`)."""
+    heuristic = pick_config(problem, m, k, n, g, dtype, device)
     regime = "small" if problem == "ragged_m" and m / max(g, 1) <= 64 else "large"
     out = [heuristic]
     for tag, cfg in _TUNE_SPACE[problem]:
