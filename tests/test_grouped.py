@@ -101,6 +101,27 @@ def test_out_dtype_accumulates_in_float32_and_compiles_fullgraph():
     assert nerr(compiled(a.float(), b.float(), offs_t), _loop(a, b, offs)) <= TOL[torch.float32]
 
 
+# torch's compiled-path cases: a leading empty group (offs[0] == 0), odd sizes, an empty group inside, a tail
+_LEADING = {"2d_3d": ((9, 13), (5, 13, 7)), "3d_2d": ((5, 3, 13), (13, 9)), "2d_2d": ((3, 9), (9, 7))}
+
+
+@pytest.mark.parametrize("form", list(_LEADING))
+def test_a_leading_empty_group_odd_sizes_and_their_gradients(form):
+    offs = [0, 1, 6, 6, 7]
+    gen = torch.Generator().manual_seed(3)
+    a, b = (rand(s, torch.float32, DEV, gen).requires_grad_() for s in _LEADING[form])
+    a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+    out = ragdot.grouped_mm(a, b, torch.tensor(offs, dtype=torch.int32, device=DEV))
+    want = _loop(a64, b64, offs)
+    assert out.shape == want.shape and nerr(out, want) <= TOL[torch.float32]
+    dout = torch.randn(want.shape, generator=gen, dtype=torch.float64).to(DEV)
+    got, ref = torch.autograd.grad(out, (a, b), dout.float()), torch.autograd.grad(want, (a64, b64), dout)
+    for g, r in zip(got, ref):
+        assert nerr(g, r) <= TOL[torch.float32]
+    if form == "2d_3d":  # the empty groups' weights get exact-zero gradients
+        assert (got[1][0] == 0).all() and (got[1][3] == 0).all()
+
+
 @pytest.mark.parametrize("call,exc,pattern", [
     (lambda a, b, o: ragdot.grouped_mm(a.tolist(), b, o), TypeError, "mat_a must be a torch.Tensor"),
     (lambda a, b, o: ragdot.grouped_mm(a[0, 0], b, o), ValueError, "2-D or 3-D"),
