@@ -240,27 +240,31 @@ def test_torch_compile_fullgraph_traces_a_model():
 
 @st.composite
 def _problem(draw):
+    """A random call: its mode, up to two batch and two contracting dimensions, zero to two free rhs
+    dimensions, every dimension order, group sizes with negatives, zeros, tails and overflow."""
     mode = draw(st.sampled_from(["ragged_m", "ragged_k", "batch"]))
-    nb = draw(st.integers(0, 1))
-    sizes = {"b": draw(st.integers(1, 3)), "m": draw(st.integers(0, 13)), "k": draw(st.integers(1, 9)),
-             "n": draw(st.integers(1, 7)), "g": draw(st.integers(1, 5))}
-    lhs_dims = ["m", "k"] + (["b"] if nb else [])
-    rhs_dims = ["k", "n"] + (["b"] if nb else []) + (["g"] if mode == "ragged_m" else [])
+    nb = draw(st.integers(0, 2))
+    sizes = {"b": draw(st.integers(1, 3)), "c": draw(st.integers(1, 2)), "m": draw(st.integers(0, 13)),
+             "k": draw(st.integers(1, 9)), "k2": draw(st.integers(1, 3)), "n": draw(st.integers(1, 7)),
+             "n2": draw(st.integers(1, 3)), "g": draw(st.integers(1, 5))}
+    batch = ["b", "c"][:nb]
+    contract = ["k", "k2"][:draw(st.integers(1, 2))]
+    free = ["n", "n2"][:draw(st.integers(0 if mode != "batch" else 1, 2))]
+    lhs_dims = ["m", *contract, *batch]
+    rhs_dims = [*contract, *free, *batch] + (["g"] if mode == "ragged_m" else [])
     if mode == "ragged_k":
-        rhs_dims = ["m2" if d == "k" else d for d in rhs_dims]
+        rhs_dims.append("m2")
     if mode == "batch" and not nb:
         lhs_dims.append("b")
         rhs_dims.append("b")
-        nb = 1
+        batch = ["b"]
     lperm = draw(st.permutations(lhs_dims))
     rperm = draw(st.permutations(rhs_dims))
     ragged = {"ragged_m": "m", "ragged_k": "m", "batch": "b"}[mode]
-    if mode == "ragged_k":
-        # contract the ragged rows: lhs [m, k] x rhs [m, n] over m
-        lc, rc = (lperm.index("m"),), (rperm.index("m2"),)
-    else:
-        lc, rc = (lperm.index("k"),), (rperm.index("k"),)
-    lb, rb = ((lperm.index("b"),), (rperm.index("b"),)) if nb else ((), ())
+    lc, rc = tuple(lperm.index(d) for d in contract), tuple(rperm.index(d) for d in contract)
+    if mode == "ragged_k":  # contract the ragged rows too: lhs [m, k...] x rhs [m, n...] over m
+        lc, rc = (*lc, lperm.index("m")), (*rc, rperm.index("m2"))
+    lb, rb = tuple(lperm.index(d) for d in batch), tuple(rperm.index(d) for d in batch)
     rg = (rperm.index("g"),) if mode == "ragged_m" else ()
     dn = DN(((lc, rc), (lb, rb)), (lperm.index(ragged),), rg)
     shape_of = {**sizes, "m2": sizes["m"]}
@@ -272,16 +276,26 @@ def _problem(draw):
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=_problem(), backend=st.sampled_from(GENERAL_BACKENDS))
-def test_random_dimension_numbers_match_oracle(problem, backend):
+@given(problem=_problem(), backend=st.sampled_from(GENERAL_BACKENDS), grads=st.booleans())
+def test_random_dimension_numbers_match_oracle(problem, backend, grads):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     lshape, rshape, dn, group_sizes = problem
     lhs, rhs = torch.randn(lshape), torch.randn(rshape)
     gs = torch.tensor(group_sizes, dtype=torch.int32)
-    out = ragdot.ragged_dot_general(lhs.to(device), rhs.to(device), gs.to(device), dn, backend=backend)
-    ref = ragged_dot_general_oracle(lhs, rhs, gs, dn)
+    x, w = lhs.to(device).requires_grad_(grads), rhs.to(device).requires_grad_(grads)
+    out = ragdot.ragged_dot_general(x, w, gs.to(device), dn, backend=backend)
+    x64, w64 = lhs.double().requires_grad_(grads), rhs.double().requires_grad_(grads)
+    ref = ragged_dot_general_oracle(x64, w64, gs, dn)
     assert out.shape == ref.shape
     assert nerr(out, ref) <= TOL[torch.float32]
+    if grads and ref.numel():
+        ct = torch.randn(ref.shape, dtype=torch.float64)
+        got = torch.autograd.grad(out, (x, w), ct.float().to(device), allow_unused=True)
+        want = torch.autograd.grad(ref, (x64, w64), ct, allow_unused=True)
+        for g, r, t in zip(got, want, (x64, w64)):
+            g = torch.zeros(t.shape) if g is None else g
+            r = torch.zeros_like(t) if r is None else r
+            assert nerr(g, r) <= TOL[torch.float32]
 
 
 @pytest.mark.parametrize("ldt,rdt,want", [(torch.bfloat16, torch.float32, torch.float32),
