@@ -458,6 +458,11 @@ def test_tuning_configs_start_with_the_tile_the_device_runs_untuned(monkeypatch)
     assert tma.tma and tma.persistent and tma != configs.pick_config("ragged_k", *dims, torch.bfloat16)
     assert configs.tuning_configs("ragged_k", *dims, torch.bfloat16, limit=1, device="cpu") == [tma]
     assert configs.tuning_configs("ragged_k", *dims, torch.bfloat16, limit=1)[0] != tma  # no device: portable
+    from ragdot.tune.tuner import candidates_for  # the tuner hands the backend its device
+
+    tuned = [cfg for name, cfg in candidates_for("ragged_k", dims, torch.bfloat16, 1, torch.device("cpu"))
+             if name == "triton"]
+    assert tuned == [tma]
 
 
 def test_configs() -> None:

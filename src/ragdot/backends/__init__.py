@@ -65,7 +65,8 @@ class Backend(Protocol):
     def default_config(self, problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype) -> Any: ...
 
     def tuning_configs(
-        self, problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, limit: int
+        self, problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, limit: int,
+        device: torch.device | None = None,
     ) -> list[Any]: ...
 
     def config_to_dict(self, config: Any) -> dict[str, Any] | None: ...

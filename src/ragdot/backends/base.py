@@ -37,9 +37,10 @@ class BackendBase:
         return None
 
     def tuning_configs(
-        self, problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, limit: int
+        self, problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, limit: int,
+        device: torch.device | None = None,
     ) -> list[Any]:
-        """The configs the autotuner measures for this problem ([None]: just the backend itself)."""
+        """The configs the autotuner measures for this problem on `device` ([None]: just the backend itself)."""
         return [None]
 
     def config_to_dict(self, config: Any) -> dict[str, Any] | None:

@@ -89,13 +89,12 @@ class TritonBackend(BackendBase):
 
         return pick_config(problem, *dims, dtype)
 
-    def tuning_configs(self, problem, dims, dtype, limit) -> list[Any]:
+    def tuning_configs(self, problem, dims, dtype, limit, device=None) -> list[Any]:
         if problem == "batch":
             return []
         from ragdot.kernels.configs import tuning_configs
 
-        # the tuner measures on the current CUDA device: its untuned tile (sm_90: the TMA one) comes first
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        # the tile a call on `device` runs untuned (sm_90: the TMA one) comes first
         return list(tuning_configs(problem, *dims, dtype, limit=limit, device=device))
 
     def config_to_dict(self, config: TileConfig | None) -> dict[str, Any] | None:

@@ -37,27 +37,30 @@ def label(candidate: Candidate) -> str:
 
 
 def candidates_for(
-    problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, max_configs: int
+    problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, max_configs: int,
+    device: torch.device | None = None,
 ) -> list[Candidate]:
     """Every usable fast backend with up to `max_configs` of its own tuning configs (the vendor kernel has
     one, itself; Triton its heuristic's pick and configs that measured well in the regime; Gluon, on Hopper,
-    its warp-specialized tiles). dims = (M, K, N, G) for ragged_m, (M, R, N, G) for ragged_k."""
+    its warp-specialized tiles), each list starting with the tile a call on `device` runs untuned. dims =
+    (M, K, N, G) for ragged_m, (M, R, N, G) for ragged_k."""
     out: list[Candidate] = []
     for name in ("torch", "triton", "gluon"):
         if name in available_backends():
-            out += [(name, cfg) for cfg in get_backend(name).tuning_configs(problem, dims, dtype, max_configs)]
+            out += [(name, cfg) for cfg in get_backend(name).tuning_configs(problem, dims, dtype, max_configs, device)]
     return out
+
+
+def _summed(times: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each label's time summed over the routings, for the labels timed (above zero) on every routing."""
+    routings = set().union(*(t.keys() for t in times.values())) if times else set()
+    return {name: sum(t.values()) for name, t in times.items() if set(t) == routings and all(v > 0 for v in t.values())}
 
 
 def pick_winner(times: dict[str, dict[str, float]]) -> str | None:
     """The label with the smallest summed time over routings (only labels timed on every routing count)."""
-    if not times:
-        return None
-    routings = set().union(*(t.keys() for t in times.values()))
-    complete = {name: t for name, t in times.items() if set(t) == routings and all(v > 0 for v in t.values())}
-    if not complete:
-        return None
-    return min(sorted(complete), key=lambda name: sum(complete[name].values()))
+    sums = _summed(times)
+    return min(sorted(sums), key=sums.__getitem__) if sums else None
 
 
 def _run(
@@ -136,11 +139,8 @@ def measure_problem(
 
 def _finalists(times: dict[str, dict[str, float]]) -> set[str]:
     """The labels timed on every routing whose summed time is within FINALIST_MARGIN of the best."""
-    routings = set().union(*(t.keys() for t in times.values())) if times else set()
-    sums = {name: sum(t.values()) for name, t in times.items() if set(t) == routings and all(v > 0 for v in t.values())}
-    if not sums:
-        return set()
-    best = min(sums.values())
+    sums = _summed(times)
+    best = min(sums.values(), default=0.0)
     return {name for name, total in sums.items() if total <= best * (1 + FINALIST_MARGIN)}
 
 
@@ -193,7 +193,7 @@ def tune_key(
     else:
         return None
     dims = (extent, s1, s2, g) if key.problem == "ragged_m" else (s1, extent, s2, g)
-    cands = candidates_for(key.problem, dims, dtype, max_configs)
+    cands = candidates_for(key.problem, dims, dtype, max_configs, device)
     times = measure_problem(key.problem, a, b, g, out_dtype, cands, warmup=warmup, iters=iters)
     entry = entry_from_times(times, cands)
     if entry is not None:
