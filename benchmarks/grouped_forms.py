@@ -4,7 +4,7 @@
     python3 benchmarks/grouped_forms.py --out /tmp/grouped-forms --tiny          # a CPU dry run
 
 One MoE layer's products at qwen3-30b-a3b widths (hidden 2048, expert width 768, 128 experts, 2048 tokens
-at top-8: 16384 routed rows, random balanced routing with a tail of 5% of the rows outside every group):
+at top-8: 16384 routed rows, 120 a group, so 6% of the rows are a tail outside every group):
 
     2d_3d   x [R, K] by w [G, K, N]            the experts' forward (rows split by offs)
     3d_2d   w [G, N, K] by x^T [K, R]          the same product transposed (columns split by offs)
