@@ -415,6 +415,33 @@ def test_batch_matches_reference(dtype: torch.dtype) -> None:
     assert rel_err(c, a.double() @ b.double()) < TOL[dtype]
 
 
+def test_batch_prepared_once_runs_every_later_call_of_its_signature() -> None:
+    """The triton backend's prepared batch call (`batch_mod.Prepared`: config, grid and constexprs bound once):
+    repeated calls on new operands of the prepared layout, into a caller's buffer, and the degenerate shapes
+    (K = 0 gives zeros, an empty output launches nothing) match the float64 product."""
+    a, b = operand((3, 21, 37), torch.float16, True), operand((3, 37, 19), torch.float16, False)
+    prep = batch_mod.Prepared(a, b, torch.float32, SMALL)
+    for _ in range(3):
+        a2, b2 = torch.randn_like(a), torch.randn_like(b)
+        a2, b2 = a2.as_strided(a.shape, a.stride()), b2.as_strided(b.shape, b.stride())
+        c, _ = prep(a2, b2)
+        assert c.dtype == torch.float32 and rel_err(c, a2.double() @ b2.double()) < TOL[torch.float16]
+    out = torch.full((3, 21, 19), float("nan"), device=DEVICE)
+    c, _ = prep(a, b, None, out)
+    assert c is out and rel_err(out, a.double() @ b.double()) < TOL[torch.float16]
+    a0, b0 = torch.randn(2, 5, 0, device=DEVICE), torch.randn(2, 0, 4, device=DEVICE)
+    c0, handle = batch_mod.Prepared(a0, b0, torch.float32, SMALL)(a0, b0, None, torch.full((2, 5, 4), 7.0,
+                                                                                         device=DEVICE))
+    assert handle is None and (c0 == 0).all()
+    ae, be = torch.randn(2, 0, 3, device=DEVICE), torch.randn(2, 3, 4, device=DEVICE)
+    ce, handle = batch_mod.Prepared(ae, be, torch.float32, SMALL)(ae, be)
+    assert handle is None and ce.shape == (2, 0, 4)
+    from ragdot.backends import get_backend
+
+    call = get_backend("triton").prepare("batch", a, b, 0, torch.float32, SMALL)  # the eager path's call
+    assert rel_err(call.direct(a, b, None, (3, 21, 19)), a.double() @ b.double()) < TOL[torch.float16]
+
+
 def test_zero_tail_rows() -> None:
     c = torch.randn(2, 10, 7, device=DEVICE) + 5.0
     keep = c.clone()

@@ -76,7 +76,9 @@ def grouped_mm(
         if mat_a.shape[0] != mat_b.shape[0]:
             raise ValueError(f"mat_a and mat_b must have the same number of groups, got {mat_a.shape[0]} and "
                              f"{mat_b.shape[0]}")
-        sizes = torch.full((1,), mat_a.shape[0], dtype=torch.int32, device=mat_a.device)
+        # one group holding every batch entry; a ragged batch dimension never reads its sizes, so they stay in
+        # host memory (on the GPU a device tensor would cost an allocation and a fill launch per call)
+        sizes = torch.full((1,), mat_a.shape[0], dtype=torch.int32)
     else:
         if offs is None:
             raise ValueError(f"offs is required when mat_a or mat_b is 2-D, got shapes {tuple(mat_a.shape)} and "

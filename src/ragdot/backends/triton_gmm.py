@@ -108,7 +108,8 @@ class TritonBackend(BackendBase):
 
     # ---- running ------------------------------------------------------------------------------------------
     def prepare(self, problem, a, b, num_groups, out_dtype, config=None, scale=1):
-        """The kernels read the raw group sizes and form the clamped ends themselves (no prefix-sum launch)."""
+        """The kernels read the raw group sizes and form the clamped ends themselves (no prefix-sum launch); a
+        batch call reads none."""
         self._check(a, b, out_dtype=out_dtype)
         if problem == "ragged_m":
             prepared = _kernels("ragged_m").Prepared(a, b, out_dtype, config, from_sizes=True, scale=scale)
@@ -116,7 +117,7 @@ class TritonBackend(BackendBase):
             prepared = _kernels("ragged_k").Prepared(a, b, num_groups, out_dtype, config, from_sizes=True,
                                                      scale=scale)
         else:
-            return super().prepare(problem, a, b, num_groups, out_dtype, config, scale)
+            prepared = _kernels("batch").Prepared(a, b, out_dtype, config)
         return _KernelCall(prepared)
 
     def _launch(self, problem: str, a: torch.Tensor, b: torch.Tensor, *rest, config: TileConfig | None):

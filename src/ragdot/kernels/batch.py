@@ -18,9 +18,10 @@ from ragdot.kernels.configs import (
     dot_precision,
     launch_options,
     make_output,
+    prepared_output,
     resolve_config,
-    run_kernel,
 )
+from ragdot.kernels.launch import BoundLaunch
 
 
 @triton.jit
@@ -71,6 +72,41 @@ def batch_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < M)[:, None] & n_ok[None, :])
 
 
+class Prepared:
+    """`batch` for one static signature (shapes, strides, dtypes, device, config): the config, the grid and the
+    constexprs are resolved once (a `BoundLaunch`); a call allocates the output (or takes `out`) and launches.
+    Calls take operands of the prepared layout, or any tensors that start at the same addresses."""
+
+    replayable = False  # ragdot.kernels.replay records calls that take group sizes; a batch call has none
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, config: TileConfig | None):
+        bt, m, k = a.shape
+        n = b.shape[2]
+        self.shape = (bt, m, n)
+        self.out_dtype = out_dtype
+        self.device = a.device
+        cfg = resolve_config(config, "batch", m, k, n, bt, a)
+        self.empty = bt * m * n == 0
+        self.zero = k == 0
+        if self.empty or self.zero:
+            return
+        if bt > 65535:
+            raise ValueError(f"a: batch size {bt} exceeds the 65535 the grid allows")
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), bt)
+        consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                      EVEN_K=k % cfg.block_k == 0, PRECISION=dot_precision(a.dtype))
+        self.args = (m, n, k, *a.stride(), *b.stride())
+        self.launch = BoundLaunch(batch_kernel, grid, consts, launch_options(cfg, a.device), a.device)
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, sizes: object = None,
+                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, object]:
+        """a [Bt, M, K], b [Bt, K, N] (`sizes` is not read) -> (c [Bt, M, N], kernel handle or None)."""
+        c, done = prepared_output(self, out)
+        if done:
+            return c, None
+        return c, self.launch(a, b, c, *self.args)
+
+
 def launch(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -84,25 +120,9 @@ def launch(
     bt, m, k = a.shape
     if b.shape[0] != bt or b.shape[1] != k:
         raise ValueError(f"b: expected shape [{bt}, {k}, N] to match a {tuple(a.shape)}, got {tuple(b.shape)}")
-    n = b.shape[2]
     out_dtype = a.dtype if out_dtype is None else out_dtype
-    c = make_output("out", out, (bt, m, n), out_dtype, a.device)
-    cfg = resolve_config(config, "batch", m, k, n, bt, a)
-    if c.numel() == 0:
-        return c, None
-    if bt > 65535:
-        raise ValueError(f"a: batch size {bt} exceeds the 65535 the grid allows")
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    handle = run_kernel(
-        batch_kernel, (tiles, bt),
-        a, b, c, m, n, k,
-        a.stride(0), a.stride(1), a.stride(2),
-        b.stride(0), b.stride(1), b.stride(2),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        EVEN_K=k % cfg.block_k == 0, PRECISION=dot_precision(a.dtype),
-        **launch_options(cfg, a.device),
-    )
-    return c, handle
+    c = make_output("out", out, (bt, m, b.shape[2]), out_dtype, a.device)
+    return Prepared(a, b, out_dtype, config)(a, b, None, c)
 
 
 def batch(
