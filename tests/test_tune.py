@@ -346,12 +346,13 @@ def test_the_finalists_are_timed_again_among_themselves_and_those_times_decide(m
     among 16 candidates than beside two); the candidates within FINALIST_MARGIN of the best are timed again,
     alone, and the entry keeps those times. Here a fake clock reads `reference` 4% slow in a crowd only."""
     import ragdot.measure.timing as timing
-    from ragdot.tune.tuner import _finalists, entry_from_times, measure_problem
+    from ragdot.tune.tuner import FINALIST_ITERS, _finalists, entry_from_times, measure_problem
 
-    calls = []
+    calls, iters = [], []
 
     def fake_measure(systems, device, **kw):
         calls.append(sorted(s.name for s in systems))
+        iters.append(kw["iters"])
         crowd = len(systems) > 2
         base = {"reference": 1.04 if crowd else 0.95, "padded": 1.0, "torch": 1.2}
         return {s.name: timing.Timing(samples_ms=[base[s.name]], clock="graph") for s in systems}
@@ -361,6 +362,7 @@ def test_the_finalists_are_timed_again_among_themselves_and_those_times_decide(m
     cands = [("reference", None), ("padded", None), ("torch", None)]
     times = measure_problem("ragged_m", a, b, 4, torch.float32, cands, routings=("balanced", "skewed"))
     assert calls == [["padded", "reference", "torch"]] * 2 + [["padded", "reference"]] * 2  # all, then finalists
+    assert iters == [20, 20, 20 * FINALIST_ITERS, 20 * FINALIST_ITERS]  # the finalists with more iterations
     assert times["reference"] == {"balanced": 0.95, "skewed": 0.95} and times["torch"]["skewed"] == 1.2
     assert entry_from_times(times, cands)["backend"] == "reference"  # the second pass decides
     calls.clear()

@@ -29,6 +29,9 @@ ROUTINGS: tuple[str, ...] = ("balanced", "skewed")
 # Candidates whose summed time is within 10% of the best are timed again, among themselves: in the H200's
 # weight-gradient tunes the tile that won beside two others read up to 7.7% over the best in the full pass.
 FINALIST_MARGIN = 0.10
+# ... with this many times the iterations: finalists can be 1% apart in their summed time, where a pass of 20
+# replays each put qwen3-30b-a3b's weight-gradient pair in one order and the benchmark's in the other.
+FINALIST_ITERS = 3
 
 Candidate = tuple[str, Any]  # (backend name, that backend's config or None)
 
@@ -124,18 +127,18 @@ def measure_problem(
     # Device time (CUDA-graph replays): host dispatch overhead must not decide between kernels.
     graphs = a.device.type == "cuda"
 
-    def timed(names: set[str] | None) -> dict[str, dict[str, float]]:
+    def timed(names: set[str] | None, n_iters: int) -> dict[str, dict[str, float]]:
         times: dict[str, dict[str, float]] = {}
         for routing, systems in runs.items():
             chosen = [s for s in systems if names is None or s.name in names]
-            for name, timing in measure(chosen, a.device, warmup=warmup, iters=iters, graphs=graphs).items():
+            for name, timing in measure(chosen, a.device, warmup=warmup, iters=n_iters, graphs=graphs).items():
                 times.setdefault(name, {})[routing] = timing.median
         return times
 
-    times = timed(None)
+    times = timed(None, iters)
     finalists = _finalists(times) if finals else set()
     if 1 < len(finalists) < len(times):  # a second pass over the whole set would tell nothing new
-        times.update(timed(finalists))
+        times.update(timed(finalists, iters * FINALIST_ITERS))
     return times
 
 
