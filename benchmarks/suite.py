@@ -243,8 +243,10 @@ def _suites() -> dict[str, Suite]:
         "frontends": Suite("the calls other code makes: ragdot.grouped_mm's four forms against the raw "
                            "torch._grouped_mm (eager and graph clocks) after its GPU tests, and ragdot.jax's "
                            "checks (forward, grad and jvp through the FFI replay)", (
+            # the batch kernel's prepared launch: grouped_mm's 3-D x 3-D form, ragdot.jax's batch mode (FFI)
             Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_grouped.py",
-                               "tests/test_jax.py", "-k", "grouped or gpu or shard_map"), 200, tail=8),
+                               "tests/test_jax.py", "tests/test_jax_ffi.py", "tests/test_triton_kernels.py", "-k",
+                               "grouped or batch or gpu or shard_map"), 200, tail=8),
             Step("forms", ("{py}", "benchmarks/grouped_forms.py", "--out", "{out}/forms"), 150, tail=12),
             Step("jax-check", ("{py}", "benchmarks/jax_gpu.py", "--out", "{out}/jax", "--steps", "env", "check",
                                "--budget", "200"), 220, tail=12),
@@ -287,6 +289,17 @@ def _suites() -> dict[str, Suite]:
             Step("kernel-time", ("{py}", "benchmarks/layer_profile.py", "--out", "{out}/profile.json"), 150, tail=60),
             Step("routed-tiles", ("{py}", "benchmarks/tail_tiles.py", "--out", "{out}/tail.json"), 240, tail=40),
             Step("wgrad-rows", ("{py}", "benchmarks/wgrad_rows.py", "--out", "{out}/wgrad.json"), 180, tail=50),
+        )),
+        "sol": Suite("where the speed of light is not reached: the device's write paths (write_ceiling.py: fill, "
+                     "memset, Triton stores, TMA tile stores; graph clock) at two weight-gradient output sizes, then "
+                     "the lowest ragged-M cells on balanced, skewed and empty routing in one process", (
+            Step("write-deepseek3", ("{py}", "benchmarks/write_ceiling.py"), 60, tail=14),
+            Step("write-qwen3", ("{py}", "benchmarks/write_ceiling.py", "--groups", "128", "--m", "2048", "--n",
+                                 "768", "--tokens", "10240"), 90, tail=14),
+            Step("routing", (*RAGDOT, "bench", "--shapes", "mixtral-8x7b", "qwen3-235b-a22b", "deepseek3-test",
+                             "--classes", "fwd_wi", "fwd_wo", "dgrad_wi", "dgrad_wo", "--backends", "torch",
+                             "triton", "auto", "--no-xla", *TARGETS, "--routing", "balanced", "skewed", "empty",
+                             "--max-seconds", "0.15", "--no-plots", "--out", "{out}"), 300, tail=20),
         )),
         "profile": Suite("Nsight Compute on the open diagnoses: Gluon vs Triton ragged-M, the skewed Gluon wgrad", (
             # the same 128x256x64 three-stage tile, 619 TFLOP/s in Gluon and 741 in Triton (docs/gluon.md)
