@@ -1,8 +1,11 @@
-"""Helpers shared by the backend suite: dtypes per backend and device, tolerances, inputs."""
+"""Helpers shared by the suites: dtypes per backend and device, tolerances, inputs, the benchmark scripts."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -78,3 +81,18 @@ JAX_SHAPE_ERRORS = [
     ((11, 5), (5, 7), (3,), ((((1,), (0,)), ((), ())), (0,), ()),
      "requires exactly one rhs group dimension when lhs ragged dimension is noncontracting"),
 ]
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def benchmark_script(name: str):
+    """benchmarks/<name>.py executed afresh as module `name`: registered in sys.modules (its dataclasses look
+    their module up there) with benchmarks/ on sys.path (scripts that import their neighbours)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

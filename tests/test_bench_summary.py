@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from helpers import benchmark_script
 from ragdot.bench import runner, summary
 from ragdot.bench.report import print_tables, result_rows, write_csv
 from ragdot.bench.runner import Result, run_cell
@@ -141,11 +142,8 @@ def test_terminal_tables_show_every_clock(monkeypatch):
 
 
 def test_legacy_rows_and_summarize_script(tmp_path):
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("summarize", "benchmarks/summarize.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = benchmark_script("summarize")
     base = {"shape": "s", "M": 4, "K": 4, "N": 4, "E": 2, "routing": "balanced", "status": "ok",
             "sol_tflops": 1.0, "pct_sol": 50, "host_ms": 0.01}
     old = [dict(base, cls=c, backend=b, clock="event" if i else "graph", ms=ms, tflops=1 / ms)

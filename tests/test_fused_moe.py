@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ragdot
-from helpers import nerr
+from helpers import benchmark_script, nerr
 from ragdot.moe import MoELayer
 from ragdot.moe import fused as fused_mod
 from ragdot.moe import routing_kernels as rk
@@ -470,13 +470,8 @@ def test_fused_matches_unfused_on_gpu_tiles(dtype):
 @pytest.mark.parametrize("layout", ["layer", "transposed"])
 def test_gpu_benchmark_rows_on_a_tiny_layer(layout, tmp_path):
     """benchmarks/fused_gpu.py's row loop on a tiny float32 layer (the wall clock on a CPU), both weight layouts."""
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fused_gpu.py"
-    spec = importlib.util.spec_from_file_location("fused_gpu", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("fused_gpu")
     variants = ",".join(bench.VARIANTS)
     args = bench._args(["--out", str(tmp_path), "--reps", "1", "--layout", layout, "--variants", variants])
     layer = bench.with_layout(MoELayer(16, 16, 4, 2, path="sparse", dtype=torch.float32, device=DEV), layout)
@@ -536,13 +531,8 @@ def test_fused_config_per_kernel(monkeypatch):
 
 @pytest.mark.skipif(DEV.type == "cuda", reason="the probe's CPU smoke run (on a GPU it sweeps every candidate)")
 def test_fused_sweep_runs_on_the_cpu(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fused_sweep.py"
-    spec = importlib.util.spec_from_file_location("fused_sweep", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = benchmark_script("fused_sweep")
     for wide in (False, True):  # the candidates respect the ring budget and the accumulator limit
         for c in sweep.candidates(torch.bfloat16, wide, None):
             assert c.num_stages * (c.block_m * c.block_k + c.block_k * c.block_n) * 2 <= sweep.SHARED_BYTES
@@ -615,14 +605,9 @@ def test_wgrad_row_slices_and_mode_errors(monkeypatch):
 @pytest.mark.skipif(DEV.type == "cuda", reason="CPU tensors through Triton's interpreter: CPU-only hosts")
 def test_wgrad_rows_benchmark_runs_on_the_cpu(tmp_path):
     """benchmarks/wgrad_rows.py's systems on a tiny layer through Triton's interpreter (host clock)."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "wgrad_rows.py"
-    spec = importlib.util.spec_from_file_location("wgrad_rows", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("wgrad_rows")
     out = tmp_path / "wgrad.json"
     assert bench.main(["--device", "cpu", "--tiny", "--tokens", "24", "--reps", "1", "--heuristic-only",
                        "--out", str(out)]) == 0

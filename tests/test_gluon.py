@@ -18,7 +18,7 @@ import textwrap
 import pytest
 import torch
 
-from helpers import bundled_ptxas
+from helpers import benchmark_script, bundled_ptxas
 from ragdot.kernels.gluon import GluonConfig, gluon_tuning_configs, pick_gluon_config, unavailable_reason
 from ragdot.kernels.gluon.common import consumer_regs
 from ragdot.kernels.gluon.config import SHARED_BYTES, gluon_m_tuning_configs
@@ -661,13 +661,8 @@ def test_backend_ragged_m_from_raw_sizes_matches_triton_and_delegates_odd_k():
 
 def test_gluon_gpu_summary_counts_the_best_config_of_each_cell():
     """benchmarks/gluon_gpu.py --configs: per cell the fastest Gluon config enters `gluon-best`."""
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gluon_gpu.py"
-    spec = importlib.util.spec_from_file_location("gluon_gpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = benchmark_script("gluon_gpu")
 
     def row(shape, system, graph, eager, status="ok"):
         return dict(shape=shape, cls="wgrad_wi", system=system, status=status, graph_vs_vendor=graph,

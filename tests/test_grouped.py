@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ragdot
-from helpers import TOL, backend_dtype_params, nerr, rand
+from helpers import TOL, backend_dtype_params, benchmark_script, nerr, rand
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PARAMS = backend_dtype_params(DEV)
@@ -166,14 +166,9 @@ def test_strided_and_transposed_operands_as_torch_passes_them(backend):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU dry run")
 def test_the_forms_benchmark_dry_run_checks_and_writes_every_form(tmp_path, capsys):
     """benchmarks/grouped_forms.py --tiny on the CPU: each form checked against torch._grouped_mm and written."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "grouped_forms.py"
-    spec = importlib.util.spec_from_file_location("grouped_forms", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_script("grouped_forms")
     assert module.main(["--out", str(tmp_path), "--tiny", "--max-seconds", "0.02"]) == 0
     rows = json.loads((tmp_path / "grouped-forms.json").read_text())["rows"]
     assert [r["form"] for r in rows] == list(FORMS) and all(r["clock"] == "wall" for r in rows)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch
 pytest.importorskip("jax")
 pytest.importorskip("jax.experimental.buffer_callback")
 
+from helpers import benchmark_script
 from ragdot.bench.jax_system import RagdotJaxSystem, jax_system  # noqa: E402
 from ragdot.bench.systems import RAGDOT_JAX, TOKAMAX, Operands  # noqa: E402
 from ragdot.cli import main  # noqa: E402
@@ -130,12 +130,8 @@ def test_switch_interval_is_set_for_ragdot_jax_cells_only(monkeypatch):
 
 
 def test_host_profile_script_runs_every_section_on_the_cpu(tmp_path):
-    import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "jax_host_profile.py"
-    spec = importlib.util.spec_from_file_location("jax_host_profile", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_script("jax_host_profile")
     argv = ["--out", str(tmp_path), "--cpu", "--calls", "10", "--shapes", "16,8,8,2", "--sync-shape", "32,8,8,2",
             "--sync-calls", "5"]
     assert module.main(argv) == 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -11,16 +10,14 @@ import pytest
 import torch
 
 import ragdot
+from helpers import benchmark_script
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH = ROOT / "benchmarks" / "kernel_ab.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("kernel_ab", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("kernel_ab")
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or "triton" not in ragdot.backends(),

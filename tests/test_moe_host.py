@@ -5,11 +5,11 @@ gradient give the same bits too."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 import pytest
 import torch
 
+from helpers import benchmark_script
 from ragdot.moe import MoELayer
 from ragdot.moe import routing_kernels as rk
 
@@ -152,12 +152,7 @@ def test_balance_loss_with_known_total_is_bitwise_the_counted_one():
 
 
 def test_host_profile_benchmark_quick(tmp_path, capsys):
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "moe_host_profile.py"
-    spec = importlib.util.spec_from_file_location("moe_host_profile", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("moe_host_profile")
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     (rows,) = tmp_path.glob("moe-host-*.json")
     assert list(tmp_path.glob("moe-host-cprofile-*.txt"))

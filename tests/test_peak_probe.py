@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from helpers import benchmark_script
 
 
 def _module():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "peak_probe.py"
-    spec = importlib.util.spec_from_file_location("peak_probe", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("peak_probe")
 
 
 def test_live_at_peak_replays_allocations_and_frees():

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
 import ragdot
+from helpers import benchmark_script
 
 PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "profile_cell.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("profile_cell", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("profile_cell")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU dry run (on a GPU the script profiles)")

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "saved_bytes.py"
-_spec = importlib.util.spec_from_file_location("saved_bytes", _PATH)
-sb = sys.modules.setdefault("saved_bytes", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(sb)
+from helpers import benchmark_script
+
+sb = benchmark_script("saved_bytes")
 
 # Measured (float32, benchmarks/saved_bytes.py shapes: 64 tokens, dim 32, hidden 16, 8 experts, top-2): bytes of
 # the storages the layer's forward allocated and autograd keeps for the backward.

@@ -3,21 +3,19 @@ Chrome trace, and its refusal without a CUDA device."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+
+from helpers import benchmark_script
 
 PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "step_gaps.py"
 
 
 @pytest.fixture(scope="module")
 def step_gaps():
-    spec = importlib.util.spec_from_file_location("step_gaps", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("step_gaps")
 
 
 def _trace() -> list[dict]:

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import benchmark_script
 from ragdot import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _suite_module():
-    spec = importlib.util.spec_from_file_location("suite", ROOT / "benchmarks" / "suite.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["suite"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("suite")
 
 
 SUITE = _suite_module()

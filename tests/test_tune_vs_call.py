@@ -3,24 +3,15 @@ the cell's product, and a CPU dry run prints every way for every candidate."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import ragdot
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+from helpers import benchmark_script
 
 
 def _module():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("tune_vs_call", BENCH / "tune_vs_call.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("tune_vs_call")
 
 
 @pytest.mark.parametrize("cls", ["fwd_wi", "dgrad_wi", "wgrad_wi", "wgrad_wo"])

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
 import ragdot
+from helpers import benchmark_script
 
 PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "write_ceiling.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("write_ceiling", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("write_ceiling")
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or "triton" not in ragdot.backends(),
