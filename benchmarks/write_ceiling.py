@@ -17,8 +17,9 @@ CUDA-graph replays (graph clock) on one output buffer, each as bytes per second:
   epilogues do), one tile per program and persistent (one program per SM, tiles strided);
 - a copy (reads and writes), and the ragged_k call itself (triton and auto).
 
-`--check` runs every path once (no timing) and checks it wrote the whole buffer; on a CPU through Triton's
-interpreter, float16 (the memset row needs CUDA and is left out there).
+Every path is first run once and checked to have written the whole buffer (a wrong one stops the probe before
+any timing); `--check` does only that, and prints each verdict: on a CPU through Triton's interpreter, float16
+(the memset row needs CUDA and is left out there).
 """
 
 from __future__ import annotations
@@ -124,6 +125,27 @@ def writers(out: torch.Tensor) -> list[tuple[str, Callable[[], object]]]:
     return rows
 
 
+def _checked(out: torch.Tensor, quiet: bool) -> list[tuple[str, Callable[[], object]]] | None:
+    """The write paths over `out` that ran: each run once (NaN first) and checked to have written every element;
+    a verdict printed per path unless `quiet` (then only failures). None when a path ran and missed an element;
+    a path that raises (one this GPU or Triton refuses) is reported and left out."""
+    kept = []
+    for name, fn in writers(out):
+        out.fill_(float("nan"))
+        try:
+            fn()
+        except Exception as exc:
+            print(f"  {name:32s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+            continue
+        ok = bool((out == (0.0 if name == "zero_" else 1.0)).all())
+        if not (ok and quiet):
+            print(f"  {name:32s} {'ok' if ok else 'WRONG'}")
+        if not ok:
+            return None
+        kept.append((name, fn))
+    return kept
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=256)
@@ -143,15 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float16
     out = torch.empty(args.groups, args.m, args.n, device=dev, dtype=dtype)
+    paths = _checked(out, quiet=not args.check)
+    if paths is None:  # a path that misses an element: nothing is timed
+        return 1
     if args.check:
-        for name, fn in writers(out):
-            out.fill_(float("nan"))
-            fn()
-            want = 0.0 if name == "zero_" else 1.0
-            ok = bool((out == want).all())
-            print(f"  {name:32s} {'ok' if ok else 'WRONG'}")
-            if not ok:
-                return 1
         return 0
     src = torch.randn_like(out)
     lhs = torch.randn(args.tokens, args.m, device=dev, dtype=dtype)
@@ -164,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     def wgrad(backend: str):
         return lambda: ragdot.ragged_dot_general(lhs, rhs, sizes, dn, backend=backend)
 
-    rows = [(name, fn, wrote) for name, fn in writers(out)] + [
+    rows = [(name, fn, wrote) for name, fn in paths] + [
         ("copy (read + write)", lambda: out.copy_(src), 2 * wrote),
         ("ragged_k triton", wgrad("triton"), wrote + read),
         ("ragged_k auto", wgrad("auto"), wrote + read),

@@ -43,3 +43,19 @@ def test_bad_sizes_exit_2_naming_the_flag(capsys):
         _module().main(["--check", "--m", "0"])
     assert exc.value.code == 2
     assert "--m must be >= 1" in capsys.readouterr().err
+
+
+def test_a_path_that_misses_an_element_stops_the_probe_and_one_that_raises_is_left_out(monkeypatch, capsys):
+    mod = benchmark_script("write_ceiling")
+    out = torch.empty(2, 4, 8)
+
+    def refused():
+        raise RuntimeError("not on this GPU\nmore")
+
+    monkeypatch.setattr(mod, "writers", lambda t: [("fill_", lambda: t.fill_(1.0)), ("refused", refused)])
+    assert [name for name, _ in mod._checked(out, quiet=True)] == ["fill_"]
+    assert "refused                          failed: RuntimeError: not on this GPU" in capsys.readouterr().out
+    monkeypatch.setattr(mod, "writers", lambda t: [("half", lambda: t[0].fill_(1.0))])
+    assert mod._checked(out, quiet=True) is None
+    printed = capsys.readouterr().out
+    assert "half" in printed and printed.rstrip().endswith("WRONG")
