@@ -190,3 +190,66 @@ def test_direct_entry_is_the_out_overload(name):
     getattr(torch.ops.ragdot, name).out(*args, out=want)
     assert not got.isnan().any()
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class _ThreeProblems(torch.nn.Module):
+    """ragged_m (NaN in the rows past the last group), ragged_k and a batch product: an inference module."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        gen = torch.Generator().manual_seed(5)
+        self.w = torch.nn.Parameter(torch.randn(4, 16, 8, generator=gen).to(device, dtype))
+
+    def forward(self, x: torch.Tensor, sizes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = ragdot.ragged_dot(x, self.w, sizes)
+        dn = ragdot.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), (0,), ())
+        per_group = ragdot.ragged_dot_general(x, y, sizes, dn)  # [G, 16, 8]
+        return y, per_group, ragdot.grouped_mm(per_group, per_group.transpose(1, 2))
+
+
+def _aoti(module: torch.nn.Module, args: tuple) -> object:
+    """`module` exported and compiled ahead of time by AOTInductor (C++ wrapper), then loaded."""
+    if not hasattr(torch._inductor, "aoti_compile_and_package"):
+        pytest.skip("this torch has no AOTInductor packaging")
+    import shutil
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("AOTInductor needs a C++ compiler")
+    with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+        program = torch.export.export(module, args)
+        return torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(program))
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_aot_inductor_runs_ragdot_s_ops_through_its_proxy_executor(device):
+    """AOTInductor's C++ wrapper called ragdot's ops through a C shim they do not have (torch 2.13 lowers a custom
+    op with a `.out` overload to one): the generated C++ did not compile. They now stay fallback kernels that it
+    calls through the dispatcher, and the compiled model gives the eager bits."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    module = _ThreeProblems(dtype, torch.device(device))
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(20, 16, generator=gen).to(device, dtype)
+    x[18:] = float("nan")  # past the groups' 18 rows: never in a result
+    sizes = torch.tensor([5, 0, 7, 6], device=device)
+    compiled = _aoti(module, (x, sizes))
+    with torch.no_grad():
+        want = module(x, sizes)
+    got = compiled(x, sizes)
+    assert len(got) == 3
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert torch.equal(got[0][18:], torch.zeros_like(got[0][18:]))
+
+
+def test_aot_inductor_compiles_an_moe_layer():
+    from ragdot.moe import MoELayer
+
+    torch.manual_seed(7)
+    layer = MoELayer(16, 8, 4, 2, path="sparse", dtype=torch.float32).eval()
+    x = torch.randn(12, 16)
+    compiled = _aoti(layer, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), layer(x))

@@ -16,13 +16,20 @@ converted to inductor's expressions), and `maybe_install` does so by default on 
 H200's torch 2.11: the compiled 4-layer gpt-oss-like train step's peak 61.7 -> 55.1 GiB, under
 `torch._grouped_mm`'s 57.1. `RAGDOT_INDUCTOR_OUT=0` in the environment leaves the ops to inductor (2.11: an
 opaque kernel; later releases: their own lowering). An inductor whose internal API does not fit leaves the
-ops on its default lowering (results are the same either way), and so does the C++ wrapper (AOTInductor).
+ops on its default lowering (results are the same either way).
+
+The C++ wrapper (AOTInductor: `torch.export` then `torch._inductor.aoti_compile_and_package`) keeps ragdot's ops as
+fallback kernels, which it calls through its proxy executor (the dispatcher, then ragdot's Python implementation
+in the process that loads the package): torch 2.13's own `.out` lowering would make it call a C shim that a Python
+op does not have, and the generated C++ would not compile (`_without_out_variants`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -73,6 +80,37 @@ def install() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _without_out_variants() -> Iterator[None]:
+    """torch 2.13's `FallbackKernel.create` lowers a custom op that has a `.out` overload to an `ExternKernelOut`,
+    whose C++ wrapper code (AOTInductor) calls a C shim named after the op, which a Python op does not have: the
+    generated C++ failed to compile. Inside this block torch finds no out variant for ragdot's ops, so they stay
+    `FallbackKernel`s, which the C++ wrapper calls through its proxy executor (the dispatcher, then ragdot's
+    Python implementation, in the process that loads the compiled model)."""
+    try:
+        from torch._library import _out_variant as found
+    except ImportError:  # a torch without that lowering: nothing to turn off
+        yield
+        return
+    names = [n for n in ("to_out_variant", "lookup_manual_out_variant") if hasattr(found, n)]
+    saved = {n: getattr(found, n) for n in names}
+
+    def skipping_ragdot(lookup: Any) -> Any:
+        def lookup_out(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(kernel, "namespace", None) == "ragdot":
+                return None
+            return lookup(kernel, *args, **kwargs)
+        return lookup_out
+
+    for name, lookup in saved.items():
+        setattr(found, name, skipping_ragdot(lookup))
+    try:
+        yield
+    finally:
+        for name, lookup in saved.items():
+            setattr(found, name, lookup)
+
+
 def _lowering(ir: Any, packet: Any, fallback_handler: Any):
     from torch._inductor.utils import convert_shape_to_inductor
 
@@ -86,7 +124,8 @@ def _lowering(ir: Any, packet: Any, fallback_handler: Any):
         from torch._inductor.virtualized import V
 
         if getattr(V.graph, "cpp_wrapper", False):
-            return default(*args, **kwargs)
+            with _without_out_variants():
+                return default(*args, **kwargs)
         try:
             with V.graph.fake_mode:  # the example output is a fake tensor (nothing runs, sizes may be symbolic)
                 example, tensor_args, constant_args = ir.FallbackKernel.process_kernel(kernel, *args, **kwargs)[:3]

@@ -345,6 +345,8 @@ class MoELayer(nn.Module):
                 y, counts = self._dense_drop(xe, routed, seq_len)
         if self.shared_expert is not None:
             y = y + self.shared_expert(x2)
+        if torch.compiler.is_exporting():  # an exported program has no module state to update: y alone
+            return y.reshape(x.shape)
         self.expert_counts = counts.detach()
         total = routed.experts.numel() if self.ep is None else None  # every assignment counted once
         with amp.off_for(x):
