@@ -83,6 +83,36 @@ def test_misuse_is_one_line_and_exit_2(sub, argv, needle, tmp_path, capsys, inte
     assert not (tmp_path / "out").exists()  # a refused run writes nothing
 
 
+# Every count and duration option: a value out of its range, NaN and inf included, never starts a run.
+BAD_NUMBERS = [
+    ("bench", "--iters", "0"), ("bench", "--warmup", "-1"), ("bench", "--rounds", "0"),
+    ("bench", "--max-seconds", "-1"), ("bench", "--max-seconds", "nan"), ("bench", "--peak-tflops", "0"),
+    ("bench", "--bandwidth-gbs", "inf"),
+    ("host-bench", "--chunk", "-2"), ("host-bench", "--max-seconds", "inf"),
+    ("tune", "--max-configs", "0"), ("tune", "--iters", "0"), ("tune", "--warmup", "-1"),
+    ("moe-bench", "--max-seconds", "-1"), ("moe-bench", "--budget", "nan"), ("moe-bench", "--steps", "0"),
+    ("moe-bench", "--measure-from", "0"), ("moe-bench", "--batch", "0"), ("moe-bench", "--tokens", "0"),
+    ("bench-mxfp8", "--seconds", "-1"), ("bench-mxfp8", "--passes", "0"), ("bench-mxfp8", "--compile-jobs", "-1"),
+    ("bench-models", "--budget", "inf"), ("bench-models", "--steps", "0"), ("bench-models", "--seq-len", "0"),
+    ("ep-bench", "--steps", "0"), ("ep-bench", "--warmup", "-1"), ("ep-bench", "--tokens-per-rank", "0"),
+]
+
+
+@pytest.mark.parametrize(("sub", "flag", "value"), BAD_NUMBERS, ids=[f"{s}{f}={v}" for s, f, v in BAD_NUMBERS])
+def test_a_count_or_duration_out_of_range_is_one_line_naming_the_option(sub, flag, value, tmp_path, capsys):
+    argv = [sub, *FAST.get(sub, []), *(["--layer"] if flag == "--tokens" else []), flag, value]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert _one_error_line(capsys, sub).startswith(f"ragdot {sub}: error: {flag}: expected ")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text", ["0", "2.5", "1e3"])
+def test_durations_take_zero_and_counts_take_their_bound(text):
+    assert cli_common.seconds(text) == float(text)
+    assert cli_common.count(0)("0") == 0 and cli_common.count(1)("7") == 7
+    assert cli_common.positive("0.5") == 0.5
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of bench-mxfp8")
 def test_mxfp8_on_cpu_without_the_interpreter(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

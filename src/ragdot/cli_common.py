@@ -2,8 +2,10 @@
 
 Options: `--shapes` (space-separated shape names, 'M,K,N,E' or tag:NAME), `--dtype` (bf16/fp16/fp32 or
 bfloat16/float16/float32), `--device`, `--out` (a folder; files inside are named per run and never
-overwritten), `--targets` (a JSON file of reference numbers) and `--quiet`. A bad value raises
-`UsageError`; `ragdot.cli.main` prints it as one line, ``ragdot <sub>: error: ...``, and exits with status 2.
+overwritten), `--targets` (a JSON file of reference numbers) and `--quiet`; counts (`count(low)`: an int >= low) and
+durations (`seconds`: a finite number >= 0, `positive`: a finite number > 0) as argparse types. A bad value raises
+`UsageError` (or argparse's own error); `ragdot.cli.main` prints it as one line, ``ragdot <sub>: error: ...``,
+and exits with status 2.
 """
 
 from __future__ import annotations
@@ -11,17 +13,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import math
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "DTYPES", "OneLineParser", "UsageError", "add_deprecated_alias", "add_device", "add_dtype", "add_out",
-    "add_quiet", "add_shapes", "add_targets", "check_out", "error_line", "new_stem", "parse_device",
-    "parse_dtype", "parse_shape_args", "quiet_native_stderr", "safe_name",
+    "add_quiet", "add_shapes", "add_targets", "check_out", "count", "error_line", "new_stem", "parse_device",
+    "parse_dtype", "parse_shape_args", "positive", "quiet_native_stderr", "safe_name", "seconds",
 ]  # fmt: skip
 
 #: every accepted --dtype spelling -> the torch dtype's name
@@ -41,9 +44,11 @@ class UsageError(ValueError):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse's own errors (an unknown option, a bad int) as one line on stderr, exit status 2."""
+    """argparse's own errors (an unknown option, a bad int) as one line on stderr, exit status 2, beginning with
+    the option as ragdot's own errors do (`--flag: ...`, not argparse's `argument --flag: ...`)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        message = message.removeprefix("argument ")
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -52,6 +57,43 @@ def error_line(command: str, exc: BaseException) -> int:
     lines = str(exc).strip().splitlines() or [type(exc).__name__]
     print(f"ragdot {command}: error: {lines[0]}", file=sys.stderr)
     return 2
+
+
+# ------------------------------------------------------------------------------------------ numeric types
+def count(low: int) -> Callable[[str], int]:
+    """An argparse type: an int >= `low` (argparse reports a bad one as `argument --flag: ...`, exit status 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _number(text: str, zero: bool) -> float:
+    bound = ">= 0" if zero else "> 0"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite number >= 0 (a duration, a budget; what 0 means is the option's to say)."""
+    return _number(text, zero=True)
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number > 0 (a rate given instead of measured)."""
+    return _number(text, zero=False)
 
 
 # ------------------------------------------------------------------------------------------ adding options

@@ -30,12 +30,15 @@ from ragdot.cli_common import (
     add_shapes,
     add_targets,
     check_out,
+    count,
     error_line,
     new_stem,
     parse_device,
     parse_dtype,
     parse_shape_args,
+    positive,
     safe_name,
+    seconds,
 )
 from ragdot.measure import records
 
@@ -78,15 +81,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="group-size patterns (default: balanced)",
     )
     add_dtype(parser, "bf16 on CUDA, fp32 on a CPU")
-    parser.add_argument("--warmup", type=int, help="warm-up calls per system and cell (default 10; quick 2)")
-    parser.add_argument("--iters", type=int, help="timed calls per system and cell (default 50; quick 5)")
+    parser.add_argument("--warmup", type=count(0), help="warm-up calls per system and cell (default 10; quick 2)")
+    parser.add_argument("--iters", type=count(1), help="timed calls per system and cell (default 50; quick 5)")
     parser.add_argument(
         "--max-seconds",
-        type=float,
+        type=seconds,
         help="time budget per system, clock and cell; slow systems get fewer iterations, at least 3 "
         "(default 1.0 on CUDA, 0.25 on CPU; 0 = unbounded)",
     )
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+    parser.add_argument("--rounds", type=count(1), default=DEFAULT_ROUNDS,
                         help=f"interleaved rounds per cell, at most one per iteration (default {DEFAULT_ROUNDS})")
     parser.add_argument(
         "--clocks",
@@ -107,9 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out(parser, "out/bench", "CSV, JSON, summary and plots")
     add_quiet(parser)
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--peak-tflops", type=float, help="use this matmul peak instead of measuring it")
+    parser.add_argument("--peak-tflops", type=positive, help="use this matmul peak instead of measuring it")
     parser.add_argument(
-        "--bandwidth-gbs", type=float, help="use this bandwidth (GB/s) instead of measuring it"
+        "--bandwidth-gbs", type=positive, help="use this bandwidth (GB/s) instead of measuring it"
     )
     add_targets(parser, "vendor and torch TFLOP/s (section bench.anchors) and to take --dry-run's ceilings from")
     parser.add_argument("--commit", help="commit id for the records (default: git rev-parse --short HEAD)")
@@ -215,9 +218,6 @@ def _run(args: argparse.Namespace) -> int:
     warmup = args.warmup if args.warmup is not None else (2 if quick else 10)
     iters = args.iters if args.iters is not None else (5 if quick else 50)
     max_s = args.max_seconds if args.max_seconds is not None else (1.0 if cuda else 0.25)
-    for flag, value, low in (("--warmup", warmup, 0), ("--iters", iters, 1), ("--rounds", args.rounds, 1)):
-        if value < low:
-            raise ValueError(f"{flag} must be >= {low}, got {value}")
     if dtype == torch.float32:  # full float32, as the tolerance assumes
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False

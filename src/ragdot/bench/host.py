@@ -51,10 +51,12 @@ from ragdot.cli_common import (
     add_quiet,
     add_shapes,
     check_out,
+    count,
     error_line,
     parse_device,
     parse_dtype,
     parse_shape_args,
+    seconds,
 )
 from ragdot.measure import records
 from ragdot.measure.host import MIN_CALLS, HostTiming, time_host_interleaved
@@ -308,12 +310,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--phases", nargs="+", metavar="PHASE", help="fwd and/or fwdbwd (default both)")
     add_dtype(parser, "bf16 on CUDA, fp32 on a CPU")
     add("--routing", default="balanced", help="group sizes: balanced, skewed or empty (default balanced)")
-    add("--calls", type=int, help="back-to-back calls per pass (default 300 on CUDA, 100 on CPU)")
-    add("--repeats", type=int, default=5, help="passes per system and phase, the median is kept (default 5)")
-    add("--warmup", type=int, help="warm-up calls (default 20 on CUDA, 5 on CPU)")
-    add("--chunk", type=int,
+    add("--calls", type=count(1), help="back-to-back calls per pass (default 300 on CUDA, 100 on CPU)")
+    add("--repeats", type=count(1), default=5, help="passes per system and phase, the median is kept (default 5)")
+    add("--warmup", type=count(0), help="warm-up calls (default 20 on CUDA, 5 on CPU)")
+    add("--chunk", type=count(0),
         help=f"CUDA: calls per chunk between untimed syncs (default {DEFAULT_CHUNK}; 0 = a whole pass at once)")
-    add("--max-seconds", type=float,
+    add("--max-seconds", type=seconds,
         help=f"budget per system, phase and shape: slow calls get fewer calls per pass, at least {MIN_CALLS} "
         "(default 1.0 on CUDA, 0.5 on CPU; 0 = unbounded)")
     add("--interpreted", action="store_true",
@@ -378,11 +380,6 @@ def make_plan(args: argparse.Namespace) -> Plan:
     warmup = DEFAULT_WARMUP[kind] if args.warmup is None else args.warmup
     chunk = (DEFAULT_CHUNK if kind == "cuda" else 0) if args.chunk is None else args.chunk
     seconds = DEFAULT_SECONDS[kind] if args.max_seconds is None else args.max_seconds
-    bounds = (("--calls", calls, 1), ("--repeats", args.repeats, 1), ("--warmup", warmup, 0),
-              ("--chunk", chunk, 0), ("--max-seconds", seconds, 0))
-    for flag, value, low in bounds:
-        if not value >= low:  # also rejects a NaN budget
-            raise ValueError(f"{flag} must be >= {low}, got {value}")
     systems = _pick("--systems", args.systems, SYSTEMS)
     phases = _pick("--phases", args.phases, PHASES)
     shapes = _shapes(args.shapes, kind == "cuda")

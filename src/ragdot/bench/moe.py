@@ -40,9 +40,11 @@ from ragdot.cli_common import (
     add_quiet,
     add_targets,
     check_out,
+    count,
     parse_device,
     parse_dtype,
     safe_name,
+    seconds,
 )
 from ragdot.measure import records
 from ragdot.moe.variants import DEFAULT_VARIANTS, VARIANTS
@@ -65,22 +67,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{' '.join(LAYER_VARIANTS)}, where peer is the plain torch._grouped_mm layer)",
     )
     parser.add_argument(
-        "--steps", type=int, help=f"train steps per variant (default 10; timed steps with --layer: {LAYER_STEPS})"
+        "--steps", type=count(1), help=f"train steps per variant (default 10; timed steps with --layer: {LAYER_STEPS})"
     )
-    parser.add_argument("--measure-from", type=int, default=5, help="first step of the median (default 5)")
+    parser.add_argument("--measure-from", type=count(1), default=5, help="first step of the median (default 5)")
     parser.add_argument(
         "--max-seconds",
-        type=float,
+        type=seconds,
         default=20.0,
         help="stop a variant's steps early once it has run this long (default 20)",
     )
     parser.add_argument(
-        "--budget", type=float, default=0.0, metavar="SECONDS",
+        "--budget", type=seconds, default=0.0, metavar="SECONDS",
         help="time budget of the whole run: once spent, no new config or variant starts (default 0: none)",
     )  # fmt: skip
-    parser.add_argument("--layers", type=int, help="override the configs' layer count")
-    parser.add_argument("--seq-len", type=int, help="override the configs' sequence length")
-    parser.add_argument("--batch", type=int, help="override the configs' batch size")
+    parser.add_argument("--layers", type=count(1), help="override the configs' layer count")
+    parser.add_argument("--seq-len", type=count(1), help="override the configs' sequence length")
+    parser.add_argument("--batch", type=count(1), help="override the configs' batch size")
     add_dtype(parser, "bf16 on CUDA, fp32 on a CPU")
     add_device(parser, "cuda if available, else cpu; cpu with --quick")
     parser.add_argument(
@@ -135,8 +137,6 @@ def run(args: argparse.Namespace) -> int:
             f"--steps, --measure-from: need steps >= 1 and 1 <= measure-from <= steps, got {args.steps}, "
             f"{args.measure_from}"
         )
-    if not args.budget >= 0:
-        raise UsageError(f"--budget must be >= 0 seconds, got {args.budget}")
     device, dtype = _device_dtype(args)
     names = args.configs or ([QUICK_CONFIG.name] if args.quick else list(MODEL_CONFIGS))
     configs = _configs(names, args)

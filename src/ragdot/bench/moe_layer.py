@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from ragdot.cli_common import UsageError
+from ragdot.cli_common import UsageError, count
 from ragdot.measure import records
 from ragdot.measure.checks import failure_status
 from ragdot.measure.progress import KeepOnInterrupt, Progress
@@ -80,12 +80,12 @@ def add_layer_arguments(parser: argparse.ArgumentParser) -> None:
         "--layer", action="store_true", help="time forward+backward of one MoE layer against the peer layer"
     )
     group.add_argument(
-        "--tokens", type=int, nargs="+", metavar="T", help="tokens per step (default 8192 32768; 256 with --quick)"
+        "--tokens", type=count(1), nargs="+", metavar="T", help="tokens per step (default 8192 32768; 256 with --quick)"
     )
     group.add_argument(
         "--modes", nargs="+", choices=MODES, help="eager and/or compile (default both; eager with --quick)"
     )
-    group.add_argument("--warmup", type=int, default=3, help="warm-up steps before the timed ones (default 3)")
+    group.add_argument("--warmup", type=count(0), default=3, help="warm-up steps before the timed ones (default 3)")
     group.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     group.add_argument(
         "--allow-graph-breaks",

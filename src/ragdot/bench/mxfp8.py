@@ -33,9 +33,11 @@ from ragdot.cli_common import (
     add_shapes,
     add_targets,
     check_out,
+    count,
     parse_device,
     parse_shape_args,
     safe_name,
+    seconds,
 )
 from ragdot.measure import records
 from ragdot.measure.progress import KeepOnInterrupt, Progress
@@ -54,15 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shapes(parser, f"{' '.join(DEFAULT_SHAPES)}; this command's own: {', '.join(SHAPES)}")
     parser.add_argument("--routings", nargs="+", default=list(ROUTINGS), metavar="ROUTING",
                         help="aligned (256) and/or shifted (32) (default both)")
-    parser.add_argument("--seconds", type=float, default=0.25, help="timed window per variant and pass")
-    parser.add_argument("--passes", type=int, default=2, help="interleaved passes over all variants")
+    parser.add_argument("--seconds", type=seconds, default=0.25, help="timed window per variant and pass")
+    parser.add_argument("--passes", type=count(1), default=2, help="interleaved passes over all variants")
     parser.add_argument("--variants", nargs="+", default=[], metavar="TEXT",
                         help="keep the MXFP8 variants whose names contain one of these (default all)")
     parser.add_argument("--strip", action="store_true", help="add the timing-only strip-downs (aligned only)")
     parser.add_argument("--no-baselines", action="store_true", help="skip torch._grouped_mm and ragdot bf16")
-    parser.add_argument("--compile-jobs", type=int, default=0, help="compile the kernels in N processes first")
+    parser.add_argument("--compile-jobs", type=count(0), default=0, help="compile the kernels in N processes first")
     parser.add_argument("--compile-only", action="store_true", help="only fill the kernel cache (--compile-jobs)")
-    parser.add_argument("--budget", type=float, default=0.0, metavar="SECONDS",
+    parser.add_argument("--budget", type=seconds, default=0.0, metavar="SECONDS",
                         help="time budget of the whole run: once spent, no new shape or routing starts (default 0: "
                         "none)")
     add_targets(parser, "the quantization bandwidth (section ceilings, hbm_gbs)")
@@ -132,8 +134,6 @@ def _variants(args: argparse.Namespace) -> list[Variant]:
     for routing in args.routings:
         if routing not in ROUTINGS:
             raise UsageError(f"--routings: {routing!r} is unknown; expected some of {', '.join(ROUTINGS)}")
-    if not args.budget >= 0:
-        raise UsageError(f"--budget must be >= 0 seconds, got {args.budget}")
     variants = mx_variants(args.strip)
     if args.variants:
         keep = _split(args.variants)

@@ -14,6 +14,7 @@ from ragdot.cli_common import (
     add_quiet,
     add_shapes,
     check_out,
+    count,
     new_stem,
     parse_device,
     parse_dtype,
@@ -29,10 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--classes", nargs="+", default=None, help="ragged-dot classes (default: all six)")
     add_dtype(p, "bf16")
     add_device(p, "cuda; tune measures CUDA kernels only")
-    p.add_argument("--max-configs", type=int, default=8,
+    p.add_argument("--max-configs", type=count(1), default=8,
                    help="tile configs tried per backend and problem (Triton, Gluon)")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=count(0), default=5)
+    p.add_argument("--iters", type=count(1), default=20)
     p.add_argument("--ship", action="store_true",
                    help="write into the package's shipped results for this GPU instead of the user cache")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
