@@ -6,6 +6,8 @@ bitwise.
     python benchmarks/kernel_ab.py --module ragdot.kernels.gluon.ragged_k --old /tmp/old_rk.py --out DIR
     python benchmarks/kernel_ab.py --module ragdot.kernels.ragged_m --old old_rm.py --classes fwd_wi dgrad_wi \\
         --routing balanced skewed --configs default --out DIR
+    python benchmarks/kernel_ab.py --module ragdot.kernels.ragged_m --old src/ragdot/kernels/ragged_m.py \\
+        --old-set TMA_STORE=True --out DIR                  # one switch of the module: "old" has it on
 
 `--module` is one of ragdot's kernel modules with a `Prepared` class (ragged_k: `Prepared(a, b, G, out_dtype,
 config)`, ragged_m: `Prepared(a, b, out_dtype, config)`; a call `(a, b, ends) -> (c, kernel)`), `--old` the
@@ -41,14 +43,35 @@ CLASSES = {"ragged_k": ("wgrad_wi", "wgrad_wo"), "ragged_m": ("fwd_wi", "dgrad_w
 COLUMNS = ("shape", "cls", "routing", "system", "clock", "ms", "host_ms", "x_vendor", "bitwise", "finite", "status")
 
 
-def load_old(path: Path, module: str):
-    """The module's earlier source as a module object of its own (a name no import can collide with)."""
+def load_old(path: Path, module: str, settings: dict | None = None):
+    """The module's earlier source as a module object of its own (a name no import can collide with), with the
+    module-level names in `settings` set on it (`--old-set`: a switch of the module's own, A/B'd in one run)."""
     spec = importlib.util.spec_from_file_location(f"_kernel_ab_old_{module.replace('.', '_')}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     if not hasattr(mod, "Prepared"):
         raise ValueError(f"--old: {path} has no Prepared class")
+    for name, value in (settings or {}).items():
+        if not hasattr(mod, name):
+            raise ValueError(f"--old-set: {path} has no module-level name {name}")
+        setattr(mod, name, value)
     return mod
+
+
+def parse_settings(items: list[str]) -> dict:
+    """NAME=VALUE items (VALUE a Python literal) -> {NAME: value}; ValueError naming the bad item."""
+    import ast
+
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        try:
+            if not (sep and name.isidentifier()):
+                raise ValueError
+            out[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--old-set: expected NAME=VALUE with VALUE a Python literal, got {item!r}") from None
+    return out
 
 
 def cell_configs(problem: str, backend: str, ops, e: int, which: list[str]) -> list:
@@ -123,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--module", required=True, choices=sorted(MODULES))
     ap.add_argument("--old", required=True, type=Path, help="the module's earlier source file")
+    ap.add_argument("--old-set", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="module-level names set on the old module after it loads (e.g. --old src/ragdot/kernels/"
+                         "ragged_m.py --old-set TMA_STORE=True: one switch of the module, A/B'd)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--classes", nargs="+", help="classes of the module's problem (default: both of them)")
     ap.add_argument("--routing", nargs="+", default=["balanced", "skewed", "empty"])
@@ -146,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--classes: {', '.join(bad)} are not {problem} classes")
     if not args.old.is_file():
         ap.error(f"--old: {args.old} is not a file")
+    try:
+        settings = parse_settings(args.old_set)
+    except ValueError as exc:
+        ap.error(str(exc))
     import torch
 
     from ragdot.cli_common import UsageError, parse_shape_args
@@ -160,10 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         shapes = parse_shape_args(args.shapes)
     except UsageError as exc:
         ap.error(str(exc))
-    mods = {"old": load_old(args.old, args.module), "new": importlib.import_module(args.module)}
+    try:
+        mods = {"old": load_old(args.old, args.module, settings), "new": importlib.import_module(args.module)}
+    except ValueError as exc:
+        ap.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
     meta = run_meta(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, with_triton=True)
-    meta.update(module=args.module, old=str(args.old), from_sizes=args.from_sizes,
+    meta.update(module=args.module, old=str(args.old), old_set=args.old_set, from_sizes=args.from_sizes,
                 clock="graph: CUDA-graph replays, CUDA events, median; eager: CUDA events around back-to-back calls")
     writer = RowWriter(args.out, "kernel-ab", meta, COLUMNS)
     dog = Watchdog("kernel_ab.py", writer.files)

@@ -291,11 +291,17 @@ def _suites() -> dict[str, Suite]:
             Step("wgrad-rows", ("{py}", "benchmarks/wgrad_rows.py", "--out", "{out}/wgrad.json"), 180, tail=50),
         )),
         "sol": Suite("where the speed of light is not reached: the device's write paths (write_ceiling.py: fill, "
-                     "memset, Triton stores, TMA tile stores; graph clock) at two weight-gradient output sizes, then "
-                     "the lowest ragged-M cells on balanced, skewed and empty routing in one process", (
+                     "memset, Triton stores, TMA tile stores; graph clock) at two weight-gradient output sizes, "
+                     "ragged-M output tiles through TMA stores against pointer stores (kernel_ab.py), then the "
+                     "lowest ragged-M cells on balanced, skewed and empty routing in one process", (
             Step("write-deepseek3", ("{py}", "benchmarks/write_ceiling.py"), 60, tail=14),
             Step("write-qwen3", ("{py}", "benchmarks/write_ceiling.py", "--groups", "128", "--m", "2048", "--n",
                                  "768", "--tokens", "10240"), 90, tail=14),
+            # ragged_m's output tiles through a ragged TMA view ("old": TMA_STORE on) against its pointer stores
+            Step("tma-store", ("{py}", "benchmarks/kernel_ab.py", "--module", "ragdot.kernels.ragged_m", "--old",
+                               "src/ragdot/kernels/ragged_m.py", "--old-set", "TMA_STORE=True", "--shapes",
+                               "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b", "deepseek3-test", "--routing",
+                               "balanced", "skewed", "--out", "{out}/tma-store"), 240, tail=20),
             Step("routing", (*RAGDOT, "bench", "--shapes", "mixtral-8x7b", "qwen3-235b-a22b", "deepseek3-test",
                              "--classes", "fwd_wi", "fwd_wo", "dgrad_wi", "dgrad_wo", "--backends", "torch",
                              "triton", "auto", "--no-xla", *TARGETS, "--routing", "balanced", "skewed", "empty",

@@ -43,6 +43,9 @@ def test_a_module_against_a_copy_of_itself_is_bitwise_equal(tmp_path, capsys, si
     (["--classes", "fwd_wi"], "--classes: fwd_wi are not ragged_k classes"),
     (["--shapes", "no-such-shape"], "--shapes"),
     (["--cell-timeout", "0"], "--cell-timeout: must be > 0"),
+    (["--old-set", "TMA_STORE"], "--old-set: expected NAME=VALUE"),
+    (["--old-set", "TMA_STORE=yes please"], "--old-set: expected NAME=VALUE"),
+    (["--old-set", "NO_SUCH_NAME=1"], "--old-set: "),
 ])
 def test_bad_arguments_exit_2_naming_the_argument(tmp_path, capsys, extra, message):
     old = tmp_path / "old.py"
@@ -58,3 +61,26 @@ def test_a_missing_old_file_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         _module().main(argv)
     assert exc.value.code == 2 and "--old" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or "triton" not in ragdot.backends(),
+                    reason="the CPU dry run of the Triton kernels (on a GPU the script times them)")
+def test_a_module_switch_set_on_the_old_copy(tmp_path):
+    """`--old-set`: the checkout's own file as "old" with one of its module-level switches set (ragged_m's
+    TMA_STORE, which the interpreter's CPU path never reaches: the two give the same bits)."""
+    mod = _module()
+    old = mod.load_old(ROOT / "src" / "ragdot" / "kernels" / "ragged_m.py", "ragdot.kernels.ragged_m",
+                       mod.parse_settings(["TMA_STORE=True"]))
+    assert old.TMA_STORE is True
+    import ragdot.kernels.ragged_m as current
+
+    assert current.TMA_STORE is False  # the loaded copy is a module of its own
+    out = tmp_path / "out"
+    argv = ["--module", "ragdot.kernels.ragged_m", "--old", str(ROOT / "src" / "ragdot" / "kernels" / "ragged_m.py"),
+            "--old-set", "TMA_STORE=True", "--device", "cpu", "--shapes", "40,16,24,3", "--routing", "skewed",
+            "--classes", "dgrad_wi", "--configs", "default", "--seconds", "0.01", "--out", str(out)]
+    assert mod.main(argv) == 0
+    (path,) = out.glob("kernel-ab-*.csv")
+    rows = list(csv.DictReader(path.open()))
+    assert [r["system"].split(":")[0] for r in rows] == ["vendor", "old", "new"]
+    assert all(r["bitwise"] == "True" for r in rows[1:])

@@ -24,7 +24,7 @@ STEPS = [(name, step) for name, suite in SUITE.SUITES.items() for step in suite.
 def test_a_step_names_existing_files_and_arguments_its_command_accepts(suite, step, tmp_path):
     argv, _ = SUITE.resolve(step, tmp_path / "out", tmp_path / "cache")
     for arg in argv:  # scripts and test files of this checkout (not the outputs under {out})
-        if arg.startswith(("benchmarks/", "tests/")) and arg.endswith((".py", ".json")):
+        if arg.startswith(("benchmarks/", "tests/", "src/")) and arg.endswith((".py", ".json")):
             assert (ROOT / arg).is_file(), f"{suite}/{step.name}: {arg} does not exist"
     if argv[1:3] == ["-m", "ragdot"]:
         sub = argv[3]
@@ -35,7 +35,7 @@ def test_a_step_names_existing_files_and_arguments_its_command_accepts(suite, st
 
 def test_the_sol_suite_times_the_write_paths_then_the_routings_in_one_process():
     steps = {s.name: s for s in SUITE.SUITES["sol"].steps}
-    assert list(steps) == ["write-deepseek3", "write-qwen3", "routing"]
+    assert list(steps) == ["write-deepseek3", "write-qwen3", "tma-store", "routing"]
     routing = steps["routing"].argv
     i = routing.index("--routing")
     assert routing[i + 1:i + 4] == ("balanced", "skewed", "empty")

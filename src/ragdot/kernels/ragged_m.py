@@ -40,6 +40,14 @@ from ragdot.kernels.configs import (
     tma_capable,
 )
 from ragdot.kernels.launch import BoundLaunch
+from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_view
+
+# The flat kernel's output tiles through a ragged TMA view of c (`ragged_view`: its row bound is the tile's group
+# end, so rows of the next group are never written) instead of masked pointer stores: an asynchronous store that
+# leaves the SM's threads free for the next tile's main loop, where the epilogue is a large part of a tile (short
+# contractions: the data gradients). Off until an A/B on the GPU says where it wins (benchmarks/kernel_ab.py with
+# this flag on in the old file; docs/history.md, 2026-12-05 afternoon).
+TMA_STORE = False
 
 
 @triton.jit
@@ -256,6 +264,7 @@ def ragged_m_tma_flat_kernel(
     b_desc,  # descriptor of b [Bt, G, K, N] (N contiguous), block [1, 1, BLOCK_K, BLOCK_N];
     #          or, with B_KMAJOR, of b^T [Bt, G, N, K] (K contiguous), block [1, 1, BLOCK_N, BLOCK_K]
     c_ptr,  # [Bt, M, N] output, contiguous
+    c_desc,  # ragged view (`ragged_view`) of c as [Bt*M, N], block [1, 1, BLOCK_M, BLOCK_N] (None w/o TMA_STORE)
     ends_ptr,  # [G] int32 inclusive group ends (non-decreasing, each in [0, M]); FROM_SIZES: [G] any-int sizes
     M, N, K, G,  # scalars: problem sizes (K >= 1)
     size_scale,  # scalar: rows per unit of group size (FROM_SIZES only; 1 for the usual call)
@@ -265,6 +274,7 @@ def ragged_m_tma_flat_kernel(
     B_KMAJOR: tl.constexpr,  # b_desc describes b transposed (K contiguous)
     PRECISION: tl.constexpr,  # tl.dot input_precision
     FROM_SIZES: tl.constexpr,  # ends_ptr holds raw group sizes: the ends are formed in the kernel
+    TMA_STORE: tl.constexpr,  # output tiles through c_desc, clipped at the group's end row (else pointer stores)
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -296,7 +306,12 @@ def ragged_m_tma_flat_kernel(
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         kk += 1
         if kk == k_steps:  # last step: store the tile, start the next one from zero
-            _store_rows(c_ptr, acc, bt, row0, row_end, n0, M, N, BLOCK_M, BLOCK_N)
+            if TMA_STORE:  # the box's rows end at the group's end: TMA drops the rest (and columns past N)
+                stop = bt * M + row_end
+                c_desc.store([RAGGED_BASE, stop, RAGGED_BASE - (row_end - row0), n0],
+                             acc.to(c_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_N))
+            else:
+                _store_rows(c_ptr, acc, bt, row0, row_end, n0, M, N, BLOCK_M, BLOCK_N)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             kk = pid * 0
 
@@ -346,12 +361,17 @@ class Prepared:
         self.kmajor = b.stride(3) != 1
         bv = b.transpose(2, 3) if self.kmajor else b
         self.tma = (cfg.tma and tma_capable(a.device) and _tma_strides_ok(a) and _tma_strides_ok(bv))
+        self.c_view = None
         if self.tma:
             self.a_desc = (list(a.shape), list(a.stride()), [1, cfg.block_m, cfg.block_k])
             bblock = [1, 1, cfg.block_n, cfg.block_k] if self.kmajor else [1, 1, cfg.block_k, cfg.block_n]
             self.b_desc = (list(bv.shape), list(bv.stride()), bblock)
             kernel = ragged_m_tma_flat_kernel if cfg.flat else ragged_m_tma_kernel
-            extra = {} if cfg.flat else {"PERSISTENT": cfg.persistent}
+            # the output through a ragged TMA view where rows of c are 16-byte multiples (`TMA_STORE`)
+            if cfg.flat and TMA_STORE and (n * torch.empty((), dtype=out_dtype).element_size()) % 16 == 0 \
+                    and fits_ragged_rows(bt, m):
+                self.c_view = (*ragged_view(n, n), [1, 1, cfg.block_m, cfg.block_n])
+            extra = {"TMA_STORE": self.c_view is not None} if cfg.flat else {"PERSISTENT": cfg.persistent}
             self.tma_launch = BoundLaunch(kernel, grid, {**consts, "B_KMAJOR": self.kmajor, **extra}, opts, a.device)
         self.strides = (*a.stride(), *b.stride())
         self.ptr_launch = BoundLaunch(
@@ -368,11 +388,14 @@ class Prepared:
         c, done = prepared_output(self, out)
         if done:
             return c, None
-        if self.tma and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0:
+        if self.tma and (a.data_ptr() | b.data_ptr()) % 16 == 0 and (self.c_view is None or c.data_ptr() % 16 == 0):
             # a descriptor's base gives only the address and dtype: shapes and strides are the prepared ones
             a_desc = host_descriptor(a, *self.a_desc)
             b_desc = host_descriptor(b, *self.b_desc)
-            return c, self.tma_launch(a_desc, b_desc, c, ends, *self.sizes)
+            if not self.cfg.flat:
+                return c, self.tma_launch(a_desc, b_desc, c, ends, *self.sizes)
+            c_desc = None if self.c_view is None else host_descriptor(c, *self.c_view)
+            return c, self.tma_launch(a_desc, b_desc, c, c_desc, ends, *self.sizes)
         return c, self.ptr_launch(a, b, c, ends, *self.sizes[:4], self.scale, *self.strides, self.max_tiles)
 
 
