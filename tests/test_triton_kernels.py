@@ -700,15 +700,19 @@ def test_gpu_int64_offsets() -> None:
     assert (c2[0, m - 1] == 0).all() and (c2[0, m - 2] == 1).all()
 
 
+@pytest.mark.parametrize("split", [1, 2])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("sizes", [[17, 0, 30, 5, 1, 8], [0, 0, 0], [40, 43], [83, 0]])
-def test_ragged_m_tma_store_gives_the_pointer_store_s_bits(batch, sizes, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ragged_m_tma_store_gives_the_pointer_store_s_bits(batch, sizes, split, monkeypatch) -> None:
     """`ragged_m.TMA_STORE`: the flat kernel's tiles stored through a ragged TMA view of c, clipped at each group's
-    end, give the pointer stores' bits: tiles that straddle two groups write only their own rows, the tail rows
-    are zero, no row of the poisoned output is left, batch entries keep to their rows; rows whose bytes are not
-    16-byte multiples (N = 20 in float16) keep the pointer stores."""
+    end (whole, or as two column slices: `STORE_SPLIT`), give the pointer stores' bits: tiles that straddle two
+    groups write only their own rows, the tail rows are zero, no row of the poisoned output is left, batch entries
+    keep to their rows, the last column tile's columns past N are dropped; rows whose bytes are not 16-byte
+    multiples (N = 20 in float16) keep the pointer stores."""
     if DEVICE == "cpu":
         monkeypatch.setattr(rm_mod, "tma_capable", lambda device: True)
+    monkeypatch.setattr(rm_mod, "STORE_SPLIT", split)
+    cfg = TileConfig(**{**TMA_FLAT.__dict__, "block_n": 32})  # N = 40: a second column tile, 8 columns wide
     m, k, n = 83, 40, 40
     a = operand((batch, m, k), torch.float16, False)
     b = operand((batch, len(sizes), k, n), torch.float16, True)
@@ -717,12 +721,12 @@ def test_ragged_m_tma_store_gives_the_pointer_store_s_bits(batch, sizes, monkeyp
 
     def run(store: bool, width: int = n) -> tuple:
         monkeypatch.setattr(rm_mod, "TMA_STORE", store)
-        prepared = rm_mod.Prepared(a, b[..., :width], torch.float16, TMA_FLAT)
+        prepared = rm_mod.Prepared(a, b[..., :width], torch.float16, cfg)
         out = torch.full((batch, m, width), float("nan"), dtype=torch.float16, device=DEVICE)
         return prepared, prepared(a, b[..., :width], ends, out)[0]
 
     prepared, c = run(True)
-    assert prepared.c_view is not None
+    assert prepared.c_view is not None and prepared.c_view[2][3] == 32 // split
     _, want = run(False)
     assert torch.equal(c, want)
     assert not c.isnan().any() and (c[:, int(ends[-1]):] == 0).all()

@@ -48,6 +48,11 @@ from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_vie
 # contractions: the data gradients). Off until an A/B on the GPU says where it wins (benchmarks/kernel_ab.py with
 # this flag on in the old file; docs/history.md, 2026-12-05 afternoon).
 TMA_STORE = False
+# With TMA_STORE, the tile is stored as this many column slices (1 or 2). Built for sm_90 (`compile_only`,
+# qwen3-235b-a22b widths), a whole tile staged for its store takes 16-32 KB more shared memory a program (two
+# 128x128x64 s3 programs, 131 KB each, no longer fit one SM); two slices take about what the pointer stores do
+# (114.7 against 106.5 KB there; 64x256x64 s4: 180.4 against 180.3 KB).
+STORE_SPLIT = 2
 
 
 @triton.jit
@@ -275,6 +280,7 @@ def ragged_m_tma_flat_kernel(
     PRECISION: tl.constexpr,  # tl.dot input_precision
     FROM_SIZES: tl.constexpr,  # ends_ptr holds raw group sizes: the ends are formed in the kernel
     TMA_STORE: tl.constexpr,  # output tiles through c_desc, clipped at the group's end row (else pointer stores)
+    STORE_SPLIT: tl.constexpr,  # with TMA_STORE: column slices a tile is stored in (1 or 2; c_desc's block is one)
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -308,8 +314,14 @@ def ragged_m_tma_flat_kernel(
         if kk == k_steps:  # last step: store the tile, start the next one from zero
             if TMA_STORE:  # the box's rows end at the group's end: TMA drops the rest (and columns past N)
                 stop = bt * M + row_end
-                c_desc.store([RAGGED_BASE, stop, RAGGED_BASE - (row_end - row0), n0],
-                             acc.to(c_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_N))
+                at = RAGGED_BASE - (row_end - row0)
+                out = acc.to(c_desc.dtype)
+                if STORE_SPLIT == 2:
+                    left, right = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+                    c_desc.store([RAGGED_BASE, stop, at, n0], left.reshape(1, 1, BLOCK_M, BLOCK_N // 2))
+                    c_desc.store([RAGGED_BASE, stop, at, n0 + BLOCK_N // 2], right.reshape(1, 1, BLOCK_M, BLOCK_N // 2))
+                else:
+                    c_desc.store([RAGGED_BASE, stop, at, n0], out.reshape(1, 1, BLOCK_M, BLOCK_N))
             else:
                 _store_rows(c_ptr, acc, bt, row0, row_end, n0, M, N, BLOCK_M, BLOCK_N)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -370,8 +382,11 @@ class Prepared:
             # the output through a ragged TMA view where rows of c are 16-byte multiples (`TMA_STORE`)
             if cfg.flat and TMA_STORE and (n * torch.empty((), dtype=out_dtype).element_size()) % 16 == 0 \
                     and fits_ragged_rows(bt, m):
-                self.c_view = (*ragged_view(n, n), [1, 1, cfg.block_m, cfg.block_n])
-            extra = {"TMA_STORE": self.c_view is not None} if cfg.flat else {"PERSISTENT": cfg.persistent}
+                split = STORE_SPLIT if STORE_SPLIT in (1, 2) and cfg.block_n >= 32 else 1
+                self.c_view = (*ragged_view(n, n), [1, 1, cfg.block_m, cfg.block_n // split])
+            split = 1 if self.c_view is None else cfg.block_n // self.c_view[2][3]
+            extra = ({"TMA_STORE": self.c_view is not None, "STORE_SPLIT": split} if cfg.flat
+                     else {"PERSISTENT": cfg.persistent})
             self.tma_launch = BoundLaunch(kernel, grid, {**consts, "B_KMAJOR": self.kmajor, **extra}, opts, a.device)
         self.strides = (*a.stride(), *b.stride())
         self.ptr_launch = BoundLaunch(
