@@ -115,3 +115,49 @@ def test_rocm_code_builds_for_mi300() -> None:
     proc = subprocess.run([sys.executable, "-c", _ROCM_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["19", "19"], proc.stdout[-500:]
+
+
+_TMA_STORE_SCRIPT = textwrap.dedent(
+    """
+    import json, torch
+    from ragdot.kernels import compile_only, resource_usage, ragged_m as rm
+    from ragdot.kernels.configs import TileConfig
+    bf = torch.bfloat16
+    out = {}
+    m, k, n, g = 20480, 4096, 1536, 128  # qwen3-235b-a22b's data gradient: b read K-major
+    a = torch.empty(1, m, k, dtype=bf)
+    b = torch.empty(1, g, n, k, dtype=bf).transpose(-1, -2)
+    tiles = [TileConfig(64, 256, 64, 8, 4, 4, True, 1, True, 0, True),
+             TileConfig(128, 256, 64, 8, 8, 3, True, 1, True, 0, True),
+             TileConfig(128, 128, 64, 8, 4, 3, True, 2, True, 0, True)]
+    with compile_only(90):
+        for split in (1, 2):
+            rm.TMA_STORE, rm.STORE_SPLIT = True, split
+            for cfg in tiles:
+                p = rm.Prepared(a, b, bf, cfg)
+                usage = resource_usage(p(a, b, torch.zeros(g, dtype=torch.int32))[1])
+                out[f"{cfg.short()} split {split}"] = {**usage, "view": p.c_view is not None,
+                                                       "programs": cfg.programs_per_sm}
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.skipif(not bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
+def test_sm90_tma_store_builds_and_two_slices_keep_two_programs_an_sm() -> None:
+    """ragged_m's TMA-store switch compiles for sm_90 with wgmma and no spills; stored as two column slices (the
+    default with the switch on), two 128x128x64 three-stage programs still fit an SM's 228 KB of shared memory."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _TMA_STORE_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    usage = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(usage) == 6
+    for name, info in usage.items():
+        assert info["view"] and info["wgmma"] and info["spills"] == 0, (name, info)
+        if name.endswith("split 2"):
+            assert info["programs"] * (info["shared"] + 1024) <= 228 * 1024, (name, info)
