@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -96,3 +97,14 @@ def benchmark_script(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def compiled_in_a_subprocess(argv: list[str]) -> str:
+    """stdout of `python <argv>` run with this checkout's src/ first on PYTHONPATH and without TRITON_INTERPRET
+    (the interpreter compiles nothing): for builds of GPU code on any machine (`compile_only`). Fails the test,
+    with the end of stderr, when the process fails."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(BENCHMARKS.parent / "src"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout

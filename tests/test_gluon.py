@@ -10,15 +10,12 @@ calls from raw group sizes.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from helpers import benchmark_script, bundled_ptxas
+from helpers import benchmark_script, bundled_ptxas, compiled_in_a_subprocess
 from ragdot.kernels.gluon import GluonConfig, gluon_tuning_configs, pick_gluon_config, unavailable_reason
 from ragdot.kernels.gluon.common import consumer_regs
 from ragdot.kernels.gluon.config import SHARED_BYTES, gluon_m_tuning_configs
@@ -300,13 +297,8 @@ def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
     import json
 
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    usage = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = compiled_in_a_subprocess(["-c", _COMPILE_SCRIPT])
+    usage = json.loads(stdout.strip().splitlines()[-1])
     assert sum(k.startswith("ragged_k") for k in usage) >= 12
     assert sum(k.startswith("ragged_m") for k in usage) >= 12
     for name, info in usage.items():

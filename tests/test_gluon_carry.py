@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import bundled_ptxas
+from helpers import bundled_ptxas, compiled_in_a_subprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
@@ -33,12 +31,8 @@ def test_the_case_sums_each_items_own_rows():
 
 @pytest.mark.skipif(not bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
 def test_every_variant_compiles_for_sm90_warp_specialized():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gluon_carry.py")], capture_output=True,
-                          text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = compiled_in_a_subprocess([str(ROOT / "benchmarks" / "gluon_carry.py")])
+    report = json.loads(stdout.strip().splitlines()[-1])
     assert set(report) == {"carry24", "carry48", "plain24"}
     assert all(isinstance(v["spills"], int) and v["regs"] > 0 for v in report.values())
     assert report["plain24"]["spills"] == 0  # the pattern the ragged kernels use does not spill

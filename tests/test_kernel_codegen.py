@@ -7,13 +7,11 @@ TRITON_INTERPRET (the interpreter compiles nothing).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from helpers import bundled_ptxas
+from helpers import bundled_ptxas, compiled_in_a_subprocess
 
 _COMPILE_SCRIPT = textwrap.dedent(
     """
@@ -52,14 +50,8 @@ def test_sm90_code_uses_wgmma_without_spills() -> None:
     """The heuristic's configs compile (for sm_90, on any machine) to wgmma with zero register spills."""
     import json
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    usage = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = compiled_in_a_subprocess(["-c", _COMPILE_SCRIPT])
+    usage = json.loads(stdout.strip().splitlines()[-1])
     assert len(usage) == 30 and sum(" flat" in name and name.startswith("ragged_k") for name in usage) == 12
     assert any(" 16x128x128" in name for name in usage)  # the decode tile (rows <= 16 a group) on sm_90
     for name, info in usage.items():
@@ -109,12 +101,8 @@ def _amd_backend() -> bool:
 @pytest.mark.skipif(not _amd_backend(), reason="needs Triton's AMD backend")
 def test_rocm_code_builds_for_mi300() -> None:
     """The heuristic's kernels (pointer loads and stores, no TMA) build for an AMD MI300 (gfx942) target."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _ROCM_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split()[-2:] == ["19", "19"], proc.stdout[-500:]
+    stdout = compiled_in_a_subprocess(["-c", _ROCM_SCRIPT])
+    assert stdout.split()[-2:] == ["19", "19"], stdout[-500:]
 
 
 _TMA_STORE_SCRIPT = textwrap.dedent(
@@ -149,13 +137,8 @@ def test_sm90_tma_store_builds_and_two_slices_keep_two_programs_an_sm() -> None:
     default with the switch on), two 128x128x64 three-stage programs still fit an SM's 228 KB of shared memory."""
     import json
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _TMA_STORE_SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    usage = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = compiled_in_a_subprocess(["-c", _TMA_STORE_SCRIPT])
+    usage = json.loads(stdout.strip().splitlines()[-1])
     assert len(usage) == 6
     for name, info in usage.items():
         assert info["view"] and info["wgmma"] and info["spills"] == 0, (name, info)
