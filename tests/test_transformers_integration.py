@@ -289,6 +289,34 @@ def test_greedy_generation_with_kv_cache_gives_the_same_tokens(family):
     assert torch.equal(tokens.get(rt.FUSED_NAME, tokens["ragdot"]), tokens["ragdot"])
 
 
+def test_a_model_exported_and_compiled_ahead_of_time_matches_eager():
+    """torch.export and AOTInductor of a Qwen3-MoE model running "ragdot" experts (the C++ wrapper calls ragdot's
+    ops through its proxy executor: `ragdot.inductor_lowering`): the logits of eager "ragdot" calls."""
+    import shutil
+
+    if not hasattr(torch._inductor, "aoti_compile_and_package") or not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("needs AOTInductor packaging and a C++ compiler")
+    model = _model("qwen3_moe", seed=4).eval()
+    model.set_experts_implementation("ragdot")
+    ids = torch.randint(3, _COMMON["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(5))
+
+    class Logits(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.inner(ids, use_cache=False).logits
+
+    wrapped = Logits(model)
+    with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+        want = wrapped(ids)
+        program = torch.export.export(wrapped, (ids,))
+        assert torch.equal(program.module()(ids), want)
+        compiled = torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(program))
+        torch.testing.assert_close(compiled(ids), want)
+
+
 @pytest.mark.parametrize("impl", ["ragdot", "ragdot_fused"])
 def test_torch_compile_fullgraph_forward_and_backward(impl):
     """aot_eager traces the whole model through dynamo and AOT autograd in seconds on the CPU; inductor's CPU
