@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ragdot
-from helpers import TOL, backend_dtype_params, nerr, rand
+from helpers import TOL, backend_dtype_params, deterministic_algorithms, nerr, rand
 from oracle import ragged_dot_general_oracle
 from ragdot import RaggedDotDimensionNumbers as DN
 
@@ -185,6 +185,27 @@ def test_bitwise_deterministic(backend, dtype):
     for _ in range(2):
         assert torch.equal(a1, ragdot.ragged_dot(x, w, gs, backend=backend))
         assert torch.equal(b1, ragdot.ragged_dot_general(x, dy, gs, wgrad, backend=backend))
+
+
+@pytest.mark.parametrize("backend,dtype", PARAMS, ids=IDS)
+def test_runs_under_torch_s_deterministic_algorithms(backend, dtype):
+    """With torch.use_deterministic_algorithms(True) every op a call runs, forward and backward, has a
+    deterministic implementation (none raises), and repeats are bitwise equal."""
+    gen = torch.Generator().manual_seed(9)
+    x = rand((64, 32), dtype, DEV, gen).requires_grad_()
+    w = rand((4, 32, 24), dtype, DEV, gen).requires_grad_()
+    dy = rand((64, 24), dtype, DEV, gen)
+    gs = sizes([9, 30, 0, 20])  # 5 rows past the last group
+    runs = []
+    with deterministic_algorithms():
+        for _ in range(2):
+            x.grad = w.grad = None
+            y = ragdot.ragged_dot(x, w, gs, backend=backend)
+            y.backward(dy)
+            runs.append((y.detach(), x.grad, w.grad))
+    for first, again in zip(*runs):
+        assert torch.equal(first, again)
+    assert (runs[0][0][59:] == 0).all() and (runs[0][2][2] == 0).all()  # the tail rows, the empty group
 
 
 @pytest.mark.parametrize("backend,dtype", PARAMS, ids=IDS)
