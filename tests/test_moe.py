@@ -387,3 +387,24 @@ def test_every_path_trains_under_torch_s_deterministic_algorithms(path):
             runs.append([y.detach()] + [p.grad for p in layer.parameters()])
     for first, again in zip(*runs):
         assert torch.equal(first, again)
+
+
+def test_a_layer_that_ran_a_training_step_deep_copies_and_pickles():
+    """copy.deepcopy / torch.save of a layer after a step (EMA copies, checkpoints of whole modules): the last
+    step's losses, which hold its autograd graph, are not part of the copy; parameters and settings are, and the
+    copy computes what the layer does."""
+    import copy
+    import io
+
+    layer = _layer(dtype=torch.float32, path="sparse", capacity_factor=2.0)
+    x = _input((3, 5, 16), torch.float32)
+    (layer(x).sum() + layer.aux_loss + layer.z_loss).backward()
+    assert layer.aux_loss.grad_fn is not None  # a non-leaf: what made the copy fail
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    for twin in (copy.deepcopy(layer), torch.load(buf, weights_only=False)):
+        assert twin.aux_loss is None and twin.z_loss is None and layer.aux_loss is not None
+        assert twin.path == "sparse" and twin.capacity_factor == 2.0
+        with torch.no_grad():
+            assert torch.equal(twin(x), layer(x))

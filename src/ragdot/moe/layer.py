@@ -219,6 +219,15 @@ class MoELayer(nn.Module):
         if self.ep is not None:
             self.ep.replicate(self)
 
+    def __getstate__(self) -> dict:
+        """The layer as `copy.deepcopy`, `pickle` and `torch.save` see it: without the last step's losses, which
+        hold that step's autograd graph (a tensor that is not a graph leaf can be neither deep-copied nor
+        pickled, so a copy of a layer that had run a training step failed). A copy starts with no losses, as a new
+        layer does; its next forward sets them."""
+        state = self.__dict__.copy()
+        state["aux_loss"] = state["z_loss"] = None
+        return state
+
     # -------------------------------------------------------------------------------------- settings
     @property
     def path(self) -> str:
