@@ -119,9 +119,46 @@ def _worker(rank: int, world: int, store_path: str) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(world: int, tmp_path) -> None:
+def _fsdp_worker(rank: int, world: int, store_path: str) -> None:
+    """torch's FSDP2 (`fully_shard`) over the layer, data parallel: each rank's step on its own tokens, the
+    sharded gradients against the plain layer's gradients averaged over every rank's tokens."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        for path in ("sparse", "dense_drop"):
+            torch.manual_seed(0)
+            plain = MoELayer(DIM, HIDDEN, 4, 2, path=path, dtype=DT, num_shared_experts=1)
+            sharded = MoELayer(DIM, HIDDEN, 4, 2, path=path, dtype=DT, num_shared_experts=1)
+            sharded.load_state_dict(plain.state_dict())
+            fully_shard(sharded)
+            want: dict[str, torch.Tensor] = {}
+            for r in range(world):  # the plain layer on every rank's tokens: FSDP averages the ranks' gradients
+                plain.zero_grad(set_to_none=True)
+                x, dy = _tokens(r, (3, 5, DIM))
+                y = plain(x)
+                ((y * dy).sum() + plain.aux_loss + plain.z_loss).backward()
+                for name, p in plain.named_parameters():
+                    want[name] = want.get(name, 0) + p.grad / world
+                if r == rank:
+                    y_rank = y.detach()
+            x, dy = _tokens(rank, (3, 5, DIM))
+            y = sharded(x)
+            ((y * dy).sum() + sharded.aux_loss + sharded.z_loss).backward()
+            assert torch.allclose(y.detach(), y_rank, rtol=1e-12, atol=1e-12), path
+            for name, p in sharded.named_parameters():
+                assert torch.allclose(p.grad.full_tensor(), want[name], rtol=1e-10, atol=1e-12), (path, name)
+        dist.barrier()
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, tmp_path, worker=_worker) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ctx = mp.spawn(_worker, args=(world, str(tmp_path / "store")), nprocs=world, join=False)
+    ctx = mp.spawn(worker, args=(world, str(tmp_path / "store")), nprocs=world, join=False)
     deadline = time.monotonic() + JOIN_SECONDS
     try:
         while not ctx.join(timeout=1.0):
@@ -138,6 +175,14 @@ def _spawn(world: int, tmp_path) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_expert_parallel_matches_single_process(world, tmp_path):
     _spawn(world, tmp_path)
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
+def test_fsdp2_data_parallel_gradients_match_the_plain_layer(tmp_path):
+    """`torch.distributed.fsdp.fully_shard` over an MoELayer (its parameters sharded over 2 ranks, the aux and z
+    losses added outside the layer): outputs equal and sharded gradients equal the plain layer's, averaged."""
+    pytest.importorskip("torch.distributed.fsdp", reason="needs FSDP2")
+    _spawn(2, tmp_path, _fsdp_worker)
 
 
 def test_ep_group_none_is_the_plain_layer():
