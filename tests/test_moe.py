@@ -408,3 +408,22 @@ def test_a_layer_that_ran_a_training_step_deep_copies_and_pickles():
         assert twin.path == "sparse" and twin.capacity_factor == 2.0
         with torch.no_grad():
             assert torch.equal(twin(x), layer(x))
+
+
+@pytest.mark.parametrize("path", ["sparse", "dense_drop"])
+def test_non_reentrant_activation_checkpointing_gives_the_unchecked_gradients(path):
+    """torch.utils.checkpoint(layer, x, use_reentrant=False), the form the layer's docstring names: the output and
+    every gradient (the router's through aux_loss and z_loss included) equal the unchecked step's bitwise."""
+    from torch.utils.checkpoint import checkpoint
+
+    layer = _layer(path=path)
+    x = _input((3, 5, 16), torch.float64).requires_grad_()
+    grads = []
+    for checked in (False, True):
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        y = checkpoint(layer, x, use_reentrant=False) if checked else layer(x)
+        (y.square().sum() + layer.aux_loss + layer.z_loss).backward()
+        grads.append([y.detach(), x.grad] + [p.grad for p in layer.parameters()])
+    for plain, checked in zip(*grads):
+        assert torch.equal(plain, checked)

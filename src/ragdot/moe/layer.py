@@ -148,7 +148,11 @@ class MoELayer(nn.Module):
 
     After each forward, ``aux_loss`` (load balancing, times ``aux_loss_coef``), ``z_loss`` (router z-loss,
     times ``z_loss_coef``) and ``expert_counts`` (int32 [E], assignments per expert before any drop) hold
-    this call's values; add the losses to the training loss.
+    this call's values; add the losses to the training loss. Under activation checkpointing use
+    ``torch.utils.checkpoint(..., use_reentrant=False)``: the reentrant form runs the checkpointed forward without
+    autograd, so the losses it leaves here carry no gradient (the router then trains without them); the
+    non-reentrant form gives the gradients of an unchecked step exactly. Copies (``copy.deepcopy``, pickle) leave
+    the last step's losses out.
     """
 
     def __init__(
