@@ -427,3 +427,29 @@ def test_non_reentrant_activation_checkpointing_gives_the_unchecked_gradients(pa
         grads.append([y.detach(), x.grad] + [p.grad for p in layer.parameters()])
     for plain, checked in zip(*grads):
         assert torch.equal(plain, checked)
+
+
+def test_a_layer_built_on_the_meta_device_initialises_with_reset_parameters():
+    """The meta-device convention (build without memory, `to_empty`, then each module's `reset_parameters`):
+    every parameter of the layer, its router and shared expert drawn as the constructor draws them (the same
+    values under the same seed, module by module), and the layer runs."""
+    with torch.device("meta"):
+        layer = MoELayer(16, 12, 6, 2, num_shared_experts=1, dtype=torch.float32)
+    assert layer.w_gate_up.is_meta
+    layer.to_empty(device=DEV)
+    torch.manual_seed(3)
+    for module in layer.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    eager = MoELayer(16, 12, 6, 2, num_shared_experts=1, dtype=torch.float32, device=DEV)
+    torch.manual_seed(3)
+    for module in eager.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    for (name, p), q in zip(layer.named_parameters(), eager.parameters()):
+        assert torch.equal(p, q), name
+    fan_in = {"w_gate_up": 16, "w_down": 12, "router.weight": 16}
+    for name, std in fan_in.items():
+        p = layer.get_parameter(name)
+        assert abs(p.std().item() - std ** -0.5) < 0.2 * std ** -0.5, name
+    assert torch.isfinite(layer(_input((2, 4, 16), torch.float32))).all()

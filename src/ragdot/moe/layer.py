@@ -125,11 +125,20 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.w_gate_up = nn.Parameter(torch.empty((dim, 2 * hidden_dim), dtype=dtype, device=device))
         self.w_down = nn.Parameter(torch.empty((hidden_dim, dim), dtype=dtype, device=device))
-        nn.init.normal_(self.w_gate_up, std=dim**-0.5)
-        nn.init.normal_(self.w_down, std=hidden_dim**-0.5)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal weights with standard deviation fan_in ** -0.5 (what the constructor draws)."""
+        _init_fan_in(self.w_gate_up, self.w_down)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return swiglu(x @ self.w_gate_up) @ self.w_down
+
+
+def _init_fan_in(w_gate_up: torch.Tensor, w_down: torch.Tensor) -> None:
+    """w_gate_up [..., dim, 2H] and w_down [..., H, dim] drawn from normals of standard deviation fan_in ** -0.5."""
+    nn.init.normal_(w_gate_up, std=w_gate_up.shape[-2] ** -0.5)
+    nn.init.normal_(w_down, std=w_down.shape[-2] ** -0.5)
 
 
 def _one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
@@ -209,8 +218,7 @@ class MoELayer(nn.Module):
         self.router = Router(dim, num_experts, top_k, normalize=normalize_weights, dtype=dtype, device=device)
         self.w_gate_up = nn.Parameter(torch.empty((local, dim, 2 * hidden_dim), dtype=dtype, device=device))
         self.w_down = nn.Parameter(torch.empty((local, hidden_dim, dim), dtype=dtype, device=device))
-        nn.init.normal_(self.w_gate_up, std=dim**-0.5)
-        nn.init.normal_(self.w_down, std=hidden_dim**-0.5)
+        self.reset_parameters()
         self.shared_expert: SwiGLU | None = None
         if num_shared_experts:
             shared = shared_hidden_dim if shared_hidden_dim is not None else num_shared_experts * hidden_dim
@@ -222,6 +230,12 @@ class MoELayer(nn.Module):
         self.expert_counts: torch.Tensor | None = None
         if self.ep is not None:
             self.ep.replicate(self)
+
+    def reset_parameters(self) -> None:
+        """The experts' weights drawn again as the constructor draws them (normals of standard deviation
+        fan_in ** -0.5); the router and the shared expert have their own `reset_parameters` (the convention that
+        initialises a model built on the meta device: `to_empty`, then each module's `reset_parameters`)."""
+        _init_fan_in(self.w_gate_up, self.w_down)
 
     def __getstate__(self) -> dict:
         """The layer as `copy.deepcopy`, `pickle` and `torch.save` see it: without the last step's losses, which
