@@ -453,3 +453,10 @@ def test_a_layer_built_on_the_meta_device_initialises_with_reset_parameters():
         p = layer.get_parameter(name)
         assert abs(p.std().item() - std ** -0.5) < 0.2 * std ** -0.5, name
     assert torch.isfinite(layer(_input((2, 4, 16), torch.float32))).all()
+
+
+def test_printing_a_layer_names_its_settings_and_its_parts_sizes():
+    text = repr(MoELayer(16, 8, 4, 2, num_shared_experts=1, dtype=torch.float32))
+    assert "dim=16, hidden_dim=8, num_experts=4, top_k=2, path='sparse'" in text
+    assert "Router(dim=16, num_experts=4, top_k=2, normalize=True)" in text
+    assert "SwiGLU(dim=16, hidden_dim=8)" in text

@@ -131,6 +131,9 @@ class SwiGLU(nn.Module):
         """Normal weights with standard deviation fan_in ** -0.5 (what the constructor draws)."""
         _init_fan_in(self.w_gate_up, self.w_down)
 
+    def extra_repr(self) -> str:
+        return f"dim={self.w_gate_up.shape[0]}, hidden_dim={self.w_down.shape[0]}"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return swiglu(x @ self.w_gate_up) @ self.w_down
 

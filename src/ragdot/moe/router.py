@@ -61,6 +61,10 @@ class Router(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, std=self.weight.shape[1] ** -0.5)
 
+    def extra_repr(self) -> str:
+        dim = self.weight.shape[1]
+        return f"dim={dim}, num_experts={self.num_experts}, top_k={self.top_k}, normalize={self.normalize}"
+
     def forward(self, x: torch.Tensor) -> RouterOutput:
         """x [T, dim] -> RouterOutput, in float32 (float64) whatever torch.autocast says."""
         with amp.off_for(x):
