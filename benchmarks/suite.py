@@ -245,7 +245,8 @@ def _suites() -> dict[str, Suite]:
                            "checks (forward, grad and jvp through the FFI replay)", (
             # the batch kernel's prepared launch: grouped_mm's 3-D x 3-D form, ragdot.jax's batch mode (FFI)
             Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_grouped.py",
-                               "tests/test_jax.py", "tests/test_jax_ffi.py", "tests/test_triton_kernels.py", "-k",
+                               "tests/test_jax.py", "tests/test_jax_ffi.py", "tests/test_triton_kernels.py",
+                               "tests/test_triton_ragged_k.py", "-k",
                                "grouped or batch or gpu or shard_map"), 200, tail=8),
             Step("forms", ("{py}", "benchmarks/grouped_forms.py", "--out", "{out}/forms"), 150, tail=12),
             Step("jax-check", ("{py}", "benchmarks/jax_gpu.py", "--out", "{out}/jax", "--steps", "env", "check",

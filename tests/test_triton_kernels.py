@@ -1,4 +1,5 @@
-"""Kernel-level tests of ragdot.kernels against a float64 torch reference.
+"""Kernel-level tests of ragdot.kernels against a float64 torch reference: ragged-M, batch, the tail kernel,
+configs and errors (the weight gradient's ragged-K kernels: `test_triton_ragged_k.py`).
 
 Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1) with float16/float32 inputs and
 small tiles (the interpreter's bfloat16 tl.dot is wrong, and it is slow); with CUDA the same tests run the
@@ -7,66 +8,28 @@ compiled kernels, and the `gpu` tests add bfloat16, TMA, large (int64-offset) pr
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-if not torch.cuda.is_available():  # the interpreter must be chosen before triton is imported
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from ragdot.kernels import TileConfig, candidate_configs, pick_config, zero_tail_rows_  # noqa: E402
-from ragdot.kernels import batch as batch_mod  # noqa: E402
-from ragdot.kernels import ragged_k as rk_mod  # noqa: E402
-from ragdot.kernels import ragged_m as rm_mod  # noqa: E402
-from ragdot.kernels.configs import tuning_configs  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-SMALL = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2)  # interpreter-sized tiles
-SMALL_PERSISTENT = TileConfig(16, 32, 16, group_m=1, num_warps=4, num_stages=2, persistent=True)
-SMALL_PERSISTENT_K = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2, persistent=True)
-
-
-def ends_of(sizes: list[int], limit: int) -> torch.Tensor:
-    return torch.tensor(sizes, dtype=torch.int64).cumsum(0).clamp(max=limit).to(torch.int32).to(DEVICE)
-
-
-def ref_ragged_m(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    a64, b64 = a.double().nan_to_num(0), b.double()
-    c = torch.zeros(a.shape[0], a.shape[1], b.shape[-1], dtype=torch.float64, device=a.device)
-    start = 0
-    for g, end in enumerate(ends.tolist()):
-        c[:, start:end] = a64[:, start:end] @ b64[:, g]
-        start = max(start, end)
-    return c
-
-
-def ref_ragged_k(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(len(ends), a.shape[0], a.shape[2], b.shape[2], dtype=torch.float64, device=a.device)
-    start = 0
-    for g, end in enumerate(ends.tolist()):
-        out[g] = a[:, start:end].double().transpose(1, 2) @ b[:, start:end].double()
-        start = max(start, end)
-    return out
-
-
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
-def operand(shape: tuple[int, ...], dtype: torch.dtype, transposed: bool) -> torch.Tensor:
-    """Random tensor of `shape`; with `transposed`, a non-contiguous view with the last two dims swapped."""
-    if transposed:
-        return torch.randn(*shape[:-2], shape[-1], shape[-2], device=DEVICE).to(dtype).transpose(-1, -2)
-    return torch.randn(*shape, device=DEVICE).to(dtype)
-
+from kernel_cases import (
+    DEVICE,
+    SMALL,
+    SMALL_PERSISTENT,
+    TOL,
+    ends_of,
+    gpu,
+    needs_cuda,
+    operand,
+    ref_ragged_k,
+    ref_ragged_m,
+    rel_err,
+)
+from ragdot.kernels import TileConfig, candidate_configs, pick_config, zero_tail_rows_
+from ragdot.kernels import batch as batch_mod
+from ragdot.kernels import ragged_k as rk_mod
+from ragdot.kernels import ragged_m as rm_mod
 
 # ---- ragged-M -------------------------------------------------------------------------------------------
 
@@ -146,6 +109,40 @@ def test_ragged_m_tma_kernels(cfg: TileConfig, b_t: bool, batch: int, monkeypatc
     assert rel_err(c, ref_ragged_m(a, b, ends)) < TOL[torch.float16]
 
 
+@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("sizes", [[17, 0, 30, 5, 1, 8], [0, 0, 0], [40, 43], [83, 0]])
+def test_ragged_m_tma_store_gives_the_pointer_store_s_bits(batch, sizes, split, monkeypatch) -> None:
+    """`ragged_m.TMA_STORE`: the flat kernel's tiles stored through a ragged TMA view of c, clipped at each group's
+    end (whole, or as two column slices: `STORE_SPLIT`), give the pointer stores' bits: tiles that straddle two
+    groups write only their own rows, the tail rows are zero, no row of the poisoned output is left, batch entries
+    keep to their rows, the last column tile's columns past N are dropped; rows whose bytes are not 16-byte
+    multiples (N = 20 in float16) keep the pointer stores."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(rm_mod, "tma_capable", lambda device: True)
+    monkeypatch.setattr(rm_mod, "STORE_SPLIT", split)
+    cfg = TileConfig(**{**TMA_FLAT.__dict__, "block_n": 32})  # N = 40: a second column tile, 8 columns wide
+    m, k, n = 83, 40, 40
+    a = operand((batch, m, k), torch.float16, False)
+    b = operand((batch, len(sizes), k, n), torch.float16, True)
+    ends = ends_of(sizes, m)
+    a[:, int(ends[-1]):] = float("nan")
+
+    def run(store: bool, width: int = n) -> tuple:
+        monkeypatch.setattr(rm_mod, "TMA_STORE", store)
+        prepared = rm_mod.Prepared(a, b[..., :width], torch.float16, cfg)
+        out = torch.full((batch, m, width), float("nan"), dtype=torch.float16, device=DEVICE)
+        return prepared, prepared(a, b[..., :width], ends, out)[0]
+
+    prepared, c = run(True)
+    assert prepared.c_view is not None and prepared.c_view[2][3] == 32 // split
+    _, want = run(False)
+    assert torch.equal(c, want)
+    assert not c.isnan().any() and (c[:, int(ends[-1]):] == 0).all()
+    prepared, _ = run(True, width=20)  # 40-byte rows: no TMA view of c
+    assert prepared.c_view is None
+
+
 def test_ragged_m_clamped_ends_and_int64() -> None:
     """int64 group_ends, ends clamped at M (sizes summing past M), default heuristic config."""
     m, k, n = 20, 16, 16
@@ -175,233 +172,6 @@ def test_ragged_m_random_partitions(sizes: list[int], extra: int, k: int, n: int
     ref = ref_ragged_m(a, b, ends)
     assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
     assert (c.double() - ref).abs().max() <= 1e-4 * (1 + ref.abs().max())
-
-
-# ---- ragged-K -------------------------------------------------------------------------------------------
-
-RAGGED_K_CASES = [
-    (37, 24, 19, [5, 0, 20, 3]),  # odd M/N, an empty group, NaN rows past the last group
-    (9, 16, 16, [3, 2, 4]),  # groups shorter than BLOCK_K
-    (40, 33, 17, [0, 0, 40]),  # leading empty groups: exact zeros
-    (12, 8, 8, [0, 0]),  # no rows in any group: every output exactly zero
-]
-
-
-@pytest.mark.parametrize("cfg", [SMALL, SMALL_PERSISTENT_K], ids=["grid", "persistent"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("case", RAGGED_K_CASES)
-def test_ragged_k_matches_reference(case: tuple, dtype: torch.dtype, cfg: TileConfig) -> None:
-    r, m, n, sizes = case
-    a = operand((1, r, m), dtype, False)
-    b = operand((1, r, n), dtype, False)
-    ends = ends_of(sizes, r)
-    a[:, int(ends[-1]) :] = float("nan")
-    b[:, int(ends[-1]) :] = float("inf")
-    c = rk_mod.ragged_k(a, b, ends, config=cfg)
-    ref = ref_ragged_k(a.nan_to_num(0), b.nan_to_num(0, 0, 0), ends)
-    assert c.shape == (len(sizes), 1, m, n) and not c.isnan().any()
-    for g, size in enumerate(sizes):
-        if min(size, r) == 0 or (g > 0 and ends[g] == ends[g - 1]):
-            assert (c[g] == 0).all(), f"empty group {g} must be exactly zero"
-    if ref.norm() > 0:
-        assert rel_err(c, ref) < TOL[dtype]
-
-
-@pytest.mark.parametrize("a_t,b_t,cfg", [(True, False, SMALL), (False, True, SMALL), (True, True, SMALL_PERSISTENT_K)])
-def test_ragged_k_transposed_views(a_t: bool, b_t: bool, cfg: TileConfig) -> None:
-    r, m, n, sizes = 31, 20, 18, [7, 0, 13, 6]
-    a = operand((2, r, m), torch.float32, a_t)
-    b = operand((2, r, n), torch.float32, b_t)
-    ends = ends_of(sizes, r)
-    c = rk_mod.ragged_k(a, b, ends, config=cfg)
-    assert rel_err(c, ref_ragged_k(a, b, ends)) < TOL[torch.float32]
-
-
-TMA_LOADS_K = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2, persistent=True, tma=True, flat=True)
-
-
-@pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("sizes", [[7, 0, 20, 13, 1], [0, 0, 0], [50, 30]])
-def test_ragged_k_tma_loads(batch: int, sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The persistent kernel reading a and b through ragged TMA views (on the CPU through the interpreter):
-    empty groups exactly zero, NaN / inf rows past the last group (and, with sizes summing past R, ends
-    clamped to R) never leak, batch entries do not read each other's rows, and the result equals the
-    pointer-load kernel's with the same tile; a misaligned operand runs the pointer loads."""
-    if DEVICE == "cpu":
-        monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
-    r, m, n = 50, 24, 40
-    a = operand((batch * r * m + m,), torch.float16, False)[m:].view(batch, r, m)  # the first row stays outside
-    b = operand((batch, r, n), torch.float16, False)
-    ends = ends_of(sizes, r)
-    a[:, int(ends[-1]) :] = float("nan")
-    b[:, int(ends[-1]) :] = float("inf")
-    prepared = rk_mod.Prepared(a, b, len(sizes), torch.float16, TMA_LOADS_K)
-    assert prepared.tma_load
-    c = prepared(a, b, ends)[0]
-    ref = ref_ragged_k(a.nan_to_num(0), b.nan_to_num(0, 0, 0), ends)
-    assert not c.isnan().any()
-    for g in range(len(sizes)):
-        if ends[g] == (ends[g - 1] if g else 0):
-            assert (c[g] == 0).all(), f"empty group {g} must be exactly zero"
-    if ref.norm() > 0:
-        assert rel_err(c, ref) < TOL[torch.float16]
-    pointer = TileConfig(**{**TMA_LOADS_K.__dict__, "flat": False})
-    c_ptr = rk_mod.ragged_k(a, b, ends, config=pointer)
-    assert torch.equal(c, c_ptr) if DEVICE == "cpu" else rel_err(c, c_ptr.double()) < TOL[torch.float16]
-    a_odd = operand((batch * r * m + 1,), torch.float16, False)[1:].view(batch, r, m)  # same strides, 2-byte aligned
-    a_odd.copy_(a)
-    assert torch.equal(prepared(a_odd, b, ends)[0], c_ptr)
-
-
-@pytest.mark.parametrize("side", ["a", "b"])
-@pytest.mark.parametrize("cfg", [SMALL, SMALL_PERSISTENT_K, TMA_LOADS_K], ids=["pointer", "persistent", "tma"])
-def test_ragged_k_reads_one_operand_through_a_row_index(side: str, cfg: TileConfig, monkeypatch) -> None:
-    """`a_rows` / `b_rows`: the operand read through a row index gives the bits of the call on the pre-gathered
-    rows with the same tile (pointer, persistent, and TMA loads of the other operand); NaN in a source row no
-    token row names and past the other operand's last group never leaks; indices out of range are clamped into
-    the source (never read out of bounds), those past the last group are not read; empty groups exact zeros."""
-    if DEVICE == "cpu":
-        monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
-    s, r, m, n, sizes = 23, 50, 24, 40, [7, 0, 20, 13, 1]  # 41 of 50 token rows in groups
-    gen = torch.Generator().manual_seed(3)
-    index = torch.randint(0, s - 2, (r,), generator=gen)
-    index[[2, 30]] = torch.tensor([s + 100, -4])  # inside groups: clamped to s - 1 and 0
-    index[45:] = 10**6  # past the last group: never read
-    index = index.to(DEVICE)
-    src = operand((1, s, m if side == "a" else n), torch.float16, False)
-    src[:, s - 2] = float("nan")  # no token row names this one
-    other = operand((1, r, n if side == "a" else m), torch.float16, False)
-    ends = ends_of(sizes, r)
-    other[:, int(ends[-1]):] = float("nan")
-    gathered = src[:, index.clamp(0, s - 1)]
-    if side == "a":
-        got = rk_mod.ragged_k(src, other, ends, config=cfg, a_rows=index.int())
-        want = rk_mod.ragged_k(gathered, other, ends, config=cfg)
-        ref = ref_ragged_k(gathered.nan_to_num(0), other.nan_to_num(0), ends)
-    else:
-        got = rk_mod.ragged_k(other, src, ends, config=cfg, b_rows=index)  # int64 indices too
-        want = rk_mod.ragged_k(other, gathered, ends, config=cfg)
-        ref = ref_ragged_k(other.nan_to_num(0), gathered.nan_to_num(0), ends)
-    assert torch.equal(got, want) and not got.isnan().any()
-    assert (got[1] == 0).all()
-    assert rel_err(got, ref) < TOL[torch.float16]
-
-
-@pytest.mark.parametrize("cfg", [SMALL, SMALL_PERSISTENT_K, TMA_LOADS_K], ids=["pointer", "persistent", "tma"])
-@pytest.mark.parametrize("where", ["rows", "columns"])
-def test_ragged_k_writes_a_strided_output_view(cfg: TileConfig, where: str, monkeypatch) -> None:
-    """`Prepared(out_strides=...)`: the result written into a slice of a larger gradient (its rows, or its
-    columns) equals the contiguous call's bits, and nothing outside the slice is touched; a view of other
-    strides is refused."""
-    if DEVICE == "cpu":
-        monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
-    r, m, n, sizes = 50, 24, 40, [7, 0, 20, 13, 1]
-    a = operand((1, r, m), torch.float16, False)
-    b = operand((1, r, n), torch.float16, False)
-    ends = ends_of(sizes, r)
-    want = rk_mod.ragged_k(a, b, ends, config=cfg)
-    if where == "rows":  # rows 8 .. 8 + m of a [G, 1, 3m, n] gradient
-        big = torch.full((len(sizes), 1, 3 * m, n), float("nan"), dtype=torch.float16, device=DEVICE)
-        view = big[:, :, 8:8 + m]
-    else:  # columns 16 .. 16 + n of a [G, 1, m, 2n + 16] gradient
-        big = torch.full((len(sizes), 1, m, 2 * n + 16), float("nan"), dtype=torch.float16, device=DEVICE)
-        view = big[:, :, :, 16:16 + n]
-    strides = (view.stride(0), view.stride(2))
-    prepared = rk_mod.Prepared(a, b, len(sizes), torch.float16, cfg, out_strides=strides)
-    got = prepared(a, b, ends, view)[0]
-    assert got.data_ptr() == view.data_ptr() and torch.equal(view, want)
-    assert int(big.isnan().sum()) == big.numel() - view.numel()
-    with pytest.raises(ValueError, match="out: expected"):
-        prepared(a, b, ends, want)
-    with pytest.raises(ValueError, match="out_strides"):
-        rk_mod.Prepared(a, b, len(sizes), torch.float16, cfg, out_strides=(m * n, n - 1))
-
-
-def test_ragged_k_row_index_errors() -> None:
-    a = torch.randn(1, 6, 4, device=DEVICE)
-    b = torch.randn(1, 8, 5, device=DEVICE)
-    ends = torch.tensor([3, 8], dtype=torch.int32, device=DEVICE)
-    rows = torch.arange(8, device=DEVICE) % 6
-    with pytest.raises(ValueError, match="at most one operand"):
-        rk_mod.ragged_k(a, b, ends, a_rows=rows, b_rows=rows)
-    with pytest.raises(TypeError, match="a_rows: expected a 1-D integer tensor"):
-        rk_mod.ragged_k(a, b, ends, a_rows=rows.float())
-    with pytest.raises(ValueError, match="a_rows: 7 rows, but the other operand has 8"):
-        rk_mod.ragged_k(a, b, ends, a_rows=rows[:7])
-    with pytest.raises(ValueError, match="b_rows: needs batch-1 operands"):
-        rk_mod.ragged_k(b.expand(2, 8, 5), a.expand(2, 6, 4), ends, b_rows=rows)
-    with pytest.raises(ValueError, match="b: expected shape"):
-        rk_mod.ragged_k(a, b, ends)
-    with pytest.raises(ValueError, match="gather='c'"):
-        rk_mod.Prepared(a, b, 2, a.dtype, SMALL, gather="c")
-    prepared = rk_mod.Prepared(a, b, 2, a.dtype, SMALL, gather="a")
-    with pytest.raises(ValueError, match="index: a call of a gathering ragged_k takes an int32 row index"):
-        prepared(a, b, ends)
-
-
-@pytest.mark.parametrize("cfg", [SMALL_PERSISTENT_K, TMA_LOADS_K], ids=["pointer", "tma"])
-@pytest.mark.parametrize("sizes,scale", [([7, -2, 20, 0, 13, 1], 1), ([40, 7, 30, 1], 1), ([3, 2, -1, 9, 0], 2),
-                                         ([0, 0, 0], 1)])
-def test_ragged_k_ranks_the_groups_inside_the_persistent_kernel(cfg, sizes, scale, monkeypatch) -> None:
-    """From raw sizes, a persistent ragged_k of up to INLINE_GROUPS groups forms and ranks the groups in each
-    program (one launch): bitwise the result of the separate schedule launch (the same slots), with negative
-    sizes, sums past the extent, a scale, NaN rows past the last group and empty groups; above either limit
-    (groups, FLOPs) the schedule kernel runs as before."""
-    if DEVICE == "cpu":
-        monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
-    r, m, n = 50, 24, 40
-    a = operand((2, r, m), torch.float16, False)
-    b = operand((2, r, n), torch.float16, False)
-    raw = torch.tensor(sizes, dtype=torch.int64, device=DEVICE)
-    ends = torch.tensor(sizes).clamp(min=0).clamp(max=r // scale).cumsum(0).mul(scale).clamp(max=r)
-    a[:, int(ends[-1]):] = float("nan")
-    b[:, int(ends[-1]):] = float("inf")
-    prepared = rk_mod.Prepared(a, b, len(sizes), torch.float16, cfg, from_sizes=True, scale=scale)
-    assert prepared.inline
-    got = prepared(a, b, raw)[0]
-    separate = prepared(a, b, raw, sched=rk_mod.schedule(raw, r, scale))[0]
-    assert torch.equal(got, separate)
-    ref = ref_ragged_k(a.nan_to_num(0), b.nan_to_num(0, 0, 0), ends.to(torch.int32).to(DEVICE))
-    assert not got.isnan().any()
-    if ref.norm() > 0:
-        assert rel_err(got, ref) < TOL[torch.float16]
-    from ragdot.kernels import record
-
-    with record.recording(workspace=512) as rec:  # ragdot.jax's fixed workspace holds one [4, G] ranking
-        assert torch.equal(prepared(a, b, raw)[0], got)
-    assert [tuple(t.shape) for t in rec.scratch] == [(4, len(sizes))]
-    with record.recording() as rec:  # an eager replay allocates what the record made: the inline form
-        assert torch.equal(prepared(a, b, raw)[0], got)
-    assert [tuple(t.shape) for t in rec.scratch] == [(prepared.programs, 4, len(sizes))] and len(rec.steps) == 1
-    for limit in ("INLINE_GROUPS", "INLINE_FLOPS"):
-        with monkeypatch.context() as patch:
-            patch.setattr(rk_mod, limit, len(sizes) - 1 if limit == "INLINE_GROUPS" else 2 * 2 * r * m * n - 1)
-            above = rk_mod.Prepared(a, b, len(sizes), torch.float16, cfg, from_sizes=True, scale=scale)
-            assert not above.inline and torch.equal(above(a, b, raw)[0], got), limit
-
-
-def test_ragged_k_reproducible_and_default_config() -> None:
-    r, m, n, sizes = 50, 24, 40, [20, 3, 0, 27]
-    a = operand((1, r, m), torch.float16, False)
-    b = operand((1, r, n), torch.float16, False)
-    ends = ends_of(sizes, r)
-    c1 = rk_mod.ragged_k(a, b, ends, torch.float32)
-    c2 = rk_mod.ragged_k(a, b, ends, torch.float32)
-    assert torch.equal(c1, c2)
-    assert rel_err(c1, ref_ragged_k(a, b, ends)) < TOL[torch.float16]
-
-
-@pytest.mark.parametrize(
-    "sizes",
-    [[5, 0, 20, 3], [4, 4, 4, 4], [0, 0, 0], [1], list(range(40, 0, -3)) + [7, 7, 0, 7], [3] * 130 + [9]],
-)
-def test_longest_first_order(sizes: list[int]) -> None:
-    ends = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32).to(DEVICE)
-    sched = rk_mod.schedule(ends).tolist()
-    expected = sorted(range(len(sizes)), key=lambda g: (-sizes[g], g))
-    assert sched[0] == expected == rk_mod.longest_first(ends).tolist()
-    starts = [0] + ends.tolist()[:-1]
-    assert sched[1] == [starts[g] for g in expected] and sched[2] == [ends.tolist()[g] for g in expected]
 
 
 # ---- batch, tail, configs, errors ---------------------------------------------------------------------
@@ -628,59 +398,6 @@ def test_gpu_flat_persistent(cfg: TileConfig) -> None:
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("cfg", [c for c in candidate_configs("ragged_k") if c.flat and c in
-                                 tuning_configs("ragged_k", 4096, 4096, 4096, 32, torch.bfloat16, limit=99)])
-@pytest.mark.parametrize("batch", [1, 2])
-def test_gpu_ragged_k_tma_loads(cfg: TileConfig, batch: int) -> None:
-    """bf16 weight gradients read through ragged TMA views: uneven groups (empty, 1 row, chunk multiples, long),
-    M and N not multiples of the tile, NaN / inf rows past the last group, poisoned output; against the
-    reference and the pointer-load kernel of the same tile, no spills, wgmma."""
-    r, m, n = 2600, 1000, 744
-    sizes = [160, 0, 129, 64, 65, 300, 1, 256, 192, 1200]  # sum 2367: 233 rows past the last group
-    ends = ends_of(sizes, r)
-    a = torch.randn(batch, r, m, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(batch, r, n, device="cuda", dtype=torch.bfloat16)
-    a[:, int(ends[-1]) :] = float("nan")
-    b[:, int(ends[-1]) :] = float("inf")
-    out = torch.full((len(sizes), batch, m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    prepared = rk_mod.Prepared(a, b, len(sizes), torch.bfloat16, cfg)
-    assert prepared.tma_load
-    c, handle = prepared(a, b, ends, out)
-    assert not c.isnan().any() and (c[1] == 0).all()
-    assert rel_err(c, ref_ragged_k(a.float().nan_to_num(0), b.float().nan_to_num(0, 0, 0), ends)) < TOL[torch.bfloat16]
-    c_ptr = rk_mod.ragged_k(a, b, ends, config=TileConfig(**{**cfg.__dict__, "flat": False}))
-    assert rel_err(c, c_ptr.double()) < 1e-2
-    assert handle.n_spills == 0 and "wgmma" in handle.asm["ptx"]
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("side", ["a", "b"])
-def test_gpu_ragged_k_row_index(side: str) -> None:
-    """bf16 weight gradient with one operand read through a row index (the fused MoE block's x [T, D] through
-    its token index) and the other through its ragged TMA view, heuristic tile: the bits of the call on the
-    pre-gathered rows, NaN rows of x that no token row names and past the last group never leak."""
-    t, r, d, q = 1500, 2600, 1000, 744
-    sizes = [160, 0, 129, 64, 65, 300, 1, 256, 192, 1200]  # sum 2367: 233 rows past the last group
-    ends = ends_of(sizes, r)
-    x = torch.randn(1, t, d, device="cuda", dtype=torch.bfloat16)
-    x[:, t - 1] = float("nan")
-    index = torch.randint(0, t - 1, (r,), device="cuda", dtype=torch.int32)
-    other = torch.randn(1, r, q, device="cuda", dtype=torch.bfloat16)
-    other[:, int(ends[-1]):] = float("nan")
-    gathered = x[:, index.long()]
-    if side == "a":
-        got = rk_mod.ragged_k(x, other, ends, a_rows=index)
-        want = rk_mod.ragged_k(gathered, other, ends)
-    else:
-        got = rk_mod.ragged_k(other, x, ends, b_rows=index)
-        want = rk_mod.ragged_k(other, gathered, ends)
-    assert not got.isnan().any() and (got[1] == 0).all()
-    assert torch.equal(got, want)
-
-
-@gpu
-@needs_cuda
 def test_gpu_int64_offsets() -> None:
     """Index products past 2**31 (rows x row stride, tokens x hidden): 2**19 + 64 rows x 4096 columns."""
     m, k, n = (1 << 19) + 64, 4096, 64
@@ -699,36 +416,3 @@ def test_gpu_int64_offsets() -> None:
     zero_tail_rows_(c2, ends)
     assert (c2[0, m - 1] == 0).all() and (c2[0, m - 2] == 1).all()
 
-
-@pytest.mark.parametrize("split", [1, 2])
-@pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("sizes", [[17, 0, 30, 5, 1, 8], [0, 0, 0], [40, 43], [83, 0]])
-def test_ragged_m_tma_store_gives_the_pointer_store_s_bits(batch, sizes, split, monkeypatch) -> None:
-    """`ragged_m.TMA_STORE`: the flat kernel's tiles stored through a ragged TMA view of c, clipped at each group's
-    end (whole, or as two column slices: `STORE_SPLIT`), give the pointer stores' bits: tiles that straddle two
-    groups write only their own rows, the tail rows are zero, no row of the poisoned output is left, batch entries
-    keep to their rows, the last column tile's columns past N are dropped; rows whose bytes are not 16-byte
-    multiples (N = 20 in float16) keep the pointer stores."""
-    if DEVICE == "cpu":
-        monkeypatch.setattr(rm_mod, "tma_capable", lambda device: True)
-    monkeypatch.setattr(rm_mod, "STORE_SPLIT", split)
-    cfg = TileConfig(**{**TMA_FLAT.__dict__, "block_n": 32})  # N = 40: a second column tile, 8 columns wide
-    m, k, n = 83, 40, 40
-    a = operand((batch, m, k), torch.float16, False)
-    b = operand((batch, len(sizes), k, n), torch.float16, True)
-    ends = ends_of(sizes, m)
-    a[:, int(ends[-1]):] = float("nan")
-
-    def run(store: bool, width: int = n) -> tuple:
-        monkeypatch.setattr(rm_mod, "TMA_STORE", store)
-        prepared = rm_mod.Prepared(a, b[..., :width], torch.float16, cfg)
-        out = torch.full((batch, m, width), float("nan"), dtype=torch.float16, device=DEVICE)
-        return prepared, prepared(a, b[..., :width], ends, out)[0]
-
-    prepared, c = run(True)
-    assert prepared.c_view is not None and prepared.c_view[2][3] == 32 // split
-    _, want = run(False)
-    assert torch.equal(c, want)
-    assert not c.isnan().any() and (c[:, int(ends[-1]):] == 0).all()
-    prepared, _ = run(True, width=20)  # 40-byte rows: no TMA view of c
-    assert prepared.c_view is None
