@@ -38,6 +38,7 @@ if __package__ is None or __package__ == "":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import ragdot  # noqa: E402
+from ragdot.cli_common import count  # noqa: E402
 from ragdot.kernels.configs import num_sms  # noqa: E402
 from ragdot.measure.timing import median_ms  # noqa: E402
 from ragdot.routing import group_sizes  # noqa: E402
@@ -148,16 +149,13 @@ def _checked(out: torch.Tensor, quiet: bool) -> list[tuple[str, Callable[[], obj
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups", type=int, default=256)
-    parser.add_argument("--m", type=int, default=512, help="rows of each group's output")
-    parser.add_argument("--n", type=int, default=512, help="columns of each group's output")
-    parser.add_argument("--tokens", type=int, default=5120, help="contracted token rows, all groups together")
-    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--groups", type=count(1), default=256)
+    parser.add_argument("--m", type=count(1), default=512, help="rows of each group's output")
+    parser.add_argument("--n", type=count(1), default=512, help="columns of each group's output")
+    parser.add_argument("--tokens", type=count(1), default=5120, help="contracted token rows, all groups together")
+    parser.add_argument("--reps", type=count(1), default=50)
     parser.add_argument("--check", action="store_true", help="run each write path once and check it, no timing")
     args = parser.parse_args(argv)
-    for name in ("groups", "m", "n", "tokens", "reps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
     cuda = torch.cuda.is_available()
     if not cuda and not args.check:
         print("write_ceiling: timing needs a CUDA device (--check runs on a CPU)", file=sys.stderr)

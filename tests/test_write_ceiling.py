@@ -42,7 +42,7 @@ def test_bad_sizes_exit_2_naming_the_flag(capsys):
     with pytest.raises(SystemExit) as exc:
         _module().main(["--check", "--m", "0"])
     assert exc.value.code == 2
-    assert "--m must be >= 1" in capsys.readouterr().err
+    assert "argument --m: expected an int >= 1, got 0" in capsys.readouterr().err
 
 
 def test_a_path_that_misses_an_element_stops_the_probe_and_one_that_raises_is_left_out(monkeypatch, capsys):

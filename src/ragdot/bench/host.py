@@ -379,12 +379,12 @@ def make_plan(args: argparse.Namespace) -> Plan:
     calls = DEFAULT_CALLS[kind] if args.calls is None else args.calls
     warmup = DEFAULT_WARMUP[kind] if args.warmup is None else args.warmup
     chunk = (DEFAULT_CHUNK if kind == "cuda" else 0) if args.chunk is None else args.chunk
-    seconds = DEFAULT_SECONDS[kind] if args.max_seconds is None else args.max_seconds
+    budget = DEFAULT_SECONDS[kind] if args.max_seconds is None else args.max_seconds
     systems = _pick("--systems", args.systems, SYSTEMS)
     phases = _pick("--phases", args.phases, PHASES)
     shapes = _shapes(args.shapes, kind == "cuda")
     return Plan(device, dtype, shapes, systems, phases, args.routing, calls, args.repeats, warmup,
-                chunk, seconds)
+                chunk, budget)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -380,11 +380,10 @@ class Prepared:
             self.b_desc = (list(bv.shape), list(bv.stride()), bblock)
             kernel = ragged_m_tma_flat_kernel if cfg.flat else ragged_m_tma_kernel
             # the output through a ragged TMA view where rows of c are 16-byte multiples (`TMA_STORE`)
-            if cfg.flat and TMA_STORE and (n * torch.empty((), dtype=out_dtype).element_size()) % 16 == 0 \
-                    and fits_ragged_rows(bt, m):
+            split = 1
+            if cfg.flat and TMA_STORE and (n * torch.finfo(out_dtype).bits // 8) % 16 == 0 and fits_ragged_rows(bt, m):
                 split = STORE_SPLIT if STORE_SPLIT in (1, 2) and cfg.block_n >= 32 else 1
                 self.c_view = (*ragged_view(n, n), [1, 1, cfg.block_m, cfg.block_n // split])
-            split = 1 if self.c_view is None else cfg.block_n // self.c_view[2][3]
             extra = ({"TMA_STORE": self.c_view is not None, "STORE_SPLIT": split} if cfg.flat
                      else {"PERSISTENT": cfg.persistent})
             self.tma_launch = BoundLaunch(kernel, grid, {**consts, "B_KMAJOR": self.kmajor, **extra}, opts, a.device)
