@@ -209,7 +209,8 @@ def _suites() -> dict[str, Suite]:
                                "interleaved (CUDA events around whole steps), after the compiled-path GPU tests", (
             Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                "tests/test_inductor_lowering.py", "tests/test_moe_compile.py",
-                               "tests/test_transformers_integration.py", "-k", "lowering or compile or inductor"), 150,
+                               "tests/test_transformers_integration.py", "tests/test_transformers_experts.py", "-k",
+                               "lowering or compile or inductor"), 150,
                  tail=8),
             Step("models", (*RAGDOT, "bench-models", "--modes", "compile", "--phases", "prefill", "decode", "--impls",
                             "grouped_mm", "ragdot", "--budget", "420", "--out", "{out}"), 480, tail=30),
@@ -266,8 +267,8 @@ def _suites() -> dict[str, Suite]:
         "amp": Suite("mixed precision with float32 parameters: the autocast tests on the GPU, the MoE layer under "
                      "autocast (eager clock), whole transformers models with float32 parameters under bf16 autocast", (
             Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_autocast.py",
-                               "tests/test_fused_moe.py", "tests/test_transformers_integration.py", "-k",
-                               "master or autocast"), 200, tail=8),
+                               "tests/test_fused_moe.py", "tests/test_transformers_integration.py",
+                               "tests/test_transformers_experts.py", "-k", "master or autocast"), 200, tail=8),
             Step("layer", ("{py}", "benchmarks/autocast_layer.py", "--configs", "qwen3-30b-a3b", "deepseek2-16b",
                            "--tokens", "8192", "--rounds", "2", "--json", "{out}/autocast.json"), 200, tail=12),
             Step("models", (*RAGDOT, "bench-models", "--models", "qwen3-moe", "deepseek-v3", "--phases", "train",

@@ -1,8 +1,9 @@
-"""experts_implementation="ragdot" inside Hugging Face transformers (skipped without transformers >= 5).
+"""experts_implementation="ragdot" inside Hugging Face transformers (skipped without transformers >= 5): whole
+models.
 
 Tiny random configs on the CPU in float32: "ragdot" against transformers' own "grouped_mm" and "eager" on the
-logits, the loss and every parameter gradient; greedy generation with a KV cache; torch.compile; the layout
-flags (biases, transposed and untransposed weights, no gate, post-expert norm) and expert-parallel sentinels.
+logits, the loss and every parameter gradient; greedy generation with a KV cache; torch.compile, torch.export and
+AOTInductor; registration and its errors; bfloat16 on CUDA. The experts modules alone: test_transformers_experts.py.
 """
 
 from __future__ import annotations
@@ -10,106 +11,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", minversion="5")
-
-import ragdot.integrations.transformers as rt  # noqa: E402
-
-IMPLS = ("ragdot", "grouped_mm", "eager")
-TOL = dict(rtol=1e-4, atol=1e-5)
-
-_COMMON = dict(
-    vocab_size=96,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
+from transformers_cases import (  # _registered: the autouse fixture that registers ragdot's experts
+    _COMMON,
+    FAMILIES,
+    IMPLS,
+    TOL,
+    _experts,
+    _has_triton,
+    _hidden,
+    _model,
+    _needs_triton,
+    _randomize_biases,
+    _registered,  # noqa: F401
+    _routing,
+    rt,
+    transformers,
 )
-
-# family -> (config class, causal-LM class, config overrides)
-FAMILIES = {
-    "qwen3_moe": (
-        "Qwen3MoeConfig",
-        "Qwen3MoeForCausalLM",
-        dict(intermediate_size=48, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2, head_dim=8),
-    ),
-    "mixtral": (
-        "MixtralConfig",
-        "MixtralForCausalLM",
-        dict(intermediate_size=24, num_local_experts=6, num_experts_per_tok=2, head_dim=8),
-    ),
-    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(intermediate_size=24, num_experts=6, num_experts_per_tok=2)),
-    "deepseek_v3": (
-        "DeepseekV3Config",
-        "DeepseekV3ForCausalLM",
-        dict(
-            num_key_value_heads=4,
-            intermediate_size=48,
-            moe_intermediate_size=16,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
-            n_group=2,
-            topk_group=1,
-            q_lora_rank=16,
-            kv_lora_rank=16,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=8,
-            v_head_dim=8,
-        ),
-    ),
-    "gpt_oss": (
-        "GptOssConfig",
-        "GptOssForCausalLM",
-        dict(intermediate_size=24, num_local_experts=6, num_experts_per_tok=2, head_dim=8, sliding_window=8),
-    ),
-}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _registered():
-    rt.register()
-    rt.register(rt.FUSED_NAME, fused=True)
-
-
-def _has_triton() -> bool:
-    from ragdot.moe import routing_kernels
-
-    return routing_kernels.HAS_TRITON
-
-
-def _needs_triton():
-    if not _has_triton():
-        pytest.skip("the fused experts need triton (its interpreter on the CPU)")
-
-
-def _classes(family: str):
-    config_name, model_name, overrides = FAMILIES[family]
-    if not hasattr(transformers, config_name) or not hasattr(transformers, model_name):
-        pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
-    return getattr(transformers, config_name), getattr(transformers, model_name), overrides
-
-
-def _randomize_biases(module: torch.nn.Module, seed: int) -> None:
-    """Expert biases start at zero; random ones make the bias path count."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if "experts" in name and name.endswith("_bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-
-
-def _model(family: str, seed: int = 0, **extra) -> torch.nn.Module:
-    config_cls, model_cls, overrides = _classes(family)
-    config = config_cls(**{**_COMMON, **overrides, **extra})
-    torch.manual_seed(seed)
-    model = model_cls(config).float()
-    _randomize_biases(model, seed)
-    return model
 
 
 def _step(model: torch.nn.Module, impl: str, ids: torch.Tensor):
@@ -338,210 +255,6 @@ def test_torch_compile_fullgraph_forward_and_backward(impl):
     torch._dynamo.reset()
 
 
-# ------------------------------------------------------------------------------- experts modules directly
-def _experts(family: str, seed: int = 0) -> torch.nn.Module:
-    model = _model(family, seed)
-    for module in model.modules():
-        if type(module).__name__.endswith("Experts") and hasattr(module, "down_proj"):
-            return module
-    raise AssertionError(f"{family} has no experts module")
-
-
-def _experts_step(module, impl, x, idx, w):
-    module.config._experts_implementation = impl
-    module.zero_grad(set_to_none=True)
-    x = x.clone().requires_grad_(True)
-    w = w.clone().requires_grad_(True)
-    y = module(x, idx, w)
-    y.backward(torch.linspace(-1, 1, y.numel(), device=y.device).view_as(y))
-    grads = {n: p.grad.clone() for n, p in module.named_parameters()}
-    return y.detach(), x.grad, w.grad, grads
-
-
-def _routing(tokens: int, top_k: int, num_experts: int, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(tokens)])
-    w = torch.softmax(torch.randn(tokens, top_k, generator=gen), dim=-1)
-    return idx, w
-
-
-def _assert_same(a, b, what):
-    ya, xa, wa, ga = a
-    yb, xb, wb, gb = b
-    torch.testing.assert_close(ya, yb, **TOL, msg=f"output vs {what}")
-    torch.testing.assert_close(xa, xb, **TOL, msg=f"input grad vs {what}")
-    torch.testing.assert_close(wa, wb, **TOL, msg=f"routing-weight grad vs {what}")
-    for name in ga:
-        torch.testing.assert_close(ga[name], gb[name], **TOL, msg=f"grad of {name} vs {what}")
-
-
-@pytest.mark.parametrize(
-    "family, impl, flag",
-    [
-        ("qwen3_moe", "ragdot", True),
-        ("gpt_oss", "ragdot", True),
-        ("qwen3_moe", "ragdot", None),
-        ("qwen3_moe", "ragdot_fused", True),
-        ("qwen3_moe", "ragdot_fused", None),
-    ],
-    ids=["qwen3", "gpt_oss", "qwen3-no-flag", "qwen3-fused", "qwen3-fused-no-flag"],
-)
-def test_expert_parallel_sentinels_add_nothing(family, impl, flag):
-    """Off-rank choices carry the local id num_experts and weight 0 (transformers' EP dispatch). Without the
-    ``_is_expert_parallel`` attribute (transformers 5.17 has none) sentinels are handled all the time."""
-    if impl == rt.FUSED_NAME:
-        _needs_triton()
-    module = _experts(family)
-    if flag is None:
-        if hasattr(module, "_is_expert_parallel"):
-            del module._is_expert_parallel
-    else:
-        module._is_expert_parallel = flag
-    e = module.num_experts
-    idx, w = _routing(10, 2, e, seed=5)
-    off_rank = torch.zeros_like(idx, dtype=torch.bool)
-    off_rank[::3, 0] = True
-    off_rank[1, :] = True  # a token with no local expert at all
-    idx = idx.masked_fill(off_rank, e)
-    w = w.masked_fill(off_rank, 0.0)
-    x = torch.randn(10, _hidden(module))
-    got = _experts_step(module, impl, x, idx, w)
-    if flag is not None:  # transformers' own grouped_mm reads the flag where it has one
-        _assert_same(got, _experts_step(module, "grouped_mm", x, idx, w), "grouped_mm")
-    assert torch.all(got[2][off_rank] == 0), "off-rank routing weights got a gradient"
-    # the same tokens routed only to local experts, the off-rank choices dropped (weight 0 on expert 0)
-    module._is_expert_parallel = False
-    local = _experts_step(module, impl, x, idx.masked_fill(off_rank, 0), w)
-    torch.testing.assert_close(got[0], local[0], **TOL)
-    torch.testing.assert_close(got[1], local[1], **TOL)
-
-
-@pytest.mark.parametrize("tokens", [0, 7])
-def test_all_to_all_hand_off_top1_unit_weights(tokens):
-    """transformers' all-to-all expert parallelism hands each rank its own rows as top-1 with unit weights."""
-    module = _experts("gpt_oss")
-    module._is_expert_parallel = True
-    idx = torch.arange(tokens).remainder(module.num_experts).unsqueeze(-1)
-    w = torch.ones(tokens, 1)
-    x = torch.randn(tokens, _hidden(module))
-    got = _experts_step(module, "ragdot", x, idx, w)
-    assert got[0].shape == (tokens, _hidden(module))
-    _assert_same(got, _experts_step(module, "grouped_mm", x, idx, w), "grouped_mm")
-
-
-def _hidden(module: torch.nn.Module) -> int:
-    up = module.gate_up_proj if getattr(module, "has_gate", True) else module.up_proj
-    return up.shape[1] if module.is_transposed else up.shape[2]
-
-
-def test_weights_in_another_dtype_than_the_input():
-    """bfloat16 experts fed float32 activations (as under autocast): computed in bfloat16, returned in float32."""
-    module = _experts("qwen3_moe").to(torch.bfloat16)
-    idx, w = _routing(16, 2, module.num_experts, seed=6)
-    x = torch.randn(16, _hidden(module))
-    outs = {}
-    for impl in ("ragdot", "grouped_mm"):
-        module.config._experts_implementation = impl
-        with torch.no_grad():
-            outs[impl] = module(x, idx, w.to(torch.bfloat16))
-    assert outs["ragdot"].dtype == torch.float32
-    torch.testing.assert_close(outs["ragdot"], outs["grouped_mm"], rtol=2e-2, atol=2e-2)
-
-
-def test_fused_block_under_autocast_takes_float32_weights_as_master_weights(monkeypatch):
-    """float32 experts in a 16-bit autocast region (a Trainer's mixed precision): "ragdot_fused" runs the fused
-    block on x cast to the region's dtype with the float32 weights as master weights (their gradients float32),
-    and agrees with the ragged_dot path ("ragdot", whose products cast the weights per call)."""
-    _needs_triton()
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    low = torch.bfloat16 if dev.type == "cuda" else torch.float16  # the Triton interpreter: float16 dots only
-    module = _experts("qwen3_moe").to(dev)
-    idx, w = _routing(24, 2, module.num_experts, seed=8)
-    idx, w = idx.to(dev), w.to(dev)
-    x = torch.randn(24, _hidden(module)).to(dev)
-    seen = []
-    real = rt.fused_experts
-    monkeypatch.setattr(rt, "fused_experts", lambda xx, *a: seen.append((xx.dtype, a[-1].dtype)) or real(xx, *a))
-    with torch.autocast(dev.type, dtype=low):
-        assert rt.fused_applies(module, x)
-        fused = _experts_step(module, rt.FUSED_NAME, x, idx, w)
-        plain = _experts_step(module, "ragdot", x, idx, w)
-    assert seen == [(low, torch.float32)]
-    assert fused[0].dtype == torch.float32 and all(g.dtype == torch.float32 for g in fused[3].values())
-    tol = dict(rtol=2e-2, atol=2e-3) if low == torch.float16 else dict(rtol=5e-2, atol=1e-2)
-    torch.testing.assert_close(fused[0], plain[0], **tol)
-    torch.testing.assert_close(fused[1], plain[1], **tol)
-    for name, g in fused[3].items():
-        torch.testing.assert_close(g, plain[3][name], **tol, msg=name)
-    assert not rt.fused_applies(module, x.to(low))  # outside a region: one dtype, as before
-
-
-def test_ragged_dot_path_under_autocast_keeps_float32_weights_as_master_weights():
-    """gpt-oss (biases and its own gate: the ragged_dot path) with float32 weights in a 16-bit autocast region:
-    the products run in the region's dtype and the expert weights' gradients are float32 products (ragdot's
-    master operands), close to transformers' "grouped_mm" (which turns autocast off and runs float32)."""
-    low = torch.bfloat16
-    module = _experts("gpt_oss")
-    idx, w = _routing(24, 2, module.num_experts, seed=9)
-    x = torch.randn(24, _hidden(module))
-    with torch.autocast("cpu", dtype=low):
-        got = _experts_step(module, "ragdot", x, idx, w)
-        ref = _experts_step(module, "grouped_mm", x, idx, w)
-    for name in ("gate_up_proj", "down_proj"):
-        g = got[3][name]
-        assert g.dtype == torch.float32 and not torch.equal(g, g.to(low).float()), name
-        torch.testing.assert_close(g, ref[3][name], rtol=3e-2, atol=3e-2, msg=name)
-    torch.testing.assert_close(got[0], ref[0], rtol=3e-2, atol=3e-2)
-
-
-def _standalone(model_module: str, config_name: str, experts_name: str, **config_kwargs) -> torch.nn.Module:
-    try:
-        mod = __import__(f"transformers.models.{model_module}.modeling_{model_module}", fromlist=[experts_name])
-        config_mod = __import__(
-            f"transformers.models.{model_module}.configuration_{model_module}", fromlist=[config_name]
-        )
-    except ImportError as e:
-        pytest.skip(f"transformers {transformers.__version__} has no {model_module}: {e}")
-    if not hasattr(mod, experts_name) or not hasattr(config_mod, config_name):
-        pytest.skip(f"transformers {transformers.__version__} has no {experts_name}")
-    config = getattr(config_mod, config_name)(**config_kwargs)
-    torch.manual_seed(7)
-    module = getattr(mod, experts_name)(config).float()
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(0.2 * torch.randn_like(p) + (1.0 if p.dim() == 1 else 0.0))
-    return module
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        ("nemotron_h", "NemotronHConfig", "NemotronHExperts", dict(n_routed_experts=6, moe_intermediate_size=16)),
-        (
-            "muse_spark",
-            "MuseSparkTextConfig",
-            "MuseSparkExperts",
-            dict(
-                num_local_experts=6,
-                moe_intermediate_size=16,
-                moe_hidden_size=32,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-            ),
-        ),
-    ],
-    ids=["no_gate", "post_expert_norm"],
-)
-def test_other_layout_flags_match_eager_and_grouped_mm(case):
-    model_module, config_name, experts_name, kwargs = case
-    module = _standalone(model_module, config_name, experts_name, hidden_size=32, **kwargs)
-    idx, w = _routing(12, 2, module.num_experts, seed=8)
-    x = torch.randn(12, _hidden(module))
-    got = _experts_step(module, "ragdot", x, idx, w)
-    _assert_same(got, _experts_step(module, "grouped_mm", x, idx, w), "grouped_mm")
-    _assert_same(got, _experts_step(module, "eager", x, idx, w), "eager")
-
-
 # ------------------------------------------------------------------------------------- registration, errors
 def test_register_is_idempotent_and_visible_to_models():
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
@@ -660,58 +373,3 @@ def test_experts_forward_and_backward_never_wait_for_the_device(impl, family):
         module(x, idx, w).float().sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode(0)
-
-
-def test_layout_flags_read_from_the_instance_then_the_class_and_through_properties():
-    class Experts(torch.nn.Module):
-        has_bias = True
-
-        @property
-        def is_transposed(self):
-            return self._t
-
-    m = Experts()
-    m._t = False
-    assert rt._flag(m, "has_bias", False) is True  # the class's
-    m.has_bias = False
-    assert rt._flag(m, "has_bias", True) is False  # the instance's wins
-    assert rt._flag(m, "is_transposed", True) is False  # a property is evaluated, not taken for its truth
-    assert rt._flag(m, "has_post_expert_norm", False) is False and rt._flag(m, "_is_expert_parallel", True) is True
-    m.register_buffer("has_gate", None)  # not a flag: buffers and parameters are never read as one
-    assert rt._flag(m, "has_gate", True) is True
-
-    class Proxy(torch.nn.Module):  # a wrapper that forwards lookups it cannot answer: its answers count
-        def __getattr__(self, name):
-            if name == "is_transposed":
-                return True
-            return super().__getattr__(name)
-
-    assert rt._flag(Proxy(), "is_transposed", False) is True and rt._flag(Proxy(), "has_bias", False) is False
-
-
-@pytest.mark.parametrize("autocast", [False, True], ids=["plain", "autocast"])
-def test_compiled_experts_call_the_custom_op_directly_except_under_autocast(autocast, monkeypatch):
-    """Traced (compiled) experts products go straight to the problem's custom op (`api._traced_ragged_m`: the
-    operands are ragdot's own, so there is nothing to check, and every check traced would be a guard in each
-    compiled step); under autocast they keep ragged_dot's path, which casts to the region's dtype."""
-    module = _experts("gpt_oss")
-    idx, w = _routing(16, 2, module.num_experts, seed=3)
-    x = torch.randn(16, _hidden(module))
-    calls = []
-
-    def spy(*args):
-        calls.append(args[0].dtype)
-        return api_traced(*args)
-
-    api_traced = rt._traced_ragged_m
-    monkeypatch.setattr(rt, "_traced_ragged_m", spy)
-    fn = rt.make_experts_forward(None)
-    region = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
-    with torch.no_grad(), region:
-        want = fn(module, x, idx, w)
-        torch._dynamo.reset()
-        got = torch.compile(lambda a, i, s: fn(module, a, i, s), backend="aot_eager", fullgraph=True)(x, idx, w)
-    torch._dynamo.reset()
-    assert got.dtype == want.dtype
-    torch.testing.assert_close(got, want, **(dict(rtol=2e-2, atol=2e-2) if autocast else TOL))
-    assert calls == ([] if autocast else [torch.float32, torch.float32])
