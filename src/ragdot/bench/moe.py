@@ -10,6 +10,9 @@ Per (config, variant): step time (median of steps 5-10), tokens/s, model TFLOP/s
 peak and temporary memory of a step (temporary = peak minus what was allocated before the step,
 i.e. gradients and activations), and, in a separate profiled forward+backward of one MoE layer, the split of
 its kernel time into routing (permute + unpermute), grouped GEMMs (ragdot's ops) and the rest.
+The ``no_experts`` variant is the step with no routed-expert work (`ragdot.moe.variants`): its row carries the
+bounds on every variant's speedup over dense_drop, and each variant's row the rate of its routed work
+(`ragdot.bench.moe_report.relative`), against the dense matmul rate measured at the start of the run.
 On CUDA the whole step (forward, backward, AdamW) is captured in a CUDA graph and the replays are timed, as a
 compiled step runs (``--eager`` times Python-driven steps instead, two or more variants interleaved; the ``mode``
 column says which was used).
@@ -47,7 +50,7 @@ from ragdot.cli_common import (
     seconds,
 )
 from ragdot.measure import records
-from ragdot.moe.variants import DEFAULT_VARIANTS, VARIANTS
+from ragdot.moe.variants import DEFAULT_VARIANTS, FLOOR, VARIANTS
 
 HELP = "end-to-end MoE train-step benchmark: paths x backends over the model configs"
 LAYER_STEPS = 20  # timed steps per row of --layer
@@ -63,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=[*VARIANTS, "peer"],
         metavar="VARIANT",
-        help=f"path-backend variants (default: {' '.join(DEFAULT_VARIANTS)}; also sparse-recompute; with --layer: "
+        help=f"path-backend variants (default: {' '.join(DEFAULT_VARIANTS)}; also sparse-recompute; {FLOOR}: the "
+        "step with no routed-expert work, the floor under every variant; with --layer: "
         f"{' '.join(LAYER_VARIANTS)}, where peer is the plain torch._grouped_mm layer)",
     )
     parser.add_argument(
@@ -148,11 +152,22 @@ def run(args: argparse.Namespace) -> int:
         from ragdot.bench.moe_routing import run_routing
 
         return run_routing(configs, device, dtype, meta, out, console, args.budget)
-    return _run_train(configs, args, device, dtype, meta, console, targets)
+    sol: dict[str, float] = {}
+    if FLOOR in args.variants:  # the floor's bounds and the routed work's speed of light: the device's ceilings
+        from ragdot.bench.ceilings import measure_ceilings
+        from ragdot.bench.moe_report import routed_sol_s
+
+        ceilings = measure_ceilings(device, dtype)
+        meta |= {"matmul_tflops": round(ceilings.peak_tflops, 3), "copy_gbs": round(ceilings.bandwidth_gbs, 1),
+                 "ceilings": ceilings.label}  # fmt: skip
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        sol = {c.name: 1e3 * routed_sol_s(c, ceilings.peak_flops, ceilings.bandwidth, itemsize) for c in configs}
+    return _run_train(configs, args, device, dtype, meta, console, targets, sol)
 
 
-def _run_train(configs, args, device, dtype, meta, console, targets) -> int:
-    """Every config's variants, rows written as they finish; table, targets and figures at the end."""
+def _run_train(configs, args, device, dtype, meta, console, targets, sol: dict[str, float]) -> int:
+    """Every config's variants, rows written as they finish; table, targets and figures at the end. `sol`: the
+    routed GEMMs' speed of light per config name (ms; empty without the floor), put on each row."""
     from ragdot.bench.moe_report import check_targets, plot, print_table, relative
     from ragdot.bench.moe_train import run_config, run_config_in_subprocess
     from ragdot.measure.progress import KeepOnInterrupt, Progress
@@ -163,7 +178,9 @@ def _run_train(configs, args, device, dtype, meta, console, targets) -> int:
                         say=None if args.quiet else lambda line: console.print(line, markup=False))  # fmt: skip
 
     def emit(row: dict[str, Any]) -> None:
-        relative([*writer.rows, row])
+        if row["config"] in sol:
+            row["routed_sol_ms"] = sol[row["config"]]
+        relative([*writer.rows, row], meta.get("matmul_tflops"))
         writer.add(row)
         writer.rewrite()  # the new row may give earlier ones their speed ratios
         result = f"{1e3 * row['step_s']:.1f} ms" if row.get("status") == "ok" else row.get("status", "")
@@ -222,6 +239,8 @@ def _run_layer(args: argparse.Namespace) -> int:
 
     if args.routing_only:
         raise UsageError("--routing-only and --layer are two different modes; pick one")
+    if args.variants and FLOOR in args.variants:
+        raise UsageError(f"--variants: {FLOOR!r} is the train steps' floor: use it without --layer")
     if args.steps is None:
         args.steps = LAYER_STEPS
     if args.quick:

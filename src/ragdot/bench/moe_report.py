@@ -6,18 +6,62 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["relative", "check_targets", "print_table", "plot"]
+from ragdot.moe.variants import FLOOR
+
+__all__ = ["relative", "routed_sol_s", "check_targets", "print_table", "plot"]
 
 Row = dict[str, Any]
 
 
-def relative(rows: list[Row]) -> None:
-    """Speedups against sparse-padded and dense_drop of the same config, in place."""
+def routed_sol_s(cfg: Any, peak_flops: float, bandwidth: float, itemsize: int) -> float:
+    """Speed of light of one train step's routed-expert GEMMs (seconds): per layer, the up projection ([E, dim,
+    2*hidden]) and the down projection ([E, hidden, dim]) over the step's routed rows, each in its forward, data-
+    gradient and weight-gradient pass, every pass at max(useful FLOPs / matmul rate, fewest bytes / copy
+    bandwidth) (`ragdot.measure.classes`: both operands read once, the output written once)."""
+    from ragdot.measure.classes import flops, get_class, min_bytes
+    from ragdot.shapes import Shape
+
+    rows, h = cfg.tokens * cfg.top_k, cfg.moe_hidden
+    total = 0.0
+    for k, n in ((cfg.dim, 2 * h), (h, cfg.dim)):
+        shape = Shape("routed", rows, k, n, cfg.num_experts)
+        for name in ("fwd_wi", "dgrad_wi", "wgrad_wi"):
+            total += max(flops(shape) / peak_flops, min_bytes(get_class(name), shape, itemsize) / bandwidth)
+    return cfg.layers * total
+
+
+def relative(rows: list[Row], matmul_tflops: float | None = None) -> None:
+    """Speedups against sparse-padded and dense_drop of the same config, in place; with the floor's row (FLOOR,
+    the step without routed-expert work) of the config, also what follows from it:
+
+    - the floor's row: ``bound_vs_dense_drop`` = dense_drop's step over the floor's, the largest speedup over
+      dense_drop any implementation of the routed experts could reach on that step; where rows carry
+      ``routed_sol_ms`` (`routed_sol_s`), ``bound_at_sol`` = dense_drop's step over the floor's plus that: the
+      largest one with the routed GEMMs at speed of light and nothing else routed (permute, activation, combine);
+    - every other row: ``routed_ms`` = its step minus the floor's (what its routed experts add: permute, GEMMs,
+      activation, combine), ``routed_tflops`` = the useful routed FLOPs (``moe_gflop``) over that time, its share
+      of `matmul_tflops` (the dense matmul rate measured in the run) as ``routed_pct``, and ``routed_sol_pct`` =
+      ``routed_sol_ms`` over ``routed_ms``, in %."""
     steps = {(r["config"], r["variant"]): r.get("step_s") for r in rows}
     for r in rows:
+        own, floor = r.get("step_s"), steps.get((r["config"], FLOOR))
+        if r["variant"] == FLOOR:
+            _floor_bounds(r, steps.get((r["config"], "dense_drop")))
+            continue
         for ref, key in (("sparse-padded", "speedup_vs_padded"), ("dense_drop", "speedup_vs_dense_drop")):
-            base, own = steps.get((r["config"], ref)), r.get("step_s")
+            base = steps.get((r["config"], ref))
             r[key] = base / own if base and own else None
+        routed = 1e3 * (own - floor) if own and floor and own > floor else None
+        sol, rate = r.get("routed_sol_ms"), r["moe_gflop"] / routed if routed and r.get("moe_gflop") else None
+        r["routed_ms"], r["routed_tflops"] = routed, rate
+        r["routed_pct"] = 100 * rate / matmul_tflops if rate and matmul_tflops else None
+        r["routed_sol_pct"] = 100 * sol / routed if sol and routed else None
+
+
+def _floor_bounds(r: Row, drop: float | None) -> None:
+    own, sol = r.get("step_s"), r.get("routed_sol_ms")
+    r["bound_vs_dense_drop"] = drop / own if drop and own else None
+    r["bound_at_sol"] = drop / (own + sol / 1e3) if drop and own and sol else None
 
 
 def check_targets(rows: list[Row], goals: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
@@ -47,7 +91,7 @@ def _config_checks(cfg: str, v: dict[str, Row], best: Row, goals: dict[str, Any]
         ref, low = goal["baseline"], goal["min_ratio"]
         if ref in v and best["experts"] >= goal.get("min_experts", 0):
             ratio = v[ref]["step_s"] / best["step_s"]
-            out.append((f"{tag}: >= {low:g}x faster than {ref}", ratio >= low, f"{ratio:.2f}x"))
+            out.append((f"{tag}: >= {low:g}x faster than {ref}", ratio >= low, f"{ratio:.2f}x" + _bound(v, ref)))
     share, most = best.get("routing_share"), goals.get("max_routing_share")
     if most is not None and share is not None and not math.isnan(share):
         out.append((f"{tag}: routing <= {most:.0%} of MoE layer time", share <= most, f"{100 * share:.1f}%"))
@@ -61,20 +105,33 @@ def _config_checks(cfg: str, v: dict[str, Row], best: Row, goals: dict[str, Any]
     return out
 
 
+def _bound(v: dict[str, Row], ref: str) -> str:
+    """The floor's bounds on a speedup over `ref` (dense_drop), as the check's numbers show them; "" without."""
+    floor = v.get(FLOOR, {})
+    if ref != "dense_drop" or floor.get("bound_vs_dense_drop") is None:
+        return ""
+    sol = floor.get("bound_at_sol")
+    at_rate = f", {sol:.2f}x with the routed GEMMs at speed of light" if sol else ""
+    return f" (floor: at most {floor['bound_vs_dense_drop']:.2f}x{at_rate})"
+
+
 def print_table(rows: list[Row], console) -> None:
     from ragdot.measure.console import Table
 
-    table = Table(title="MoE train step")
+    table = Table(title=f"MoE train step (routed: step minus {FLOOR}'s; bound: dense_drop's step over {FLOOR}'s; "
+                        "@sol: over that plus the routed GEMMs' speed of light; tokens/s in the files)")
     cols = [
         ("config", "config", "{}"),
         ("variant", "variant", "{}"),
         ("step ms", "step_s", "ms"),
-        ("tok/s", "tokens_per_s", "{:,.0f}"),
         ("TFLOP/s", "tflops", "{:.1f}"),
         ("peak GB", "peak_gb", "{:.1f}"),
         ("temp GB", "temp_gb", "{:.2f}"),
         ("vs padded", "speedup_vs_padded", "{:.2f}x"),
         ("vs drop", "speedup_vs_dense_drop", "{:.2f}x"),
+        ("routed TF/s", "routed_tflops", "{:.3g}"),
+        ("bound", "bound_vs_dense_drop", "{:.2f}x"),
+        ("@sol", "bound_at_sol", "{:.2f}x"),
         ("MoE ms", "moe_ms", "{:.2f}"),
         ("routing", "routing_share", "pct"),
         ("mode", "mode", "{}"),
@@ -114,7 +171,6 @@ def plot(rows: list[Row], out: Path, stem: str) -> list[Path]:
         return []
     get = {(r["config"], r["variant"]): r for r in ok}
     x = np.arange(len(configs))
-    width = 0.8 / max(len(variants), 1)
     paths = []
     for key, ylabel, name in (
         ("step_s", "step time (s)", "step_time.png"),
@@ -123,10 +179,12 @@ def plot(rows: list[Row], out: Path, stem: str) -> list[Path]:
     ):
         if not any(get[c, v].get(key) for (c, v) in get):
             continue
+        shown = [v for v in variants if any((get.get((c, v)) or {}).get(key) for c in configs)]
+        width = 0.8 / max(len(shown), 1)
         fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(configs)), 4))
-        for i, v in enumerate(variants):
+        for i, v in enumerate(shown):
             vals = [(get.get((c, v)) or {}).get(key) or 0.0 for c in configs]
-            ax.bar(x + (i - (len(variants) - 1) / 2) * width, vals, width, label=v)
+            ax.bar(x + (i - (len(shown) - 1) / 2) * width, vals, width, label=v)
         ax.set_xticks(x, configs, rotation=20, ha="right")
         ax.set_ylabel(ylabel)
         if key == "step_s":

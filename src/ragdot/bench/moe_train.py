@@ -31,7 +31,7 @@ import torch
 from ragdot.cli_common import quiet_native_stderr
 from ragdot.measure.checks import failure_status
 from ragdot.measure.timing import capture_graph, event_ms, free_memory, rotated, synchronize
-from ragdot.moe.variants import VARIANTS, Variant
+from ragdot.moe.variants import VARIANTS, Variant, no_routed_experts
 
 __all__ = ["ROUTING_OPS", "run_config", "run_config_in_subprocess"]
 
@@ -200,7 +200,8 @@ def _persistent_gb(cfg, itemsize: int) -> float:
 
 def _variant_row(name: str) -> tuple[Variant, Row]:
     variant = VARIANTS[name]
-    return variant, {"variant": name, "path": variant.path, "backend": variant.backend or ""}
+    path = variant.path if variant.experts else "none"  # the floor
+    return variant, {"variant": name, "path": path, "backend": variant.backend or ""}
 
 
 def _available(variant: Variant) -> bool:
@@ -217,7 +218,9 @@ def use_variant(model, variant: str | Variant, **settings: object) -> None:
     further layer `settings` (e.g. routing_impl)."""
     if isinstance(variant, str):
         variant = VARIANTS[variant]
-    model.set_moe(**variant._asdict(), capacity_factor=CAPACITY_FACTOR, **settings)
+    model.set_moe(**variant.settings, capacity_factor=CAPACITY_FACTOR, **settings)
+    for layer in model.moe_layers:
+        no_routed_experts(layer, not variant.experts)
 
 
 def _use(model, variant: Variant, args: argparse.Namespace) -> None:
@@ -249,12 +252,13 @@ def _finish(s: _Setup, row: Row, variant: Variant, timed: Timed) -> None:
         step_s=step,
         steps=len(times),
         tokens_per_s=s.cfg.tokens / step,
-        tflops=s.cfg.train_flops() / step / 1e12,
+        tflops=s.cfg.train_flops() / step / 1e12 if variant.experts else None,  # the floor skips the routed work
+        moe_gflop=s.cfg.moe_flops() / 1e9,
         peak_gb=peak,
         temp_gb=temp,
         mode=mode,
     )
-    if not s.args.no_profile:
+    if not s.args.no_profile and variant.experts:  # the floor has no routed work to split
         with quiet_native_stderr(s.device.type == "cpu"):  # the CPU profiler logs its start and stop there
             row.update(_profile_layer(s.model.moe_layers[0], s.cfg, s.dtype, s.device, share=variant.path == "sparse"))
 

@@ -1,12 +1,25 @@
 """The MoE benchmark variants: a compute path of ragdot.moe.MoELayer and, for the sparse path, a backend,
 whether the fused expert kernels run (``MoELayer.fused``) and whether the backward remakes the permuted rows
-and the SwiGLU output instead of keeping them (``MoELayer.recompute``)."""
+and the SwiGLU output instead of keeping them (``MoELayer.recompute``).
+
+One variant is a floor, never a result: ``no_experts`` runs the layer with no routed-expert work at all (each
+token's output is its input scaled by the sum of its routing weights, so the router still gets a gradient and
+the rest of the step runs as with experts; the shared experts, the router and its losses stay). Its step time
+bounds every implementation of the routed experts from below: a baseline's step over it is the largest speedup
+any of them could reach on that step (`ragdot.bench.moe_report`)."""
 
 from __future__ import annotations
 
+import types
 from typing import NamedTuple
 
-__all__ = ["VARIANTS", "DEFAULT_VARIANTS", "Variant"]
+import torch
+
+from ragdot.moe.router import expert_counts
+
+__all__ = ["VARIANTS", "DEFAULT_VARIANTS", "FLOOR", "Variant", "no_routed_experts"]
+
+FLOOR = "no_experts"
 
 
 class Variant(NamedTuple):
@@ -14,10 +27,34 @@ class Variant(NamedTuple):
     backend: str | None
     fused: bool | None
     recompute: bool = False
+    experts: bool = True  # False: the floor (no routed-expert work; see the module docstring)
+
+    @property
+    def settings(self) -> dict[str, object]:
+        """The MoELayer attributes this variant sets (its four layer settings)."""
+        return {"path": self.path, "backend": self.backend, "fused": self.fused, "recompute": self.recompute}
 
     def apply(self, layer) -> None:
-        """Set this variant on a ragdot.moe.MoELayer (or anything with the same four settings)."""
-        layer.path, layer.backend, layer.fused, layer.recompute = self
+        """Set this variant on a ragdot.moe.MoELayer (or anything with the same four settings); the floor
+        replaces the layer's routed experts (`no_routed_experts`), any other variant restores them."""
+        for key, value in self.settings.items():
+            setattr(layer, key, value)
+        no_routed_experts(layer, not self.experts)
+
+
+def _scaled_input(layer, x2: torch.Tensor, r) -> tuple[torch.Tensor, torch.Tensor]:
+    """The floor's stand-in for MoELayer._sparse: x2 [T, dim] scaled by each token's summed routing weights
+    (one elementwise product, so the router keeps its gradient), and the assignments per expert (its losses)."""
+    return x2 * r.weights.sum(-1, keepdim=True).to(x2.dtype), expert_counts(r.experts, layer.num_experts)
+
+
+def no_routed_experts(layer, on: bool) -> None:
+    """Replace (on) or restore (off) a MoELayer's routed experts by the floor's stand-in, on this instance
+    only (the class is untouched)."""
+    if on:
+        layer._sparse = types.MethodType(_scaled_input, layer)
+    else:
+        layer.__dict__.pop("_sparse", None)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -30,6 +67,7 @@ VARIANTS: dict[str, Variant] = {
     "sparse-fused": Variant("sparse", "auto", True),
     "dense_dropless": Variant("dense_dropless", None, None),
     "dense_drop": Variant("dense_drop", None, None),
+    FLOOR: Variant("sparse", "auto", False, experts=False),
 }
 
 # what a train-step run times unless told: the variants of earlier runs (sparse-recompute on request)
