@@ -134,6 +134,31 @@ class _Descriptors:
         return out
 
 
+def _specialization(positions: list[int]) -> Any:
+    """args -> what Triton specializes a compiled kernel on beyond its owner's static key: each tensor
+    argument's dtype and whether its address is 16-byte aligned (tensors at `positions`), as one flat tuple.
+    The one- and two-tensor forms (most of ragdot's launches) skip a generator's cost per call."""
+    if len(positions) == 1:
+        (i,) = positions
+        return lambda args: (args[i].dtype, args[i].data_ptr() % 16 == 0)
+    if len(positions) == 2:
+        i, j = positions
+        return lambda args: (args[i].dtype, args[i].data_ptr() % 16 == 0, args[j].dtype, args[j].data_ptr() % 16 == 0)
+    return lambda args: tuple(x for i in positions for x in (args[i].dtype, args[i].data_ptr() % 16 == 0))
+
+
+def _entry(compiled: Any, args: tuple) -> tuple:
+    """(compiled, the C function to call, the arguments between the stream and the kernel's own, the bound
+    descriptors or None) of a compiled kernel: its C launcher called directly where that is exactly what its
+    launcher would do (`_raw_launcher`), else the launcher itself."""
+    raw = _raw_launcher(compiled)
+    if raw is None:
+        return compiled, compiled.run, (compiled.function, compiled.packed_metadata, None, None, None), None
+    head = (compiled.function, raw.launch_cooperative_grid, raw.launch_pdl, None, None, compiled.packed_metadata,
+            None, None, None)
+    return compiled, raw.launch, head, _Descriptors.bind(raw.launch, args)
+
+
 class BoundLaunch:
     """One kernel on one grid with fixed constexprs and launch options; call it with the runtime arguments.
 
@@ -143,7 +168,7 @@ class BoundLaunch:
     current device for the launch when another one is).
     """
 
-    __slots__ = ("kernel", "grid", "constexprs", "options", "device", "_compiled", "_tail", "_direct", "_tensors")
+    __slots__ = ("kernel", "grid", "constexprs", "options", "device", "_compiled", "_tail", "_direct", "_key_of")
 
     def __init__(
         self, kernel: Any, grid: tuple[int, ...], constexprs: dict[str, Any], options: dict[str, Any],
@@ -155,9 +180,9 @@ class BoundLaunch:
         self.grid = (*grid, 1, 1)[:3]
         self.constexprs = constexprs
         self.options = options
-        self._compiled: dict[tuple, Any] = {}
+        self._compiled: dict[tuple, tuple] = {}  # specialization key -> (compiled, launch, head, descriptors)
         self._tail: tuple[Any, ...] | None = None
-        self._tensors: tuple[int, ...] | None = None  # positions of the tensor arguments
+        self._key_of: Any = None  # args -> the specialization key (`_specialization`), made at the first call
         self._direct = not interpreting()
 
     @classmethod
@@ -212,31 +237,23 @@ class BoundLaunch:
         if torch._C._cuda_getDevice() != self.device:
             with torch.cuda.device(self.device):
                 return self(*args)
-        if self._tensors is None:
-            self._tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-        align = tuple((args[i].dtype, args[i].data_ptr() % 16 == 0) for i in self._tensors)
-        entry = self._compiled.get(align)
+        key_of = self._key_of
+        if key_of is None:
+            key_of = self._key_of = _specialization([i for i, a in enumerate(args) if isinstance(a, torch.Tensor)])
+        key = key_of(args)
+        entry = self._compiled.get(key)
         if entry is None:
             compiled = self._first_launch(args)
-            raw = _raw_launcher(compiled)
-            descs = None if raw is None else _Descriptors.bind(raw.launch, args)
-            self._compiled[align] = (compiled, raw, descs)
+            self._compiled[key] = _entry(compiled, args)
             self._tail = self._constexpr_tail(len(args))
             return compiled
-        compiled, raw, descs = entry
+        compiled, launch, head, descs = entry
         if hooked():  # a profiler listens: Triton's path
             return self.kernel[self.grid](*args, **self.constexprs, **self.options)
-        stream = torch._C._cuda_getCurrentRawStream(self.device)
+        if descs is not None:
+            expanded = descs.expand(args)
+            if expanded is not None:
+                launch, args = descs.launch, expanded
         g0, g1, g2 = self.grid
-        if raw is not None:
-            launch, expanded = raw.launch, None
-            if descs is not None:
-                expanded = descs.expand(args)
-                if expanded is not None:
-                    launch, args = descs.launch, expanded
-            launch(g0, g1, g2, stream, compiled.function, raw.launch_cooperative_grid, raw.launch_pdl, None, None,
-                   compiled.packed_metadata, None, None, None, *args, *self._tail)
-        else:
-            compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                         *args, *self._tail)
+        launch(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self.device), *head, *args, *self._tail)
         return compiled
