@@ -2,6 +2,7 @@
 
     python benchmarks/summarize.py RESULT.csv [MORE.csv ...] --out benchmarks/results/summary-NAME
     python benchmarks/summarize.py OLD.csv --out ... --baseline torch   # runs from before `vendor` existed
+    python benchmarks/summarize.py RESULT.csv --out ... --write-tbps 3.37  # and each cell's write floor
 
 Rows of later files replace rows of earlier ones for the same (shape, class, routing, system, clock), so a
 run of the fast systems can be combined with an earlier run of the slow baselines. Each pass (fwd, dgrad,
@@ -23,7 +24,7 @@ _SRC = Path(__file__).resolve().parents[1] / "src"
 if (_SRC / "ragdot").is_dir():  # this checkout's sources first, installed or not
     sys.path.insert(0, str(_SRC))
 
-from ragdot.bench import summary  # noqa: E402
+from ragdot.bench import summary, write_floor  # noqa: E402
 
 
 def load(paths: Sequence[str]) -> list[summary.Row]:
@@ -40,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="path prefix of the markdown summary and PNGs")
     p.add_argument("--baseline", default=summary.BASELINE, help="system every ratio is taken against (default vendor)")
     p.add_argument("--no-plots", action="store_true", help="write the markdown only")
+    p.add_argument("--write-tbps", type=float, metavar="TB/s",
+                   help="add the cells' write floors at this write-only bandwidth (ragdot.bench.write_floor)")
     args = p.parse_args(argv)
     rows = load(args.csv)
     if not any(r.system == args.baseline and r.timed for r in rows):
@@ -48,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     title = f"ragdot bench summary ({', '.join(Path(c).name for c in args.csv)})"
     text = summary.markdown(rows, title, args.baseline)
+    if args.write_tbps:
+        text += "\n" + "\n".join(write_floor.markdown(rows, args.write_tbps * 1e12))
     out.with_name(out.name + ".md").write_text(text)
     files = [] if args.no_plots else summary.plot(rows, out, "ragdot bench", args.baseline)
     print(text)

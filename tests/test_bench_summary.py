@@ -189,3 +189,40 @@ def test_sol_is_the_arithmetic_mean_over_cells_and_rates_the_geometric_mean():
     s = summary.stats(rows, {})
     assert s.pct_sol == 25.0 and s.tflops == 2.0 and s.timed == 2
     assert "mean % SOL" in "\n".join(summary.markdown(rows, "t").splitlines())
+
+
+def _floor_row(cls: str, ms: float, sol_tflops: float, dtype: str = "bfloat16", pct: float = 50.0) -> summary.Row:
+    return summary.Row("s", "1024,512,512,64", cls, "skewed", "auto", "graph", "ok", ms, None, pct, sol_tflops, None,
+                       dtype)
+
+
+def test_write_floors_cap_the_cells_whose_output_outweighs_their_speed_of_light():
+    from ragdot.bench import write_floor
+
+    # wgrad_wi writes [E, K, N] = 64 x 512 x 512 bf16 = 32 MiB; its 0.54 GFLOP at 1000 TFLOP/s of "speed of
+    # light" take 0.54 us, the write at 1 TB/s 33.6 us: a cap of 1.6%
+    wgrad, fwd = _floor_row("wgrad_wi", 0.1, 1000.0), _floor_row("fwd_wi", 1.0, 1.0)  # fwd: 0.54 ms of compute
+    out = 64 * 512 * 512 * 2
+    assert write_floor.output_bytes(wgrad) == out and write_floor.output_bytes(fwd) == 1024 * 512 * 2
+    sol = 2 * 1024 * 512 * 512 / 1e15
+    assert abs(write_floor.cap_pct(wgrad, 1e12) - 100 * sol / (out / 1e12)) < 1e-9
+    assert write_floor.cap_pct(fwd, 1e12) == 100.0  # a floor under the speed of light caps nothing, exactly
+    assert write_floor.cap_pct(_floor_row("wgrad_wi", 0.1, 1000.0, dtype=""), 1e12) is None  # dtype unknown
+    text = "\n".join(write_floor.markdown([wgrad, fwd], 1e12))
+    assert "| auto | skewed | graph | 2 | 50.0 |" in text and "s wgrad_wi 50.0 / 1.6 / 34" in text
+    assert "s fwd_wi" not in text
+
+
+def test_summarize_adds_the_write_floors_on_request(tmp_path):
+    rows = [{"shape": "s", "M": 1024, "K": 512, "N": 512, "E": 64, "cls": "wgrad_wo", "routing": "skewed",
+             "dtype": "bfloat16", "backend": b, "ms": 0.05, "tflops": 10.7, "status": "ok", "pct_sol": 60.0,
+             "sol_tflops": 17.9, "clock": "graph", "host_ms": 0.01} for b in ("vendor", "auto")]
+    path = tmp_path / "r.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    script = benchmark_script("summarize")
+    assert script.main([str(path), "--out", str(tmp_path / "s"), "--no-plots", "--write-tbps", "3.37"]) == 0
+    text = (tmp_path / "s.md").read_text()
+    assert "## Writes as a floor (3.37 TB/s write-only)" in text and "| auto | skewed | graph | 1 | 60.0 |" in text

@@ -57,6 +57,7 @@ class Row:
     pct_sol: float | None
     sol_tflops: float | None
     host_ms: float | None
+    dtype: str = ""  # the operands' dtype ("bfloat16", ...); "" in records that do not say
 
     @property
     def view(self) -> str:
@@ -104,6 +105,7 @@ def parse_rows(dicts: Iterable[Mapping[str, Any]]) -> list[Row]:
             pct_sol=_float(d.get("pct_sol")),
             sol_tflops=_float(d.get("sol_tflops")),
             host_ms=_float(d.get("host_ms")),
+            dtype=str(d.get("dtype") or ""),
         ))
     return rows
 
