@@ -6,7 +6,7 @@ One variant is a floor, never a result: ``no_experts`` runs the layer with no ro
 token's output is its input scaled by the sum of its routing weights, so the router still gets a gradient and
 the rest of the step runs as with experts; the shared experts, the router and its losses stay). Its step time
 bounds every implementation of the routed experts from below: a baseline's step over it is the largest speedup
-any of them could reach on that step (`ragdot.bench.moe_report`)."""
+any of them could reach on that step (`ragdot moe-bench` reports it)."""
 
 from __future__ import annotations
 
