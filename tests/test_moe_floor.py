@@ -112,3 +112,23 @@ def test_moe_bench_quick_with_the_floor(tmp_path):
     assert data["meta"]["copy_gbs"] > 0 and rows["sparse-torch"]["routed_sol_ms"] == rows[FLOOR]["routed_sol_ms"] > 0
     assert "routing_ms" not in rows[FLOOR]  # nothing routed to profile
     assert rows["sparse-torch"]["moe_gflop"] > 0 and rows["sparse-torch"]["routing_ms"] > 0
+
+
+def test_the_floors_step_updates_the_expert_weights_from_zero_gradients():
+    from ragdot.bench.moe_train import _train_step, training_setup, use_variant
+    from ragdot.moe.model import get_config
+    from ragdot.moe.variants import FLOOR_GRAD
+
+    model, opt, tokens = training_setup(get_config("tiny"), torch.device("cpu"), torch.float32)
+    layer = model.moe_layers[0]
+    use_variant(model, FLOOR)
+    before = layer.w_gate_up.detach().clone()
+    _train_step(model, opt, tokens)
+    state = opt.state[layer.w_gate_up]
+    assert torch.equal(state["exp_avg"], torch.zeros_like(before))  # a zero gradient, not none: AdamW ran on it
+    assert not torch.equal(layer.w_gate_up.detach(), before)  # its weight decay moved the weight
+    assert layer.w_gate_up.grad is None and layer.router.weight.grad is None  # zero_grad as after every step
+    use_variant(model, "sparse-torch")
+    assert not hasattr(layer.w_gate_up, FLOOR_GRAD) and not hasattr(layer.w_down, FLOOR_GRAD)
+    _train_step(model, opt, tokens)
+    assert state["exp_avg"].abs().sum() > 0  # real gradients again

@@ -31,7 +31,7 @@ import torch
 from ragdot.cli_common import quiet_native_stderr
 from ragdot.measure.checks import failure_status
 from ragdot.measure.timing import capture_graph, event_ms, free_memory, rotated, synchronize
-from ragdot.moe.variants import VARIANTS, Variant, no_routed_experts
+from ragdot.moe.variants import VARIANTS, Variant, give_floor_grads, no_routed_experts
 
 __all__ = ["ROUTING_OPS", "run_config", "run_config_in_subprocess"]
 
@@ -73,6 +73,8 @@ class _Lane:
 
 def _train_step(model, opt, tokens) -> None:
     model.loss(tokens).backward()
+    if getattr(model, "_floor", False):  # the floor's expert weights: zero gradients, so AdamW updates them
+        give_floor_grads(model.parameters())
     opt.step()
     opt.zero_grad(set_to_none=True)  # gradients count as the step's temporary memory
 
@@ -221,6 +223,7 @@ def use_variant(model, variant: str | Variant, **settings: object) -> None:
     model.set_moe(**variant.settings, capacity_factor=CAPACITY_FACTOR, **settings)
     for layer in model.moe_layers:
         no_routed_experts(layer, not variant.experts)
+    model._floor = not variant.experts  # `_train_step` then gives the expert weights their zero gradients
 
 
 def _use(model, variant: Variant, args: argparse.Namespace) -> None:

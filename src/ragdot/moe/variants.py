@@ -4,7 +4,8 @@ and the SwiGLU output instead of keeping them (``MoELayer.recompute``).
 
 One variant is a floor, never a result: ``no_experts`` runs the layer with no routed-expert work at all (each
 token's output is its input scaled by the sum of its routing weights, so the router still gets a gradient and
-the rest of the step runs as with experts; the shared experts, the router and its losses stay). Its step time
+the rest of the step runs as with experts; the shared experts, the router and its losses stay, and the
+optimizer updates the expert weights from zero gradients, as it updates them in every other variant). Its step time
 bounds every implementation of the routed experts from below: a baseline's step over it is the largest speedup
 any of them could reach on that step (`ragdot moe-bench` reports it)."""
 
@@ -17,9 +18,10 @@ import torch
 
 from ragdot.moe.router import expert_counts
 
-__all__ = ["VARIANTS", "DEFAULT_VARIANTS", "FLOOR", "Variant", "no_routed_experts"]
+__all__ = ["VARIANTS", "DEFAULT_VARIANTS", "FLOOR", "Variant", "no_routed_experts", "give_floor_grads"]
 
 FLOOR = "no_experts"
+FLOOR_GRAD = "_ragdot_floor_grad"  # a floor's expert weight: its zero gradient (`no_routed_experts`)
 
 
 class Variant(NamedTuple):
@@ -50,11 +52,30 @@ def _scaled_input(layer, x2: torch.Tensor, r) -> tuple[torch.Tensor, torch.Tenso
 
 def no_routed_experts(layer, on: bool) -> None:
     """Replace (on) or restore (off) a MoELayer's routed experts by the floor's stand-in, on this instance
-    only (the class is untouched)."""
+    only (the class is untouched). With the stand-in the expert weights get no gradient, and an optimizer skips
+    a parameter without one; so each holds a zero gradient of its own (`FLOOR_GRAD`), which `give_floor_grads`
+    hands it before the optimizer step: the floor's step updates every weight, as a real one does, without
+    computing or writing any gradient."""
+    weights = (layer.w_gate_up, layer.w_down)
     if on:
         layer._sparse = types.MethodType(_scaled_input, layer)
+        for w in weights:
+            if getattr(w, FLOOR_GRAD, None) is None:
+                setattr(w, FLOOR_GRAD, torch.zeros_like(w))
     else:
         layer.__dict__.pop("_sparse", None)
+        for w in weights:
+            if hasattr(w, FLOOR_GRAD):
+                delattr(w, FLOOR_GRAD)
+
+
+def give_floor_grads(params) -> None:
+    """Before an optimizer step: each parameter without a gradient that holds a floor's zero gradient gets it."""
+    for p in params:
+        if p.grad is None:
+            zero = getattr(p, FLOOR_GRAD, None)
+            if zero is not None:
+                p.grad = zero
 
 
 VARIANTS: dict[str, Variant] = {
