@@ -127,3 +127,20 @@ def deterministic_algorithms():
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         else:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = workspace
+
+
+def needs_fused_block(cpu: bool = True) -> None:
+    """Skip unless ragdot's fused MoE block can run here: Triton, and for operands on the CPU its interpreter
+    (which conftest turns on only where there is no CUDA device: on a GPU machine a CPU model's experts take the
+    ragged_dot path, so a test of the fused block on the CPU has nothing to test there)."""
+    import pytest
+
+    from ragdot.kernels.interpreter import interpreting
+    from ragdot.moe import routing_kernels
+
+    if not routing_kernels.HAS_TRITON:
+        pytest.skip("the fused experts need triton (its interpreter on the CPU)")
+    if cpu and not interpreting():
+        pytest.skip("the fused block on the CPU needs Triton's interpreter (TRITON_INTERPRET=1, set only where "
+                    "there is no CUDA device)")
+

@@ -211,8 +211,12 @@ def test_a_model_exported_and_compiled_ahead_of_time_matches_eager():
     ops through its proxy executor: `ragdot.inductor_lowering`): the logits of eager "ragdot" calls."""
     import shutil
 
+    from ragdot.inductor_lowering import AOT_MIN_TORCH, torch_release
+
     if not hasattr(torch._inductor, "aoti_compile_and_package") or not (shutil.which("c++") or shutil.which("g++")):
         pytest.skip("needs AOTInductor packaging and a C++ compiler")
+    if torch_release() < AOT_MIN_TORCH:  # torch 2.11 crashes loading the package (ragdot refuses to compile it)
+        pytest.skip(f"AOTInductor with ragdot's ops needs torch >= {AOT_MIN_TORCH}")
     model = _model("qwen3_moe", seed=4).eval()
     model.set_experts_implementation("ragdot")
     ids = torch.randint(3, _COMMON["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(5))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import needs_fused_block
+
 transformers = pytest.importorskip("transformers", minversion="5")
 
 import ragdot.integrations.transformers as rt  # noqa: E402
@@ -79,9 +81,8 @@ def _has_triton() -> bool:
     return routing_kernels.HAS_TRITON
 
 
-def _needs_triton():
-    if not _has_triton():
-        pytest.skip("the fused experts need triton (its interpreter on the CPU)")
+def _needs_triton(cpu_model: bool = True):
+    needs_fused_block(cpu_model)
 
 
 def _classes(family: str):

@@ -21,20 +21,23 @@ ops on its default lowering (results are the same either way).
 The C++ wrapper (AOTInductor: `torch.export` then `torch._inductor.aoti_compile_and_package`) keeps ragdot's ops as
 fallback kernels, which it calls through its proxy executor (the dispatcher, then ragdot's Python implementation
 in the process that loads the package): torch 2.13's own `.out` lowering would make it call a C shim that a Python
-op does not have, and the generated C++ would not compile (`_without_out_variants`).
+op does not have, and the generated C++ would not compile (`_without_out_variants`). On a torch older than
+2.13 it refuses instead (`check_aot_torch`): torch 2.11 crashes loading any AOTInductor package that calls a
+Python custom op.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["direct_out_name", "install", "maybe_install"]
+__all__ = ["direct_out_name", "install", "maybe_install", "check_aot_torch", "torch_release", "AOT_MIN_TORCH"]
 
 _OPS = ("ragged_m", "ragged_k", "batch")
 _state: dict[str, Any] = {"done": False, "lowered": 0}  # lowered: ops lowered here (a count, for tests)
@@ -111,6 +114,28 @@ def _without_out_variants() -> Iterator[None]:
             setattr(found, name, lookup)
 
 
+AOT_MIN_TORCH = (2, 13)  # the first torch whose AOTInductor packages with ragdot's ops loaded and ran here
+
+
+def torch_release() -> tuple[int, int]:
+    """(major, minor) of this torch (pre-releases of a version count as that version)."""
+    major, minor = re.match(r"(\d+)\.(\d+)", torch.__version__).groups()
+    return int(major), int(minor)
+
+
+def check_aot_torch() -> None:
+    """NotImplementedError, while AOTInductor compiles a model that calls ragdot, on a torch older than
+    AOT_MIN_TORCH: loading such a package crashed the process (a segmentation fault in `aoti_load_package`)
+    with torch 2.11, for any Python custom op, ragdot's and a one-line one alike (an H100 machine, 2026-12-05),
+    so it fails here, at compile time, with a reason, instead."""
+    if torch_release() < AOT_MIN_TORCH:
+        raise NotImplementedError(
+            f"AOTInductor with ragdot's ops needs torch >= {'.'.join(map(str, AOT_MIN_TORCH))} (this is "
+            f"{torch.__version__}): loading an AOTInductor package that calls a Python custom op crashes torch "
+            "2.11; torch.compile and torch.export (without AOTInductor) work with ragdot here"
+        )
+
+
 def _lowering(ir: Any, packet: Any, fallback_handler: Any):
     from torch._inductor.utils import convert_shape_to_inductor
 
@@ -124,6 +149,8 @@ def _lowering(ir: Any, packet: Any, fallback_handler: Any):
         from torch._inductor.virtualized import V
 
         if getattr(V.graph, "cpp_wrapper", False):
+            if getattr(V.graph, "aot_mode", False):
+                check_aot_torch()
             with _without_out_variants():
                 return default(*args, **kwargs)
         try:
