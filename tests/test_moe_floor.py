@@ -48,9 +48,9 @@ def test_the_floor_is_a_default_train_variant_and_not_a_layer_variant(tmp_path):
     assert main(["moe-bench", "--layer", "--quick", "--variants", FLOOR, "--out", str(tmp_path)]) == 2
 
 
-def _row(variant: str, step: float, sol_ms: float | None = 0.5) -> dict:
+def _row(variant: str, step: float, sol_ms: float | None = 0.5, mode: str = "graph") -> dict:
     return {"config": "c", "variant": variant, "status": "ok", "step_s": step, "experts": 64, "moe_gflop": 300.0,
-            "routed_sol_ms": sol_ms}
+            "routed_sol_ms": sol_ms, "mode": mode}
 
 
 def test_bounds_and_routed_rates_from_the_floor():
@@ -75,6 +75,17 @@ def test_without_the_floor_or_the_ceilings_nothing_is_derived():
     relative(rows)
     assert rows[2]["bound_vs_dense_drop"] == pytest.approx(5 / 3) and rows[2]["bound_at_sol"] is None
     assert rows[0]["routed_ms"] == pytest.approx(10.0) and rows[0]["routed_pct"] is None
+
+
+def test_eager_steps_get_the_bound_only():
+    """An eager floor is host time, which a real step's device work hides: no routed time or speed-of-light
+    bound from it."""
+    rows = [_row(v, t, mode="eager (interleaved)") for v, t in (("sparse-auto", 0.0505), ("dense_drop", 0.062),
+                                                                (FLOOR, 0.0403))]
+    relative(rows, matmul_tflops=600.0)
+    assert rows[2]["bound_vs_dense_drop"] == pytest.approx(0.062 / 0.0403) and rows[2]["bound_at_sol"] is None
+    assert rows[0]["routed_ms"] is None and rows[0]["routed_sol_pct"] is None
+    assert rows[0]["speedup_vs_dense_drop"] == pytest.approx(0.062 / 0.0505)
 
 
 def test_the_dense_drop_check_shows_the_floors_bounds():
@@ -108,7 +119,7 @@ def test_moe_bench_quick_with_the_floor(tmp_path):
     rows = {r["variant"]: r for r in data["rows"]}
     assert data["meta"]["matmul_tflops"] > 0
     assert rows[FLOOR]["status"] == "ok" and rows[FLOOR]["path"] == "none" and rows[FLOOR]["tflops"] is None
-    assert rows[FLOOR]["bound_vs_dense_drop"] > 0 and rows[FLOOR]["bound_at_sol"] > 0
+    assert rows[FLOOR]["bound_vs_dense_drop"] > 0 and rows[FLOOR]["bound_at_sol"] is None  # eager steps here
     assert data["meta"]["copy_gbs"] > 0 and rows["sparse-torch"]["routed_sol_ms"] == rows[FLOOR]["routed_sol_ms"] > 0
     assert "routing_ms" not in rows[FLOOR]  # nothing routed to profile
     assert rows["sparse-torch"]["moe_gflop"] > 0 and rows["sparse-torch"]["routing_ms"] > 0

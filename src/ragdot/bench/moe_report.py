@@ -35,18 +35,26 @@ def relative(rows: list[Row], matmul_tflops: float | None = None) -> None:
     the step without routed-expert work) of the config, also what follows from it:
 
     - the floor's row: ``bound_vs_dense_drop`` = dense_drop's step over the floor's, the largest speedup over
-      dense_drop any implementation of the routed experts could reach on that step; where rows carry
-      ``routed_sol_ms`` (`routed_sol_s`), ``bound_at_sol`` = dense_drop's step over the floor's plus that: the
-      largest one with the routed GEMMs at speed of light and nothing else routed (permute, activation, combine);
-    - every other row: ``routed_ms`` = its step minus the floor's (what its routed experts add: permute, GEMMs,
-      activation, combine), ``routed_tflops`` = the useful routed FLOPs (``moe_gflop``) over that time, its share
-      of `matmul_tflops` (the dense matmul rate measured in the run) as ``routed_pct``, and ``routed_sol_pct`` =
-      ``routed_sol_ms`` over ``routed_ms``, in %."""
+      dense_drop any implementation of the routed experts could reach on that step; on CUDA-graph replays (mode
+      "graph": device time) and where rows carry ``routed_sol_ms`` (`routed_sol_s`), ``bound_at_sol`` =
+      dense_drop's step over the floor's plus that: the largest one with the routed GEMMs at speed of light and
+      nothing else routed (permute, activation, combine);
+    - every other row, on graph replays: ``routed_ms`` = its step minus the floor's (what its routed experts add:
+      permute, GEMMs, activation, combine), ``routed_tflops`` = the useful routed FLOPs (``moe_gflop``) over that
+      time, its share of `matmul_tflops` (the dense matmul rate measured in the run) as ``routed_pct``, and
+      ``routed_sol_pct`` = ``routed_sol_ms`` over ``routed_ms``, in %.
+
+    Eager steps get the bound only: the floor's eager step is host time (far less device work than launches),
+    which a real step's device work hides, so a step minus the floor is no routed time there (measured on an
+    H100: qwen3-235b-a22b's eager sparse step 50.5 ms against a floor of 40.3 ms plus 10.5 ms of routed speed of
+    light)."""
     steps = {(r["config"], r["variant"]): r.get("step_s") for r in rows}
+    # device time only: a host-bound floor (eager steps) hides no host time of the step it is subtracted from
+    device = {r["config"] for r in rows if r["variant"] == FLOOR and r.get("mode") == "graph"}
     for r in rows:
-        own, floor = r.get("step_s"), steps.get((r["config"], FLOOR))
+        own, floor = r.get("step_s"), steps.get((r["config"], FLOOR)) if r["config"] in device else None
         if r["variant"] == FLOOR:
-            _floor_bounds(r, steps.get((r["config"], "dense_drop")))
+            _floor_bounds(r, steps.get((r["config"], "dense_drop")), r["config"] in device)
             continue
         for ref, key in (("sparse-padded", "speedup_vs_padded"), ("dense_drop", "speedup_vs_dense_drop")):
             base = steps.get((r["config"], ref))
@@ -58,8 +66,8 @@ def relative(rows: list[Row], matmul_tflops: float | None = None) -> None:
         r["routed_sol_pct"] = 100 * sol / routed if sol and routed else None
 
 
-def _floor_bounds(r: Row, drop: float | None) -> None:
-    own, sol = r.get("step_s"), r.get("routed_sol_ms")
+def _floor_bounds(r: Row, drop: float | None, device: bool) -> None:
+    own, sol = r.get("step_s"), r.get("routed_sol_ms") if device else None
     r["bound_vs_dense_drop"] = drop / own if drop and own else None
     r["bound_at_sol"] = drop / (own + sol / 1e3) if drop and own and sol else None
 
