@@ -45,8 +45,9 @@ from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_vie
 # The flat kernel's output tiles through a ragged TMA view of c (`ragged_view`: its row bound is the tile's group
 # end, so rows of the next group are never written) instead of masked pointer stores: an asynchronous store that
 # leaves the SM's threads free for the next tile's main loop, where the epilogue is a large part of a tile (short
-# contractions: the data gradients). Off until an A/B on the GPU says where it wins (benchmarks/kernel_ab.py with
-# this flag on in the old file; docs/history.md, 2026-12-05 afternoon).
+# contractions: the data gradients). Off: on an H100 the A/B (benchmarks/kernel_ab.py with this flag on in the old
+# file) measured TMA stores 0.99-1.02x the pointer stores' time on every flat-kernel cell, bitwise equal
+# (benchmarks/results/h100-20261205/u4); the H200's A/B is still to run (docs/history.md, 2026-12-05 evening).
 TMA_STORE = False
 # With TMA_STORE, the tile is stored as this many column slices (1 or 2). Built for sm_90 (`compile_only`,
 # qwen3-235b-a22b widths), a whole tile staged for its store takes 16-32 KB more shared memory a program (two
