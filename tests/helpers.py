@@ -30,6 +30,15 @@ def dtypes_for(backend: str, device: torch.device) -> list[torch.dtype]:
 GENERAL_BACKENDS = [b for b in ragdot.backends() if b != "gluon"]
 
 
+def cpu_backends() -> list[str]:
+    """The usable backends that take CPU tensors: on a GPU machine (Triton's interpreter off) not the GPU
+    kernels' ones, which refuse CPU tensors with a NotImplementedError (tests with CPU operands parametrize over
+    these)."""
+    from ragdot.kernels.interpreter import interpreting
+
+    return [b for b in ragdot.backends() if b not in ("triton", "gluon") or interpreting()]
+
+
 def backend_dtype_params(device: torch.device) -> list[tuple[str, torch.dtype]]:
     return [(b, dt) for b in GENERAL_BACKENDS for dt in dtypes_for(b, device)]
 
