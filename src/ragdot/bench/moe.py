@@ -160,8 +160,7 @@ def run(args: argparse.Namespace) -> int:
         ceilings = measure_ceilings(device, dtype)
         meta |= {"matmul_tflops": round(ceilings.peak_tflops, 3), "copy_gbs": round(ceilings.bandwidth_gbs, 1),
                  "ceilings": ceilings.label}  # fmt: skip
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        sol = {c.name: 1e3 * routed_sol_s(c, ceilings.peak_flops, ceilings.bandwidth, itemsize) for c in configs}
+        sol = {c.name: 1e3 * routed_sol_s(c, ceilings.peak_flops, ceilings.bandwidth, dtype.itemsize) for c in configs}
     return _run_train(configs, args, device, dtype, meta, console, targets, sol)
 
 

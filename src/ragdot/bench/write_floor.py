@@ -18,40 +18,42 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
+
 from ragdot.bench.summary import Row, view_title
-from ragdot.measure.classes import get_class
+from ragdot.measure.classes import flops, get_class
 from ragdot.shapes import Shape
 
 __all__ = ["output_bytes", "cap_pct", "markdown"]
 
-_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+
+def _shape(row: Row) -> Shape:
+    m, k, n, e = (int(x) for x in row.dims.split(","))
+    return Shape(row.shape, m, k, n, e)
 
 
 def output_bytes(row: Row) -> int | None:
     """Bytes of the cell's output, written once (None when the record does not name its dtype)."""
-    size = _ITEMSIZE.get(row.dtype)
-    if size is None:
+    dtype = getattr(torch, row.dtype, None) if row.dtype else None
+    if not isinstance(dtype, torch.dtype):
         return None
-    m, k, n, e = (int(x) for x in row.dims.split(","))
-    return math.prod(get_class(row.cls).shapes(Shape(row.shape, m, k, n, e))[2]) * size
+    return math.prod(get_class(row.cls).shapes(_shape(row))[2]) * dtype.itemsize
 
 
-def _seconds(row: Row, write_bps: float) -> tuple[float, float] | None:
-    """(speed of light, write floor) of a timed row, seconds; None without what they need."""
+def _cap_and_floor(row: Row, write_bps: float) -> tuple[float, float] | None:
+    """(the largest % of speed of light the cell can reach with writes at `write_bps` bytes/s, its write floor in
+    seconds) of a timed row; None without its dtype or speed of light."""
     out = output_bytes(row)
     if out is None or not row.sol_tflops or not row.timed:
         return None
-    m, k, n, _ = (int(x) for x in row.dims.split(","))
-    return 2 * m * k * n / (row.sol_tflops * 1e12), out / write_bps
+    sol, floor = flops(_shape(row)) / (row.sol_tflops * 1e12), out / write_bps
+    return (100.0 if floor <= sol else 100 * sol / floor), floor
 
 
 def cap_pct(row: Row, write_bps: float) -> float | None:
     """The largest % of speed of light the cell can reach with writes at `write_bps` bytes/s."""
-    times = _seconds(row, write_bps)
-    if times is None:
-        return None
-    sol, floor = times
-    return 100.0 if floor <= sol else 100 * sol / floor
+    found = _cap_and_floor(row, write_bps)
+    return None if found is None else found[0]
 
 
 def markdown(rows: Sequence[Row], write_bps: float) -> list[str]:
@@ -60,23 +62,21 @@ def markdown(rows: Sequence[Row], write_bps: float) -> list[str]:
     lines = [f"## Writes as a floor ({write_bps / 1e12:g} TB/s write-only)", "",
              "Per cell: write floor = output bytes / write bandwidth; cap = the largest % of speed of light "
              "the cell can reach under it. The speed of light is unchanged.", ""]
-    groups: dict[tuple[str, str, str], list[Row]] = {}
+    groups: dict[tuple[str, str, str], list[tuple[Row, float, float]]] = {}
     for r in rows:
-        if r.timed and r.pct_sol is not None and cap_pct(r, write_bps) is not None:
-            groups.setdefault((r.system, r.routing, r.view), []).append(r)
+        found = _cap_and_floor(r, write_bps) if r.pct_sol is not None else None
+        if found is not None:
+            groups.setdefault((r.system, r.routing, r.view), []).append((r, *found))
     if not groups:
         return [*lines, "No timed row names its dtype and speed of light: nothing to bound.", ""]
     lines += ["| system | routing | view | cells | mean % SOL | mean of caps "
               "| capped cells (% SOL / cap / % of write floor) |", "|---|---|---|---|---|---|---|"]
     for (system, routing, view), group in sorted(groups.items()):
-        caps = [cap_pct(r, write_bps) for r in group]
-        capped = []
-        for r, cap in zip(group, caps):
-            if cap < 100:
-                sol, floor = _seconds(r, write_bps)
-                capped.append(f"{r.shape} {r.cls} {r.pct_sol:.1f} / {cap:.1f} / {100 * floor / (r.ms / 1e3):.0f}")
-        mean_sol = sum(r.pct_sol for r in group) / len(group)
-        lines.append(f"| {system} | {routing} | {view} | {len(group)} | {mean_sol:.1f} | {sum(caps) / len(caps):.1f} "
+        capped = [f"{r.shape} {r.cls} {r.pct_sol:.1f} / {cap:.1f} / {100 * floor / (r.ms / 1e3):.0f}"
+                  for r, cap, floor in group if cap < 100]
+        mean_sol = sum(r.pct_sol for r, _, _ in group) / len(group)
+        mean_cap = sum(cap for _, cap, _ in group) / len(group)
+        lines.append(f"| {system} | {routing} | {view} | {len(group)} | {mean_sol:.1f} | {mean_cap:.1f} "
                      f"| {'; '.join(capped) or '-'} |")
     views = sorted({v for _, _, v in groups})
     return [*lines, "", *(f"- {v}: {view_title(v)}" for v in views), ""]
