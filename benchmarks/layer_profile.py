@@ -6,6 +6,8 @@ For each (config, tokens, variant) the layer of `ragdot moe-bench --layer` (same
 `--warmup` steps, then one forward and one backward each under torch.profiler (device clock: the kernels' own
 time, no host time, no gaps). Prints the largest kernels of each phase with their share, and writes all rows to
 `--out` as JSON. Variants are those of `moe-bench --layer` (peer, sparse-auto, sparse-unfused, ...).
+`--modes eager compile` profiles each also as `moe-bench --layer` compiles it (`torch.compile`, inductor,
+fullgraph, static shapes), so the kernels the compiled step adds, drops or slows show beside the eager step's.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ def main() -> None:
     p.add_argument("--tokens", nargs="+", type=int, default=[8192])
     p.add_argument("--variants", nargs="+", default=["peer", "sparse-auto"])
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--modes", nargs="+", choices=("eager", "compile"), default=["eager"])
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--out", type=Path, default=None, help="JSON file for all rows")
     args = p.parse_args()
-    device, dtype = torch.device("cuda"), torch.bfloat16
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16
     rows = []
     for name in args.configs:
         cfg = LAYER_CONFIGS[name]
@@ -55,8 +59,11 @@ def main() -> None:
             x = torch.randn((t, cfg.dim), generator=gen, device=device, dtype=dtype).requires_grad_(True)
             dy = torch.randn((t, cfg.dim), generator=gen, device=device, dtype=dtype)
             flops = 18 * t * cfg.top_k * cfg.dim * cfg.moe_hidden
-            for variant in args.variants:
+            for variant, mode in [(v, m) for v in args.variants for m in args.modes]:
                 fn = _forward(layer, variant)
+                if mode == "compile":
+                    torch._dynamo.reset()
+                    fn = torch.compile(fn, fullgraph=True, dynamic=False)
                 for _ in range(args.warmup):
                     fn(x).backward(dy)
                     layer.zero_grad(set_to_none=True)
@@ -65,14 +72,14 @@ def main() -> None:
                 layer.zero_grad(set_to_none=True)
                 x.grad = None
                 total = sum(ph["kernel_ms"] for ph in phases.values())
-                print(f"\n== {name} T={t} {variant}: kernels {total:.3f} ms (device clock), "
+                print(f"\n== {name} T={t} {variant} {mode}: kernels {total:.3f} ms (device clock), "
                       f"{flops / total / 1e9:.0f} TFLOP/s of expert GEMM work over all kernel time")
                 for phase, ph in phases.items():
                     print(f"  {phase}: {ph['kernel_ms']:.3f} ms")
                     for item in ph["top_kernels"].split("; "):
                         kname, _, ms = item.rpartition("=")
                         print(f"    {float(ms):8.3f} ms {100 * float(ms) / total:5.1f}%  {kname}")
-                rows.append({"config": name, "tokens": t, "variant": variant, "kernel_ms": total, **{
+                rows.append({"config": name, "tokens": t, "variant": variant, "mode": mode, "kernel_ms": total, **{
                     f"{k}_{f}": v for k, ph in phases.items() for f, v in ph.items()}})
             del x, dy
         del layer
