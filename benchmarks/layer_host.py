@@ -6,7 +6,9 @@ Per config: ``MoELayer`` (bf16, sparse path, its defaults: the fused block where
 the host's wall time of the forward call and of ``y.backward(dy)`` (the calling thread, no synchronisation inside
 a step: the device runs behind), median of --steps; then the same steps under cProfile, the forward and the
 backward profiled apart (the backward with autograd's device threads off, so that its Python runs on the
-profiled thread; its wall time that way is printed too). Clock: host (time.perf_counter). CUDA only.
+profiled thread; its wall time that way is printed too). `--modes eager compile` times the layer also as
+`moe-bench --layer` compiles it (`torch.compile`, inductor, fullgraph, static shapes). Clock: host
+(time.perf_counter). CUDA only.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from ragdot.moe.layer import MoELayer  # noqa: E402
 from ragdot.moe.model import get_config  # noqa: E402
 
 
-def _phases(layer, x, dy, steps: int, profiles=None) -> tuple[float, float]:
+def _phases(layer, x, dy, steps: int, profiles=None, fn=None) -> tuple[float, float]:
+    fn = layer if fn is None else fn
     fwd, bwd = [], []
     for _ in range(steps):
         layer.zero_grad(set_to_none=True)
@@ -39,7 +42,7 @@ def _phases(layer, x, dy, steps: int, profiles=None) -> tuple[float, float]:
         t0 = time.perf_counter()
         if profiles:
             profiles[0].enable()
-        y = layer(x)
+        y = fn(x)
         if profiles:
             profiles[0].disable()
         t1 = time.perf_counter()
@@ -63,7 +66,7 @@ def _top(profile: cProfile.Profile, top: int, steps: int) -> str:
     return f"(totals over {steps} steps)\n" + text[text.find("   ncalls"):]
 
 
-def run(name: str, tokens: int, steps: int, top: int) -> str:
+def run(name: str, tokens: int, steps: int, top: int, mode: str = "eager") -> str:
     cfg = get_config(name)
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -71,17 +74,21 @@ def run(name: str, tokens: int, steps: int, top: int) -> str:
                      device=device)
     x = torch.randn(tokens, cfg.dim, device=device, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, cfg.dim, device=device, dtype=torch.bfloat16)
-    _phases(layer, x, dy, 3)
-    fwd, bwd = _phases(layer, x, dy, steps)
-    lines = [f"== {name} T={tokens} (fused block: {layer.uses_fused(x)}): host ms per phase, device threads on: "
-             f"forward {fwd:.3f}, backward {bwd:.3f}"]
+    fn = layer
+    if mode == "compile":
+        torch._dynamo.reset()
+        fn = torch.compile(layer, fullgraph=True, dynamic=False)
+    _phases(layer, x, dy, 3, fn=fn)
+    fwd, bwd = _phases(layer, x, dy, steps, fn=fn)
+    lines = [f"== {name} T={tokens} {mode} (fused block: {layer.uses_fused(x)}): host ms per phase, device threads "
+             f"on: forward {fwd:.3f}, backward {bwd:.3f}"]
     previous = torch.autograd.is_multithreading_enabled()
     torch.autograd.set_multithreading_enabled(False)
     try:
-        fwd1, bwd1 = _phases(layer, x, dy, steps)
+        fwd1, bwd1 = _phases(layer, x, dy, steps, fn=fn)
         lines.append(f"   device threads off: forward {fwd1:.3f}, backward {bwd1:.3f}")
         profiles = (cProfile.Profile(), cProfile.Profile())
-        _phases(layer, x, dy, steps, profiles)
+        _phases(layer, x, dy, steps, profiles, fn=fn)
     finally:
         torch.autograd.set_multithreading_enabled(previous)
     lines.append("-- forward, cProfile by own time " + _top(profiles[0], top, steps))
@@ -96,12 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--modes", nargs="+", choices=("eager", "compile"), default=["eager"])
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("layer_host.py: needs a CUDA device", file=sys.stderr)
         return 2
     for name in args.configs:
-        print(run(name, args.tokens, args.steps, args.top), flush=True)
+        for mode in args.modes:
+            print(run(name, args.tokens, args.steps, args.top, mode), flush=True)
     return 0
 
 
