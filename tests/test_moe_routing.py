@@ -214,3 +214,37 @@ def test_triton_routing_bf16_on_gpu(dtype):
     assert torch.equal(got["triton"][0], got["torch"][0]) and torch.equal(got["triton"][1], got["torch"][1])
     for a, b in zip(got["triton"][2:], got["torch"][2:], strict=True):
         assert nerr(a, b) <= 1e-2
+
+
+@pytest.mark.skipif(not rk.HAS_TRITON, reason="needs triton")
+@pytest.mark.parametrize("case", ["random", "multi_block", "one_hot_expert", "top_k_equals_e"])
+def test_routing_index_is_the_torch_forms(case):
+    """One launch for the token of each permuted row and the permuted row of each assignment: bitwise the
+    division and the inverse permutation it replaces, and each consistent with the order it came from."""
+    _, experts, _, e = _case(case)
+    tokens_n, k = experts.shape
+    _, order = rk.sort_order(experts.to(DEV), e, "torch")
+    got = rk.routing_index(order, k, "triton")
+    want = rk.routing_index(order, k, "torch")
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype == torch.int32 and torch.equal(g, w)
+    tokens, slots = got
+    assert torch.equal(tokens.long(), order.long() // k) and int(tokens.max()) < tokens_n
+    assert torch.equal(slots[order.long()], torch.arange(order.numel(), dtype=torch.int32, device=DEV))
+
+
+@pytest.mark.skipif(not rk.HAS_TRITON, reason="needs triton")
+def test_routing_index_and_combine_stay_in_bounds_for_an_order_that_is_no_permutation():
+    """fused_experts takes the order it is given: out-of-range and repeated entries must not send the index
+    kernel's scatter or the combine's reads out of bounds (the values are then unspecified, the memory safe)."""
+    a, k, d = 12, 3, 8
+    order = torch.tensor([0, 99, -5, 3, 3, 3, 7, 11, 2, 1, 40, 6], dtype=torch.int32, device=DEV)
+    tokens, slots = rk.routing_index(order, k, "triton")
+    # the tokens row shares one buffer with the slots row after it: a scatter at a negative row would land in it
+    assert torch.equal(tokens, (order.long().clamp(0, a - 1) // k).to(torch.int32))
+    for r in (6, 8, 9, 11):  # a value no other entry clamps to: its slot is its row
+        assert int(slots[int(order[r])]) == r
+    rows = torch.randn(a, d, device=DEV)
+    garbage = torch.tensor([0, 1 << 30, -(1 << 30), 5] * (a // 4), dtype=torch.int32, device=DEV)
+    y = rk.combine(rows, garbage, None, k, "triton")  # would read far out of bounds without the clamp
+    assert torch.equal(y, rows[garbage.long().clamp(0, a - 1)].view(a // k, k, d).sum(1))

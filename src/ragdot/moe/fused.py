@@ -141,16 +141,12 @@ FORWARDS = ("gemms", "fused")
 forward_kind = "gemms"
 
 
-def _tokens(order: torch.Tensor, top_k: int) -> torch.Tensor:
-    """int32 [A]: the token of each permuted row."""
-    return torch.div(order, top_k, rounding_mode="floor")
-
-
 def _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic):
     fm, _ = _kernels()
     x, weights = x.contiguous(), weights.contiguous()
     if forward_kind == "gemms":
-        pre = _ragged_m(x.index_select(0, _tokens(order, top_k)), w_gate_up, sizes)  # [A, 2H]
+        tokens, slots = _rk.routing_index(order, top_k, default_impl(x.device))
+        pre = _ragged_m(x.index_select(0, tokens), w_gate_up, sizes)  # [A, 2H]
         act = fm.swiglu(pre)
         if not save:  # a new empty tensor, not a view that would keep the whole buffer alive
             pre = pre.new_empty((0, pre.shape[1]))
@@ -162,7 +158,7 @@ def _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, determini
         return fm.sum_choices(fm.down_scatter(act, w_down, order, sizes, w_flat, top_k), top_k), pre
     rows = _ragged_m(act, w_down, sizes)  # [A, D]
     del act
-    return _rk.combine(rows, _rk.inverse_permutation(order), weights, top_k, default_impl(rows.device)), pre
+    return _rk.combine(rows, slots, weights, top_k, default_impl(rows.device)), pre
 
 
 @torch.library.custom_op("ragdot::fused_moe", mutates_args=())
@@ -315,7 +311,7 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
     `release` (the weights are the block's own casts of master weights, under `in_place`), each cast's memory is
     freed after its last read, before the float32 gradients that follow are allocated."""
     _, fb = _kernels()
-    tokens = _tokens(order, top_k)
+    tokens, slots = _rk.routing_index(order, top_k, default_impl(x.device))
     dy_rows = dy.index_select(0, tokens)  # [A, D]: dy of each permuted row's token
     g = _ragged_m(dy_rows, w_down.transpose(1, 2), sizes)  # [A, H]
     if release:
@@ -330,7 +326,7 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
     dx = x.new_empty((0, x.shape[1]))
     if need_dx:
         rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
-        dx = _rk.combine(rows, _rk.inverse_permutation(order), None, top_k, default_impl(rows.device))
+        dx = _rk.combine(rows, slots, None, top_k, default_impl(rows.device))
         del rows
     if release:
         _free_storage(w_gate_up)

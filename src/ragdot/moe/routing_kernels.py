@@ -41,7 +41,8 @@ try:
 except ImportError:  # pragma: no cover - triton is optional
     HAS_TRITON = False
 
-__all__ = ["HAS_TRITON", "sort_and_dispatch", "sort_order", "combine", "combine_backward", "inverse_permutation"]
+__all__ = ["HAS_TRITON", "sort_and_dispatch", "sort_order", "combine", "combine_backward", "inverse_permutation",
+           "routing_index"]
 
 _SORT_BLOCK = 128  # assignments per program of the sort kernels
 _SCAN_TILE = 8192  # counts per program of the scan (NB_POW2 x BLOCK_E)
@@ -139,6 +140,22 @@ if HAS_TRITON:
                 tl.store(out_ptr + dst[:, None] + cols[None, :], rows, mask=m)
 
     @triton.jit
+    def _routing_index_kernel(
+        order_ptr,  # int32 [A]: the assignment at each permuted row (sort_order's order)
+        tokens_ptr,  # int32 [A]: out, the token of each permuted row, order // TOP_K
+        slots_ptr,  # int32 [A]: out, the permuted row of each assignment, slots[order[r]] = r
+        A,
+        TOP_K: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        valid = r < A
+        o = tl.load(order_ptr + r, mask=valid, other=0)
+        o = tl.minimum(tl.maximum(o, 0), A - 1)  # an order that is no permutation writes no row out of bounds
+        tl.store(tokens_ptr + r, o // TOP_K, mask=valid)
+        tl.store(slots_ptr + o, r, mask=valid)
+
+    @triton.jit
     def _combine_kernel(
         rows_ptr,  # [A, D]: permuted rows (row stride stride_r, unit column stride)
         slots_ptr,  # int32 [A]: row of assignment a = t * TOP_K + j
@@ -160,6 +177,7 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
         for j in tl.static_range(TOP_K):
             slot = tl.load(slots_ptr + toks * TOP_K + j, mask=tok_ok, other=0).to(tl.int64)
+            slot = tl.minimum(tl.maximum(slot, 0), T * TOP_K - 1)  # slots that are no permutation: in bounds
             r = tl.load(rows_ptr + slot[:, None] * stride_r + cols[None, :], mask=m, other=0.0).to(tl.float32)
             if HAS_WEIGHTS:
                 w = tl.load(weights_ptr + toks * TOP_K + j, mask=tok_ok, other=0.0).to(tl.float32)
@@ -275,6 +293,22 @@ def inverse_permutation(perm: torch.Tensor, dtype: torch.dtype | None = None) ->
     """inv [N] with inv[perm[i]] = i, in `dtype` (perm's by default): e.g. slots from order."""
     positions = torch.arange(perm.numel(), dtype=dtype or perm.dtype, device=perm.device)
     return torch.empty_like(positions).scatter_(0, perm.long(), positions)
+
+
+_INDEX_BLOCK = 1024  # permuted rows per program of the routing-index kernel
+
+
+def routing_index(order: torch.Tensor, top_k: int, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """order int32 [A] (``sort_order``'s) -> (tokens int32 [A], slots int32 [A]): the token of each permuted row
+    (``order // top_k``, the rows a gather reads) and the permuted row of each assignment (``slots[order[r]] =
+    r``, what ``combine`` reads). One launch with Triton (a division, an arange and a scatter as torch ops)."""
+    a = order.numel()
+    if impl == "torch" or a == 0:
+        return torch.div(order, top_k, rounding_mode="floor"), inverse_permutation(order)
+    out = torch.empty((2, a), dtype=torch.int32, device=order.device)
+    consts = {"TOP_K": top_k, "BLOCK": _INDEX_BLOCK}
+    _launch(_routing_index_kernel, (_cdiv(a, _INDEX_BLOCK),), consts, 4, order, out[0], out[1], a)
+    return out[0], out[1]
 
 
 def _dispatch_torch(x: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
