@@ -97,3 +97,33 @@ def test_compiled_inference_traces_routing_as_torch_ops_and_training_keeps_the_c
         torch.testing.assert_close(y, want_y)
         (y, _), codes = run_and_get_code(compiled, x, chosen, weights)
         assert "ragdot.moe_permute" in "\n".join(codes) and y.requires_grad
+
+
+def test_exporting_is_true_under_export_only():
+    """The layer returns y alone when torch.export traces it and keeps its losses otherwise: torch 2.11's dynamo
+    folds torch.compiler.is_exporting() to True under torch.compile too, so ragdot reads export's own flag."""
+    from ragdot.ops import exporting
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            return x + (1.0 if exporting() else 0.0)
+
+    x = torch.zeros(3)
+    assert not exporting()
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(Probe(), fullgraph=True)(x), x)
+    for strict in (False, True):
+        program = torch.export.export(Probe(), (x,), strict=strict)
+        assert torch.equal(program.module()(x), x + 1)
+
+
+def test_compiled_layer_keeps_its_losses_and_counts():
+    torch.manual_seed(0)
+    layer = MoELayer(16, 8, 4, 2, path="sparse", dtype=torch.float32, device=DEV)
+    x = torch.randn(10, 16, device=DEV)
+    torch._dynamo.reset()
+    torch.compile(layer, fullgraph=True)(x)
+    compiled = (layer.aux_loss.detach().clone(), layer.z_loss.detach().clone(), layer.expert_counts.clone())
+    layer(x)
+    assert torch.equal(compiled[2], layer.expert_counts)
+    assert nerr(compiled[0], layer.aux_loss.detach()) <= 1e-6 and nerr(compiled[1], layer.z_loss.detach()) <= 1e-6

@@ -227,6 +227,14 @@ def run(problem: str, a: torch.Tensor, b: torch.Tensor, sizes: torch.Tensor | No
     return _forward(a, b, sizes, spec)
 
 
+def exporting() -> bool:
+    """Whether torch.export is tracing (strict or not), and not torch.compile. torch.compiler.is_exporting() says
+    that on torch 2.13, but torch 2.11's dynamo folds it to True under any torch.compile (a compiled MoELayer then
+    kept none of its losses); the flag export sets is what this reads where the torch has it."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else bool(flag)
+
+
 def _transformed() -> bool:
     """Forward-mode AD or a torch.func transform is active."""
     return _fwad._current_level >= 0 or torch._C._are_functorch_transforms_active()

@@ -54,7 +54,7 @@ from ragdot.moe.permute import IMPLS, combine_rows, permute_rows, resolve_impl
 from ragdot.moe.recompute import remade
 from ragdot.moe.router import Router, RouterOutput, expert_counts
 from ragdot.moe.router_losses import router_losses
-from ragdot.ops import _transformed
+from ragdot.ops import _transformed, exporting
 
 __all__ = ["MoELayer", "SwiGLU", "PATHS", "FUSED_MIN_FLOPS"]
 
@@ -375,7 +375,7 @@ class MoELayer(nn.Module):
                 y, counts = self._dense_drop(xe, routed, seq_len)
         if self.shared_expert is not None:
             y = y + self.shared_expert(x2)
-        if torch.compiler.is_exporting():  # an exported program has no module state to update: y alone
+        if exporting():  # an exported program has no module state to update: y alone
             return y.reshape(x.shape)
         self.expert_counts = counts.detach()
         total = routed.experts.numel() if self.ep is None else None  # every assignment counted once
