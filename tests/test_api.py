@@ -309,3 +309,21 @@ def test_mixed_float_operands_are_promoted_as_jax_does(ldt, rdt, want):
     assert out.dtype == want and nerr(out, ref) <= TOL[want]
     out.sum().backward()
     assert x.grad.dtype == ldt and w.grad.dtype == rdt
+
+
+def test_dimension_numbers_hash_on_first_use_not_when_built():
+    """Dimension numbers built inside a function compiled with fullgraph=True must trace: torch 2.11's dynamo
+    cannot trace hash() of a tuple, so building them hashes nothing; equal ones hash equal as keys."""
+    dn = ragdot.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), (0,), (0,))
+    assert "_hash" not in vars(dn)
+    same = ragdot.RaggedDotDimensionNumbers([[[1], [1]], [[], []]], [0], [0])
+    assert dn == same and hash(dn) == hash(same) and {dn: 1}[same] == 1
+    assert hash(dn) == hash(dn) and "_hash" in vars(dn)
+
+    def f(a, b, s):
+        inner = ragdot.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), (0,), (0,))
+        return ragdot.ragged_dot_general(a, b, s, inner, backend="reference")
+
+    a, b, s = torch.randn(6, 4), torch.randn(2, 4, 3), torch.tensor([2, 3])
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, fullgraph=True)(a, b, s), f(a, b, s))

@@ -74,11 +74,16 @@ class RaggedDotDimensionNumbers:
         object.__setattr__(self, "dot_dimension_numbers", ddn)
         object.__setattr__(self, "lhs_ragged_dimensions", _int_tuple(lhs_ragged_dimensions, "lhs_ragged_dimensions"))
         object.__setattr__(self, "rhs_group_dimensions", _int_tuple(rhs_group_dimensions, "rhs_group_dimensions"))
-        # hashed once: the dimension numbers are part of every call's dispatch key
-        object.__setattr__(self, "_hash", hash((ddn, self.lhs_ragged_dimensions, self.rhs_group_dimensions)))
 
     def __hash__(self) -> int:
-        return self._hash
+        """Hashed once, at the first use as a key (the dimension numbers are part of every eager call's dispatch
+        key), not in __init__: torch 2.11's dynamo cannot trace hash() of a tuple, and code compiled with
+        fullgraph=True may build dimension numbers inside the compiled function."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.dot_dimension_numbers, self.lhs_ragged_dimensions, self.rhs_group_dimensions))
+            object.__setattr__(self, "_hash", cached)
+        return cached
 
     @classmethod
     def coerce(cls, value: Any) -> RaggedDotDimensionNumbers:
