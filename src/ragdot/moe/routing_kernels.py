@@ -12,6 +12,8 @@ sort of the assignments by expert, done in three launches and without any host s
 The combine ``y[t] = sum_j w[t, j] * rows[slots[t*top_k + j]]`` gathers each token's ``top_k`` rows and sums
 them in the fixed order ``j = 0 .. top_k-1`` in float32: no atomics, bitwise reproducible. Its backward
 (``_combine_bwd_kernel``) scatters ``w * dy`` to the rows and reduces ``<dy, rows>`` for the weight gradient.
+``routing_index`` turns a sort's ``order`` into the token of each permuted row and ``slots`` in one launch (the
+fused block's gather and combine read them).
 
 Every function has a torch fallback (``impl="torch"``, used where Triton is missing) with the same results:
 bitwise for the metadata and copied rows, up to float32 rounding for the sums. Expert ids are clamped into
