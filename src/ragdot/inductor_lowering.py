@@ -136,6 +136,16 @@ def check_aot_torch() -> None:
         )
 
 
+def _processed(result: Any) -> tuple[Any, list[Any], list[Any]]:
+    """(example output, tensor arguments, other arguments) of `process_kernel`'s result: a tuple up to torch 2.13,
+    a `ProcessKernelResult` with named fields from 2.14 (where indexing it raised, and every ragdot op fell back
+    to inductor's default lowering)."""
+    if hasattr(result, "example_output"):
+        return result.example_output, list(result.tensor_args), list(result.non_tensor_args)
+    example, tensor_args, constant_args = result[:3]
+    return example, list(tensor_args), list(constant_args)
+
+
 def _lowering(ir: Any, packet: Any, fallback_handler: Any):
     from torch._inductor.utils import convert_shape_to_inductor
 
@@ -155,7 +165,8 @@ def _lowering(ir: Any, packet: Any, fallback_handler: Any):
                 return default(*args, **kwargs)
         try:
             with V.graph.fake_mode:  # the example output is a fake tensor (nothing runs, sizes may be symbolic)
-                example, tensor_args, constant_args = ir.FallbackKernel.process_kernel(kernel, *args, **kwargs)[:3]
+                example, tensor_args, constant_args = _processed(ir.FallbackKernel.process_kernel(kernel, *args,
+                                                                                                  **kwargs))
             # symbolic sizes (dynamic shapes) as inductor's sympy expressions
             layout = ir.FixedLayout(device=example.device, dtype=example.dtype,
                                     size=convert_shape_to_inductor(example.shape),
