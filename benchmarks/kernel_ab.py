@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -211,8 +212,30 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{shape.name:24s} {cls:9s} {routing:8s} " + "  ".join(
                     f"{r['system']}@{r['clock']}={r['ms']:.4f}" for r in rows if r["status"] == "ok"), flush=True)
     broken = [r for r in writer.rows if r.get("bitwise") is False or r.get("finite") is False]
+    for line in summary(writer.rows):
+        print(line)
     print(f"wrote {writer.csv} and {writer.json}; {len(broken)} kernel rows not bitwise equal or not finite")
     return 0
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Per clock: the geometric mean of old's time over new's over every cell-config both timed (> 1: new
+    faster), with the range and the cell of each end."""
+    pairs: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        arm, _, cfg = r["system"].partition(":")
+        if arm in ("old", "new") and r["status"] == "ok":
+            pairs.setdefault((r["clock"], r["shape"], r["cls"], r["routing"], cfg), {})[arm] = r["ms"]
+    lines = []
+    for clock in sorted({k[0] for k in pairs}):
+        ratios = {k[1:]: v["old"] / v["new"] for k, v in pairs.items() if k[0] == clock and len(v) == 2}
+        if ratios:
+            lo, hi = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
+            mean = math.exp(sum(math.log(x) for x in ratios.values()) / len(ratios))
+            lines.append(f"{clock}: old / new time, geomean {mean:.4f} over {len(ratios)} cell-configs (> 1: new "
+                         f"faster); lowest {ratios[lo]:.3f} ({' '.join(lo[:3])}), highest {ratios[hi]:.3f} "
+                         f"({' '.join(hi[:3])})")
+    return lines
 
 
 if __name__ == "__main__":

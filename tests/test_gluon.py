@@ -261,10 +261,10 @@ _COMPILE_SCRIPT = textwrap.dedent(
         ptx = h.asm["ptx"]
         incs = sorted({int(v) for v in re.findall(r"setmaxnreg\\.inc\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)})
         return dict(resource_usage(h), ws="setmaxnreg" in ptx, tma_store="bulk_group" in ptx,
-                    trans_a=", 1, 1, 1, 1;" in ptx, incs=incs)
+                    vector_store="st.global.v4" in ptx, trans_a=", 1, 1, 1, 1;" in ptx, incs=incs)
 
     with compile_only(90):
-        for m, r, n, g in ((2048, 3840, 1408, 64), (2880, 10240, 2880, 128), (512, 5120, 512, 256)):
+        for m, r, n, g in ((2048, 3840, 1408, 64), (2880, 10240, 2880, 16), (512, 5120, 512, 256)):
             a, b = torch.empty(1, r, m, dtype=bf), torch.empty(1, r, n, dtype=bf)
             for out_dtype in (bf, torch.float32):
                 for cfg in gluon_tuning_configs(m, n, out_dtype.itemsize):
@@ -296,13 +296,16 @@ _COMPILE_SCRIPT = textwrap.dedent(
 @pytest.mark.skipif(not bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
 def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
     """Every candidate config compiles (for sm_90, on any machine) to wgmma (ragged_k: a transposed-A operand
-    from shared memory), register reallocation between the partitions, a TMA store and zero spills."""
+    from shared memory), register reallocation between the partitions, a TMA store (ragged_k with short groups:
+    16-byte pointer stores instead) and zero spills."""
+    from ragdot.kernels.ragged_k import pointer_stores
 
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     stdout = compiled_in_a_subprocess(["-c", _COMPILE_SCRIPT])
     usage = json.loads(stdout.strip().splitlines()[-1])
     assert sum(k.startswith("ragged_k") for k in usage) >= 12
     assert sum(k.startswith("ragged_m") for k in usage) >= 12
+    assert {info["tma_store"] for k, info in usage.items() if k.startswith("ragged_k")} == {True, False}  # both paths
     picked = _shipped_gluon_picks()
     assert picked  # the shipped tune files pick Gluon somewhere
     spilled = []
@@ -314,7 +317,11 @@ def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
             # written and measured with, spills none of them (3.8 spills 8 bytes in the single-consumer ragged-M
             # tiles, which the shipped files never pick)
             assert name.split()[-1] not in picked and not triton.__version__.startswith("3.6"), (name, info)
-        assert info["tma_store"], name
+        if name.startswith("ragged_k"):  # "ragged_k MxRxNxG ...": the epilogue by the mean group's rows
+            r, g = map(int, name.split()[1].split("x")[1::2])
+            assert info["tma_store"] != pointer_stores(r, g) and info["vector_store"] == pointer_stores(r, g), name
+        else:
+            assert info["tma_store"], name
         assert info["ws"] == (" ws=False" not in name), (name, info)
         if name.startswith("ragged_k"):
             assert info["trans_a"], name

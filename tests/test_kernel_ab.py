@@ -84,3 +84,17 @@ def test_a_module_switch_set_on_the_old_copy(tmp_path):
     rows = list(csv.DictReader(path.open()))
     assert [r["system"].split(":")[0] for r in rows] == ["vendor", "old", "new"]
     assert all(r["bitwise"] == "True" for r in rows[1:])
+
+
+def test_summary_is_the_geomean_of_old_over_new_per_clock():
+    row = {"shape": "s", "cls": "wgrad_wi", "status": "ok"}
+    rows = [{**row, "routing": "balanced", "system": "vendor", "clock": "graph", "ms": 9.0},
+            {**row, "routing": "balanced", "system": "old:t1", "clock": "graph", "ms": 2.0},
+            {**row, "routing": "balanced", "system": "new:t1", "clock": "graph", "ms": 1.0},
+            {**row, "routing": "skewed", "system": "old:t1", "clock": "graph", "ms": 1.0},
+            {**row, "routing": "skewed", "system": "new:t1", "clock": "graph", "ms": 2.0},
+            {**row, "routing": "skewed", "system": "old:t2", "clock": "graph", "ms": 3.0},  # no new arm: left out
+            {**row, "routing": "skewed", "system": "new:t1", "clock": "eager", "ms": 1.0, "status": "failed"}]
+    (line,) = _module().summary(rows)
+    assert line.startswith("graph: old / new time, geomean 1.0000 over 2 cell-configs")
+    assert "lowest 0.500 (s wgrad_wi skewed), highest 2.000 (s wgrad_wi balanced)" in line

@@ -48,6 +48,20 @@ from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_view, rows_view
 from ragdot.kernels.record import active, scratch
 
+# How output tiles are written where the config asks for TMA (`cfg.tma`) and c allows it: True, through a TMA
+# descriptor; False, pointer stores; None, by `pointer_stores`. A weight gradient with few token rows per group is
+# bounded by its output's writes, and pointer stores keep more of them in flight than one TMA tile at a time: on
+# the H200 a persistent kernel storing TMA tiles wrote 3.8 TB/s, pointer stores 4.3 (`benchmarks/write_ceiling.py`).
+TMA_STORE: bool | None = None
+POINTER_STORE_MAX_ROWS = 256  # mean token rows per group up to which the output is written by pointer stores
+
+
+def pointer_stores(rows: int, groups: int) -> bool:
+    """Whether a weight gradient contracting `rows` token rows over `groups` groups writes its output by pointer
+    stores: where the mean group is short, so the output's writes bound it (measured on an H100, `kernel_ab.py`:
+    pointer stores 2-6% faster at 20-160 rows a group, TMA stores 4-5% faster at 480)."""
+    return rows <= POINTER_STORE_MAX_ROWS * max(groups, 1)
+
 
 @triton.jit
 def _form_ends(
@@ -397,7 +411,9 @@ class Prepared:
         self.out_strides = out_strides
         c_strides = out_strides or (m * n, n)
         elem = torch.empty((), dtype=out_dtype).element_size()
-        self.tma = bool(cfg.tma and tma_capable(a.device) and all((x * elem) % 16 == 0 for x in (n, *c_strides)))
+        tma_store = not pointer_stores(r, g) if TMA_STORE is None else TMA_STORE
+        self.tma = bool(tma_store and cfg.tma and tma_capable(a.device)
+                        and all((x * elem) % 16 == 0 for x in (n, *c_strides)))
         self.c_desc = ([g * bt, m, n], [*c_strides, 1], [1, cfg.block_m, cfg.block_n])
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         consts = dict(

@@ -9,8 +9,8 @@ import torch
 
 from ragdot.kernels.interpreter import interpreting
 
-__all__ = ["gluon_importable", "hopper_device", "unavailable_reason", "mma_layout", "maxnreg_for", "consumer_regs",
-           "descriptor"]
+__all__ = ["gluon_importable", "hopper_device", "unavailable_reason", "mma_layout", "store_layout", "maxnreg_for",
+           "consumer_regs", "descriptor"]
 
 
 def gluon_importable() -> bool:
@@ -69,6 +69,17 @@ def descriptor(t: torch.Tensor, block: list[int]) -> Any:
     dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[t.dtype]
     layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def store_layout(block_m: int, block_n: int, num_warps: int, elem_bytes: int) -> Any:
+    """A BlockedLayout of a [block_m, block_n] tile whose threads each hold 16 contiguous bytes of a row, a warp's
+    threads spanning as much of a row as the tile has (pointer stores of whole 128-byte lines)."""
+    from triton.experimental.gluon import language as gl
+
+    vec = max(1, 16 // elem_bytes)
+    across = max(1, min(32, block_n // vec))
+    return gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // across, across],
+                            warps_per_cta=[num_warps, 1], order=[1, 0])
 
 
 def mma_layout(block_m: int, block_n: int, num_warps: int, dtype_bits: int = 16) -> Any:
