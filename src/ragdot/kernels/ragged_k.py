@@ -53,14 +53,15 @@ from ragdot.kernels.record import active, scratch
 # bounded by its output's writes, and pointer stores keep more of them in flight than one TMA tile at a time: on
 # the H200 a persistent kernel storing TMA tiles wrote 3.8 TB/s, pointer stores 4.3 (`benchmarks/write_ceiling.py`).
 TMA_STORE: bool | None = None
-POINTER_STORE_MAX_ROWS = 256  # mean token rows per group up to which the output is written by pointer stores
+POINTER_STORE_MAX_ROWS = 128  # mean token rows per group up to which this kernel writes by pointer stores
 
 
-def pointer_stores(rows: int, groups: int) -> bool:
+def pointer_stores(rows: int, groups: int, max_rows: int = POINTER_STORE_MAX_ROWS) -> bool:
     """Whether a weight gradient contracting `rows` token rows over `groups` groups writes its output by pointer
-    stores: where the mean group is short, so the output's writes bound it (measured on an H100, `kernel_ab.py`:
-    pointer stores 2-6% faster at 20-160 rows a group, TMA stores 4-5% faster at 480)."""
-    return rows <= POINTER_STORE_MAX_ROWS * max(groups, 1)
+    stores: where the mean group (of at most `max_rows` rows) is short, so the output's writes bound it. Measured on
+    an H100 (`kernel_ab.py`, two runs): this kernel's pointer stores -1 to +6% at 20-80 rows a group, 3-7% slower at
+    160 and 4-5% slower at 480."""
+    return rows <= max_rows * max(groups, 1)
 
 
 @triton.jit

@@ -14,8 +14,9 @@ Partitions (gl.warp_specialize):
 - consumer (default partition, 4 warps = one warpgroup or 8 = two cooperating on the tile): wgmma with one
   group in flight, releases each stage once its MMA retired, then the epilogue (`EPILOGUE`): where groups are
   long, the tile goes through shared memory to a TMA store that is only waited for before the next tile's
-  epilogue reuses the buffer; where they are short and the output's writes bound the kernel, the tile is
-  converted to rows of 16-byte vectors and written by pointer stores, more of them in flight per SM.
+  epilogue reuses the buffer; where they are short (`BLOCKED_MAX_ROWS`) and the output's writes bound the
+  kernel, the tile is converted to rows of 16-byte vectors and written by pointer stores, more of them in flight
+  per SM.
 
 Group edges: the a and b operands are read through "ragged" TMA descriptors (`ragged_view`): two leading
 dimensions whose strides cancel modulo 2^64 let the third coordinate count rows from a group's end, so the
@@ -55,10 +56,11 @@ from ragdot.kernels.ragged_view import RAGGED_BASE, check_ragged_rows, ragged_vi
 __all__ = ["Prepared", "ragged_k", "ragged_k_ws_kernel"]
 
 # The epilogue's path: "tma" (the tile through shared memory to a TMA store), "blocked" (the tile converted to rows
-# of 16-byte vectors, then pointer stores) or None, by `ragdot.kernels.ragged_k.pointer_stores` (blocked where the
-# mean group is short and the output's writes bound the kernel: measured on an H100 with `kernel_ab.py`, blocked
-# 3-18% faster at 20-160 token rows a group, 10-14% slower at 480).
+# of 16-byte vectors, then pointer stores) or None: blocked where the mean group has at most BLOCKED_MAX_ROWS token
+# rows and the output's writes bound the kernel (`ragdot.kernels.ragged_k.pointer_stores`). Measured on an H100 with
+# `kernel_ab.py`, two runs: blocked 2-9% faster at 20-80 rows a group, 18-21% at 160, 10-14% slower at 480.
 EPILOGUE: str | None = None
+BLOCKED_MAX_ROWS = 256
 _EPILOGUES = ("tma", "blocked")
 
 
@@ -330,7 +332,7 @@ class Prepared:
                         gl.NVMMASharedLayout.get_default_for(blocks[2], out_dt))
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         self.grid = (max(1, min(g * bt * tiles, num_sms(a.device))),)
-        epilogue = EPILOGUE or ("blocked" if pointer_stores(r, g) else "tma")
+        epilogue = EPILOGUE or ("blocked" if pointer_stores(r, g, BLOCKED_MAX_ROWS) else "tma")
         self.consts = (cfg.stages, cfg.group_m, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
                        cfg.producer_regs, cfg.consumers, consumer_regs(cfg), _EPILOGUES.index(epilogue),
                        store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes))
