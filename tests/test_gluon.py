@@ -422,8 +422,10 @@ def test_ragged_k_matches_float64(routing, r, m, n, e, used):
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("epilogue", ["tma", "blocked"])
 @pytest.mark.parametrize("cfg", gluon_tuning_configs(512, 512), ids=lambda c: c.short())
-def test_every_candidate_config(cfg):
+def test_every_candidate_config(cfg, epilogue, monkeypatch):
+    monkeypatch.setattr("ragdot.kernels.gluon.ragged_k.EPILOGUE", epilogue)
     sizes = [300, 0, 17, 64, 0, 129, 1, 200, 63, 65]  # edges inside chunks, at chunk ends, one-row groups
     _check_config(cfg, 1000, 512, 512, sizes, seed=3)
 
@@ -443,10 +445,12 @@ def _check_config(cfg, r, m, n, sizes, bt=1, seed=0):
 @pytest.mark.parametrize(
     "cfg", [c for c in gluon_tuning_configs(1024, 1024) if c.consumers == 2], ids=lambda c: c.short()
 )
-def test_ping_pong_consumers_over_many_items_per_program(cfg):
+@pytest.mark.parametrize("epilogue", ["tma", "blocked"])
+def test_ping_pong_consumers_over_many_items_per_program(cfg, epilogue, monkeypatch):
     """Ping-pong: each program takes several items, alternately consumed by its two consumers, of unequal
     chunk counts (long, one-row, empty and chunk-edge groups), so the turn barriers and each consumer's count
     of the other's chunks are exercised; against float64, and bitwise stable."""
+    monkeypatch.setattr("ragdot.kernels.gluon.ragged_k.EPILOGUE", epilogue)
     _check_config(cfg, 2400, 1024, 1024, [700, 0, 1, 64, 0, 129, 65, 0, 300, 2, 640, 63, 0, 128], seed=11)
 
 
@@ -454,9 +458,12 @@ def test_ping_pong_consumers_over_many_items_per_program(cfg):
 @hopper
 @pytest.mark.parametrize("cfg", [c for c in gluon_tuning_configs(2880, 2880) if c.block_m == 128][:4],
                          ids=lambda c: c.short())
-def test_output_rows_not_a_multiple_of_the_tile(cfg):
+@pytest.mark.parametrize("epilogue", ["tma", "blocked"])
+def test_output_rows_not_a_multiple_of_the_tile(cfg, epilogue, monkeypatch):
     """M = 200 and N = 328 with 128-row tiles: each tile's TMA store clips at its own group's slab (c viewed
-    [G*Bt, M, N]), so no tile writes into the next group's rows; batched, with empty groups."""
+    [G*Bt, M, N]), and the blocked epilogue's stores are masked at M and N of it, so no tile writes into the next
+    group's rows; batched, with empty groups."""
+    monkeypatch.setattr("ragdot.kernels.gluon.ragged_k.EPILOGUE", epilogue)
     _check_config(cfg, 800, 200, 328, [300, 0, 129, 64, 5, 0, 250], bt=2, seed=13)
 
 

@@ -68,13 +68,16 @@ def test_ragged_k_transposed_views(a_t: bool, b_t: bool, cfg: TileConfig) -> Non
 TMA_LOADS_K = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2, persistent=True, tma=True, flat=True)
 
 
+@pytest.mark.parametrize("store", [None, True], ids=["store-by-rows", "tma-store"])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("sizes", [[7, 0, 20, 13, 1], [0, 0, 0], [50, 30]])
-def test_ragged_k_tma_loads(batch: int, sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ragged_k_tma_loads(batch: int, sizes: list[int], store, monkeypatch: pytest.MonkeyPatch) -> None:
     """The persistent kernel reading a and b through ragged TMA views (on the CPU through the interpreter):
     empty groups exactly zero, NaN / inf rows past the last group (and, with sizes summing past R, ends
     clamped to R) never leak, batch entries do not read each other's rows, and the result equals the
-    pointer-load kernel's with the same tile; a misaligned operand runs the pointer loads."""
+    pointer-load kernel's with the same tile; a misaligned operand runs the pointer loads. The output goes by
+    pointer stores (short groups: `pointer_stores`) or, forced, through a TMA descriptor."""
+    monkeypatch.setattr(rk_mod, "TMA_STORE", store)
     if DEVICE == "cpu":
         monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
     r, m, n = 50, 24, 40
@@ -84,7 +87,7 @@ def test_ragged_k_tma_loads(batch: int, sizes: list[int], monkeypatch: pytest.Mo
     a[:, int(ends[-1]) :] = float("nan")
     b[:, int(ends[-1]) :] = float("inf")
     prepared = rk_mod.Prepared(a, b, len(sizes), torch.float16, TMA_LOADS_K)
-    assert prepared.tma_load
+    assert prepared.tma_load and prepared.tma == bool(store)  # 50 rows over <= 5 groups: short
     c = prepared(a, b, ends)[0]
     ref = ref_ragged_k(a.nan_to_num(0), b.nan_to_num(0, 0, 0), ends)
     assert not c.isnan().any()
@@ -257,10 +260,13 @@ def test_longest_first_order(sizes: list[int]) -> None:
 @pytest.mark.parametrize("cfg", [c for c in candidate_configs("ragged_k") if c.flat and c in
                                  tuning_configs("ragged_k", 4096, 4096, 4096, 32, torch.bfloat16, limit=99)])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_gpu_ragged_k_tma_loads(cfg: TileConfig, batch: int) -> None:
+@pytest.mark.parametrize("store", [None, False], ids=["store-by-rows", "pointer-store"])
+def test_gpu_ragged_k_tma_loads(cfg: TileConfig, batch: int, store, monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 weight gradients read through ragged TMA views: uneven groups (empty, 1 row, chunk multiples, long),
     M and N not multiples of the tile, NaN / inf rows past the last group, poisoned output; against the
-    reference and the pointer-load kernel of the same tile, no spills, wgmma."""
+    reference and the pointer-load kernel of the same tile, no spills, wgmma. The output goes through TMA
+    (260 rows a group on average: long) or, forced, by pointer stores."""
+    monkeypatch.setattr(rk_mod, "TMA_STORE", store)
     r, m, n = 2600, 1000, 744
     sizes = [160, 0, 129, 64, 65, 300, 1, 256, 192, 1200]  # sum 2367: 233 rows past the last group
     ends = ends_of(sizes, r)
@@ -270,7 +276,7 @@ def test_gpu_ragged_k_tma_loads(cfg: TileConfig, batch: int) -> None:
     b[:, int(ends[-1]) :] = float("inf")
     out = torch.full((len(sizes), batch, m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     prepared = rk_mod.Prepared(a, b, len(sizes), torch.bfloat16, cfg)
-    assert prepared.tma_load
+    assert prepared.tma_load and prepared.tma == (store is None)
     c, handle = prepared(a, b, ends, out)
     assert not c.isnan().any() and (c[1] == 0).all()
     assert rel_err(c, ref_ragged_k(a.float().nan_to_num(0), b.float().nan_to_num(0, 0, 0), ends)) < TOL[torch.bfloat16]
