@@ -47,7 +47,8 @@ from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_vie
 # leaves the SM's threads free for the next tile's main loop, where the epilogue is a large part of a tile (short
 # contractions: the data gradients). Off: on an H100 the A/B (benchmarks/kernel_ab.py with this flag on in the old
 # file) measured TMA stores 0.99-1.02x the pointer stores' time on every flat-kernel cell, bitwise equal
-# (benchmarks/results/h100-20261205/u4); the H200's A/B is still to run (docs/history.md, 2026-12-05 evening).
+# (benchmarks/results/h100-20261205/u4), and the H200's 0.987-1.017x, geomean 1.002 over 24 cell-configs
+# (benchmarks/results/h200-20261205c/r2): no gain on either GPU.
 TMA_STORE = False
 # With TMA_STORE, the tile is stored as this many column slices (1 or 2). Built for sm_90 (`compile_only`,
 # qwen3-235b-a22b widths), a whole tile staged for its store takes 16-32 KB more shared memory a program (two
