@@ -309,6 +309,23 @@ def _suites() -> dict[str, Suite]:
                              "triton", "auto", "--no-xla", *TARGETS, "--routing", "balanced", "skewed", "empty",
                              "--max-seconds", "0.15", "--no-plots", "--out", "{out}"), 300, tail=20),
         )),
+        "store": Suite("the weight gradients' store path by group length (pointer stores for short groups) against "
+                       "TMA everywhere: both kernels A/B'd on the tuned configs (graph clock), then the 16 "
+                       "weight-gradient anchor cells on three routings and the gpt-oss-like layer at 8192 tokens "
+                       "(256 rows a group: the Gluon bound's edge)", (
+            Step("gluon-ab", ("{py}", "benchmarks/kernel_ab.py", "--module", "ragdot.kernels.gluon.ragged_k", "--old",
+                              "src/ragdot/kernels/gluon/ragged_k.py", "--old-set", "EPILOGUE='tma'", "--routing",
+                              "balanced", "skewed", "--configs", "tuned", "--out", "{out}/gluon-ab"), 150, tail=6),
+            Step("triton-ab", ("{py}", "benchmarks/kernel_ab.py", "--module", "ragdot.kernels.ragged_k", "--old",
+                               "src/ragdot/kernels/ragged_k.py", "--old-set", "TMA_STORE=True", "--routing",
+                               "balanced", "skewed", "--configs", "tuned", "--out", "{out}/triton-ab"), 120, tail=6),
+            Step("wgrad", (*RAGDOT, "bench", "--anchors", "--classes", "wgrad_wi", "wgrad_wo", "--backends", "triton",
+                           "gluon", "auto", "--no-xla", *TARGETS, "--routing", "balanced", "skewed", "empty",
+                           "--max-seconds", "0.15", "--no-plots", "--out", "{out}"), 150, tail=20),
+            Step("layer", (*RAGDOT, "moe-bench", *TARGETS, "--layer", "--modes", "eager", "--tokens", "8192",
+                           "--configs", "gpt-oss-like", "qwen3-30b-a3b", "--variants", "peer", "sparse-auto",
+                           "--out", "{out}"), 90, tail=14),
+        )),
         "profile": Suite("Nsight Compute on the open diagnoses: Gluon vs Triton ragged-M, the skewed Gluon wgrad", (
             # the same 128x256x64 three-stage tile, 619 TFLOP/s in Gluon and 741 in Triton (docs/gluon.md)
             Step("ragged-m", (*ncu, "{out}/mixtral-fwd_wi", *cell, "--shape", "mixtral-8x7b", "--cls", "fwd_wi",
