@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import math
 import sys
 from pathlib import Path
 
@@ -221,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
 def summary(rows: list[dict]) -> list[str]:
     """Per clock: the geometric mean of old's time over new's over every cell-config both timed (> 1: new
     faster), with the range and the cell of each end."""
+    from ragdot.bench.summary import geomean
+
     pairs: dict[tuple, dict[str, float]] = {}
     for r in rows:
         arm, _, cfg = r["system"].partition(":")
@@ -231,10 +232,9 @@ def summary(rows: list[dict]) -> list[str]:
         ratios = {k[1:]: v["old"] / v["new"] for k, v in pairs.items() if k[0] == clock and len(v) == 2}
         if ratios:
             lo, hi = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
-            mean = math.exp(sum(math.log(x) for x in ratios.values()) / len(ratios))
-            lines.append(f"{clock}: old / new time, geomean {mean:.4f} over {len(ratios)} cell-configs (> 1: new "
-                         f"faster); lowest {ratios[lo]:.3f} ({' '.join(lo[:3])}), highest {ratios[hi]:.3f} "
-                         f"({' '.join(hi[:3])})")
+            lines.append(f"{clock}: old / new time, geomean {geomean(ratios.values()):.4f} over {len(ratios)} "
+                         f"cell-configs (> 1: new faster); lowest {ratios[lo]:.3f} ({' '.join(lo[:3])}), "
+                         f"highest {ratios[hi]:.3f} ({' '.join(hi[:3])})")
     return lines
 
 

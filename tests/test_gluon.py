@@ -338,15 +338,13 @@ def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
 
 def _shipped_gluon_picks() -> set[str]:
     """The short names of the Gluon configs that a shipped tune file runs (its entries whose backend is gluon)."""
-    from importlib import resources
+    from pathlib import Path
 
-    picks = set()
-    for path in resources.files("ragdot.tune").iterdir():
-        if path.name.endswith(".json"):
-            for entry in json.loads(path.read_text())["entries"].values():
-                if entry.get("backend") == "gluon":
-                    picks.add(GluonConfig(**entry["configs"]["gluon"]).short())
-    return picks
+    from ragdot.tune import cache
+
+    return {GluonConfig(**entry["configs"]["gluon"]).short()
+            for path in Path(cache.__file__).parent.glob("*.json")
+            for entry in cache.load_entries(path).values() if entry.get("backend") == "gluon"}
 
 
 # ---- GPU: against a float64 reference -----------------------------------------------------------------------

@@ -306,16 +306,21 @@ def routing_index(order: torch.Tensor, top_k: int, impl: str) -> tuple[torch.Ten
     r``, what ``combine`` reads). One launch with Triton (a division, an arange and a scatter as torch ops)."""
     a = order.numel()
     if impl == "torch" or a == 0:
-        return torch.div(order, top_k, rounding_mode="floor"), inverse_permutation(order)
+        return _tokens_torch(order, top_k), inverse_permutation(order)
     out = torch.empty((2, a), dtype=torch.int32, device=order.device)
     consts = {"TOP_K": top_k, "BLOCK": _INDEX_BLOCK}
     _launch(_routing_index_kernel, (_cdiv(a, _INDEX_BLOCK),), consts, 4, order, out[0], out[1], a)
     return out[0], out[1]
 
 
+def _tokens_torch(order: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The token of each permuted row: order // top_k."""
+    return torch.div(order, top_k, rounding_mode="floor")
+
+
 def _dispatch_torch(x: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
     """rows [A, D]: row r is x[token of order[r]] (a gather; the same bits as scattering x's rows by slots)."""
-    return x.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
+    return x.index_select(0, _tokens_torch(order, top_k))
 
 
 @functools.lru_cache(maxsize=1024)
