@@ -17,8 +17,9 @@ limits). For each cell this times, side by side and on the same clocks:
 Three clocks per system: **burst** (the fastest of 10 single calls after a 2 s pause, as the ceiling is measured),
 **graph** (median of 50 CUDA-graph replays after warm-up, as `ragdot bench --cuda-graphs` times a cell), and
 **sustained** (CUDA-graph replays back to back for `--seconds`, the time per call over the second half). Beside
-each clock, the SM clock and board power that `nvidia-smi` sampled every 100 ms during it (blank where it is not
-installed). TFLOP/s and % of the ceiling's burst rate are printed for each.
+each clock, the medians of the SM clock and board power (instant where nvidia-smi reports it) that `nvidia-smi`
+sampled every 100 ms during it (blank where it is not installed). TFLOP/s and % of the ceiling's burst rate are
+printed for each.
 """
 
 from __future__ import annotations
@@ -43,7 +44,24 @@ from ragdot.measure.classes import flops, parse_classes  # noqa: E402
 from ragdot.measure.timing import capture_graph, event_ms, span, spans_ms, warm_off_stream  # noqa: E402
 from ragdot.shapes import get_shape  # noqa: E402
 
-_SMI = ("nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "100")
+_FIELDS = ("clocks.sm,power.draw.instant", "clocks.sm,power.draw")  # instant power where nvidia-smi knows it
+
+
+def _smi_query() -> tuple[str, ...] | None:
+    """The nvidia-smi sampling command: instant board power where this nvidia-smi has it (`power.draw` is an
+    average over about a second, longer than a graph phase), None where nvidia-smi is missing."""
+    for fields in _FIELDS:
+        try:
+            done = subprocess.run(("nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"),
+                                  capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode == 0:
+            return ("nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "100")
+    return None
+
+
+_SMI = _smi_query() if torch.cuda.is_available() else None
 
 
 class Sampler:
@@ -54,10 +72,9 @@ class Sampler:
         self.samples: list[tuple[float, float]] = []
 
     def __enter__(self) -> Sampler:
-        try:
+        self.proc = None
+        if _SMI is not None:
             self.proc = subprocess.Popen(_SMI, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        except OSError:
-            self.proc = None
         return self
 
     def __exit__(self, *exc: Any) -> None:
