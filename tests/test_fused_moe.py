@@ -155,6 +155,33 @@ def test_repeats_are_bitwise_identical():
         assert torch.equal(a, b)
 
 
+@pytest.mark.usefixtures("backward")
+def test_a_profile_attributes_the_blocks_kernels_to_its_gemms_and_routing():
+    """`moe-bench` splits a layer's profile by ragdot's range names (`ragdot.ops.profiled`): the block's GEMMs and
+    its routing (sort, gather, combine) land in their classes, kernels included on a GPU (a user-annotation range
+    got none of the Triton kernels launched inside it: every kernel counted as other work)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ragdot.bench.moe_train import _kernel_split
+
+    x, chosen, weights, wgu, wd = _operands(37, 40, 24, 6, 2, torch.float32)
+
+    def step():
+        sizes, order = sort_experts(chosen, wgu.shape[0])
+        fused_experts(x, order, sizes, weights, wgu, wd).sum().backward()
+
+    step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        if DEV.type == "cuda":
+            torch.cuda.synchronize()
+    split = _kernel_split(prof, DEV)
+    assert split["gemm"] > 0 and split["routing"] > 0, split
+    names = {e.name for e in prof.events()}
+    assert {"ragdot::moe_sort", "ragdot::moe_combine"} <= names, sorted(n for n in names if "ragdot" in n)
+
+
 # 16-bit dtypes of x for float32 master weights (the Triton interpreter computes bf16 dots wrongly)
 LOW = [torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
 

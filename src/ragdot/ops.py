@@ -46,6 +46,22 @@ _LIB = "ragdot"
 _MAX_RUNNERS = 4096
 _profiling = torch._C._autograd._profiler_enabled
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+# A profiler range of the kind an op opens (what inductor wraps its kernel launches in): the profiler links the
+# CUDA kernels launched inside it to it. A `record_function` range is a user annotation, and kernels launched
+# from Python inside one (Triton's, without an aten op between) were linked to the enclosing op instead (the
+# autograd Function's), so a profile split by ragdot's names found no ragdot kernels on a GPU.
+_OpRange = getattr(torch._C._profiler, "_RecordFunctionFast", None)
+
+
+def profiled(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs); while a profiler records, inside a range named ``ragdot::<name>``, as the custom ops get, so
+    profiles attribute its kernels to ragdot (`ragdot.bench.moe_train` splits a layer's kernels by these names)."""
+    if not _profiling():
+        return fn(*args, **kwargs)
+    label = f"{_LIB}::{name}"
+    with _OpRange(label) if _OpRange is not None else torch.profiler.record_function(label):
+        return fn(*args, **kwargs)
+
 
 # ------------------------------------------------------------------------------------------------- runners
 
@@ -113,8 +129,7 @@ class Runner:
         if self.fn is None:
             return a.new_zeros(self.out_shape, dtype=self.out_dtype)
         if _profiling():  # a named range, as the custom ops get, so profiles attribute the kernels to ragdot
-            with torch.profiler.record_function(f"{_LIB}::{self.problem}"):
-                return self._call(a, b, sizes)
+            return profiled(self.problem, self._call, a, b, sizes)
         return self._call(a, b, sizes)
 
     def takes(self, kind: str | None) -> bool:
@@ -133,8 +148,7 @@ class Runner:
         call (`__call__`) then moves on to the next candidate."""
         try:
             if _profiling():
-                with torch.profiler.record_function(f"{_LIB}::{self.problem}"):
-                    return self.fn.direct(a, b, sizes, out_shape, ends)
+                return profiled(self.problem, self.fn.direct, a, b, sizes, out_shape, ends)
             return self.fn.direct(a, b, sizes, out_shape, ends)
         except NotImplementedError as exc:
             self._fail(self.candidates[self.index][0], exc, [])

@@ -35,7 +35,9 @@ from ragdot.moe.variants import VARIANTS, Variant, give_floor_grads, no_routed_e
 
 __all__ = ["ROUTING_OPS", "run_config", "run_config_in_subprocess"]
 
-ROUTING_OPS = frozenset({"ragdot::moe_permute", "ragdot::moe_combine", "ragdot::moe_combine_backward"})
+# the routing's named ranges (`ragdot.ops.profiled` and the custom ops); every other ragdot name is a GEMM's
+ROUTING_OPS = frozenset({"ragdot::moe_permute", "ragdot::moe_combine", "ragdot::moe_combine_backward",
+                         "ragdot::moe_sort", "ragdot::moe_gather"})
 Row = dict[str, Any]
 STEPS_PER_VISIT = 2  # timed steps of a variant per round of the interleaved eager timing
 MIN_STEPS = 3  # timed steps of every variant whatever the time budget (or --steps, if fewer)

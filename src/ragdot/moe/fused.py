@@ -125,7 +125,7 @@ def sort_experts(experts: torch.Tensor, num_experts: int, impl: str | None = Non
     if impl not in ("triton", "torch") or (impl == "triton" and not _rk.HAS_TRITON):
         raise ValueError(f"impl={impl!r} is unknown or unavailable; expected 'triton' (needs triton), 'torch' or None")
     if _ops.plain_eager(experts):  # the body itself, without the custom op's dispatch
-        return _rk.sort_order(experts, num_experts, impl)
+        return _ops.profiled("moe_sort", _rk.sort_order, experts, num_experts, impl)
     return torch.ops.ragdot.moe_sort(experts, num_experts, impl)
 
 
@@ -141,24 +141,38 @@ FORWARDS = ("gemms", "fused")
 forward_kind = "gemms"
 
 
+def _permuted(t: torch.Tensor, order: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """t [T, D] -> (its token rows in the permuted order [A, D], the token of each permuted row, the permuted row
+    of each assignment)."""
+    tokens, slots = _rk.routing_index(order, top_k, default_impl(t.device))
+    return t.index_select(0, tokens), tokens, slots
+
+
+def _combine(rows: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor | None, top_k: int) -> torch.Tensor:
+    return _ops.profiled("moe_combine", _rk.combine, rows, slots, weights, top_k, default_impl(rows.device))
+
+
 def _forward(x, order, sizes, weights, w_gate_up, w_down, top_k, save, deterministic):
     fm, _ = _kernels()
     x, weights = x.contiguous(), weights.contiguous()
     if forward_kind == "gemms":
-        tokens, slots = _rk.routing_index(order, top_k, default_impl(x.device))
-        pre = _ragged_m(x.index_select(0, tokens), w_gate_up, sizes)  # [A, 2H]
+        rows, _, slots = _ops.profiled("moe_gather", _permuted, x, order, top_k)
+        pre = _ragged_m(rows, w_gate_up, sizes)  # [A, 2H]
+        del rows
         act = fm.swiglu(pre)
         if not save:  # a new empty tensor, not a view that would keep the whole buffer alive
             pre = pre.new_empty((0, pre.shape[1]))
     else:
-        act, pre = fm.up_swiglu(x, w_gate_up, order, sizes, top_k, save)
+        act, pre = _ops.profiled("fused_up", fm.up_swiglu, x, w_gate_up, order, sizes, top_k, save)
         w_flat = weights.reshape(-1)
         if not deterministic:
-            return fm.down_scatter(act, w_down, order, sizes, w_flat, top_k, atomic=True).to(x.dtype), pre
-        return fm.sum_choices(fm.down_scatter(act, w_down, order, sizes, w_flat, top_k), top_k), pre
+            out = _ops.profiled("fused_down", fm.down_scatter, act, w_down, order, sizes, w_flat, top_k, atomic=True)
+            return out.to(x.dtype), pre
+        rows = _ops.profiled("fused_down", fm.down_scatter, act, w_down, order, sizes, w_flat, top_k)
+        return _ops.profiled("moe_combine", fm.sum_choices, rows, top_k), pre
     rows = _ragged_m(act, w_down, sizes)  # [A, D]
     del act
-    return _rk.combine(rows, slots, weights, top_k, default_impl(rows.device)), pre
+    return _combine(rows, slots, weights, top_k), pre
 
 
 @torch.library.custom_op("ragdot::fused_moe", mutates_args=())
@@ -311,8 +325,7 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
     `release` (the weights are the block's own casts of master weights, under `in_place`), each cast's memory is
     freed after its last read, before the float32 gradients that follow are allocated."""
     _, fb = _kernels()
-    tokens, slots = _rk.routing_index(order, top_k, default_impl(x.device))
-    dy_rows = dy.index_select(0, tokens)  # [A, D]: dy of each permuted row's token
+    dy_rows, tokens, slots = _ops.profiled("moe_gather", _permuted, dy, order, top_k)  # [A, D]: dy of each row's token
     g = _ragged_m(dy_rows, w_down.transpose(1, 2), sizes)  # [A, H]
     if release:
         _free_storage(w_down)  # its shape and strides stay: they give dw_down's memory order below
@@ -326,7 +339,7 @@ def _backward_gemms(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k,
     dx = x.new_empty((0, x.shape[1]))
     if need_dx:
         rows = _ragged_m(dpre, w_gate_up.transpose(1, 2), sizes)  # [A, D]
-        dx = _rk.combine(rows, slots, None, top_k, default_impl(rows.device))
+        dx = _combine(rows, slots, None, top_k)
         del rows
     if release:
         _free_storage(w_gate_up)
@@ -367,7 +380,7 @@ def _wgrad_from_rows(x: torch.Tensor, tokens: torch.Tensor, right: torch.Tensor,
     if mode not in WGRAD_ROWS:
         raise ValueError(f"ragdot.moe.fused.wgrad_rows={mode!r}: expected one of {', '.join(WGRAD_ROWS)}")
     if mode == "copy":
-        return _ragged_k(x.index_select(0, tokens), right, sizes, w, dtype)
+        return _ragged_k(_ops.profiled("moe_gather", x.index_select, 0, tokens), right, sizes, w, dtype)
     if mode == "chunks" and x.dtype in (torch.float16, torch.bfloat16) and _gluon_runs(x.device):
         try:
             return _wgrad_chunks(x, tokens, right, sizes, w, dtype)
@@ -390,7 +403,7 @@ def _wgrad_index(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
     key = ("index", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, sizes.shape[0], dtype)
     prepared = _prepared(key, lambda: rk_kernel.Prepared(a, b, sizes.shape[0], dtype, None, from_sizes=True,
                                                          gather=side))
-    c = prepared(a, b, sizes, index=tokens)[0][:, 0]
+    c = _ops.profiled("ragged_k", prepared, a, b, sizes, index=tokens)[0][:, 0]
     return c.transpose(1, 2) if side == "b" else c
 
 
@@ -403,16 +416,16 @@ def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
     e, d, q = sizes.shape[0], x.shape[1], right.shape[1]
     transposed = stored_transposed(w)
     out = torch.empty((e, q, d) if transposed else (e, d, q), dtype=dtype, device=x.device)
-    sched = schedule(sizes, right.shape[0])  # the groups' order and row ranges: one launch for every slice
+    sched = _ops.profiled("ragged_k", schedule, sizes, right.shape[0])  # the groups' order and row ranges, once
     for d0, d1 in _chunks(d):
-        rows = x[:, d0:d1].index_select(0, tokens)  # [A, d1 - d0]
+        rows = _ops.profiled("moe_gather", x[:, d0:d1].index_select, 0, tokens)  # [A, d1 - d0]
         side, a, b = _k_operands(w, rows, right)
         view = (out[:, :, d0:d1] if transposed else out[:, d0:d1])[:, None]
         strides = (view.stride(0), view.stride(2))
         key = ("chunks", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, dtype, strides)
         prepared = _prepared(key, lambda a=a, b=b, strides=strides: GluonPrepared(
             a, b, e, dtype, None, from_sizes=True, out_strides=strides))
-        prepared(a, b, sizes, view, sched)
+        _ops.profiled("ragged_k", prepared, a, b, sizes, view, sched)
         del rows, a, b  # before the next slice's copy: one slice alive at a time
     return out.transpose(1, 2) if transposed else out
 
@@ -420,13 +433,15 @@ def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
 def _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
     fm, fb = _kernels()
     w_flat = weights.reshape(-1)
-    dpre, act, dw = fb.down_bwd_swiglu(dy, w_down, order, sizes, w_flat, pre, top_k)
+    dpre, act, dw = _ops.profiled("fused_down_backward", fb.down_bwd_swiglu, dy, w_down, order, sizes, w_flat, pre,
+                                  top_k)
     # per expert, the sum over its rows of (w * act)^T dy and x^T dpre; the router weight scales either factor
     dwd = _weight_grad(fb, w_down, (act, False), (dy, True), order, sizes, w_flat, top_k)
     dwgu = _weight_grad(fb, w_gate_up, (x, True), (dpre, False), order, sizes, None, top_k)
     if not need_dx:
         return x.new_empty((0, x.shape[1])), dw.view(weights.shape), dwgu, dwd
-    dx = fm.sum_choices(fm.down_scatter(dpre, w_gate_up.transpose(1, 2), order, sizes, None, top_k), top_k)
+    rows = _ops.profiled("fused_down", fm.down_scatter, dpre, w_gate_up.transpose(1, 2), order, sizes, None, top_k)
+    dx = _ops.profiled("moe_combine", fm.sum_choices, rows, top_k)
     return dx, dw.view(weights.shape), dwgu, dwd
 
 
@@ -436,8 +451,10 @@ def _weight_grad(fb, w, left, right, order, sizes, w_flat, top_k) -> torch.Tenso
     left, right: (rows, gathered through the token index)."""
     (lt, lg), (rt, rg) = left, right
     if stored_transposed(w):
-        return fb.weight_grad(rt, lt, order, sizes, w_flat, top_k, gather_left=rg, gather_right=lg).transpose(1, 2)
-    return fb.weight_grad(lt, rt, order, sizes, w_flat, top_k, gather_left=lg, gather_right=rg)
+        return _ops.profiled("fused_wgrad", fb.weight_grad, rt, lt, order, sizes, w_flat, top_k, gather_left=rg,
+                             gather_right=lg).transpose(1, 2)
+    return _ops.profiled("fused_wgrad", fb.weight_grad, lt, rt, order, sizes, w_flat, top_k, gather_left=lg,
+                         gather_right=rg)
 
 
 def _like(w: torch.Tensor) -> torch.Tensor:

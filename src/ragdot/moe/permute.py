@@ -27,6 +27,7 @@ import torch
 
 from ragdot import amp
 from ragdot.moe import routing_kernels as _k
+from ragdot.ops import profiled
 
 __all__ = ["Routing", "permute", "unpermute", "default_impl", "IMPLS", "permute_rows", "combine_rows"]
 
@@ -171,9 +172,6 @@ def _traced() -> bool:
     )
 
 
-_profiling = torch._C._autograd._profiler_enabled
-
-
 def _inlined() -> bool:
     """Whether a permute or combine is traced as plain torch ops (the `torch` implementation) instead of the
     custom ops: under torch.compile with grad mode off (inference), where inductor then generates and launches
@@ -183,21 +181,12 @@ def _inlined() -> bool:
     return torch.compiler.is_compiling() and not torch.is_grad_enabled()
 
 
-def _named(name: str, fn, *args):
-    """fn(*args), inside a profiler range named as the custom op while a profiler records (so profiles attribute
-    the kernels to routing, as they do for the custom ops)."""
-    if _profiling():
-        with torch.profiler.record_function(f"ragdot::{name}"):
-            return fn(*args)
-    return fn(*args)
-
-
 class _Permute(torch.autograd.Function):
     """Eager ``ragdot::moe_permute``: the same kernel, and the same combine (unweighted) as its backward."""
 
     @staticmethod
     def forward(ctx, x, experts, num_experts, impl):
-        rows, sizes, slots = _named("moe_permute", _k.sort_and_dispatch, x, experts, num_experts, impl)
+        rows, sizes, slots = profiled("moe_permute", _k.sort_and_dispatch, x, experts, num_experts, impl)
         ctx.mark_non_differentiable(sizes, slots)
         ctx.set_materialize_grads(False)  # no zero tensors made for sizes' and slots' gradients (or unused rows)
         ctx.save_for_backward(slots)
@@ -221,7 +210,7 @@ class _Combine(torch.autograd.Function):
         ctx.need_grad_w = weights is not None and bool(ctx.needs_input_grad[2])
         ctx.save_for_backward(rows if ctx.need_grad_w else None, slots, weights)
         ctx.top_k, ctx.impl = top_k, impl
-        return _named("moe_combine", _k.combine, rows, slots, weights, top_k, impl)
+        return profiled("moe_combine", _k.combine, rows, slots, weights, top_k, impl)
 
     @staticmethod
     @amp.autocast_off
@@ -229,7 +218,7 @@ class _Combine(torch.autograd.Function):
         rows, slots, weights = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: the custom op's backward, which records its own graph
             return _combine_backward(ctx, grad)
-        grad_rows, grad_w = _named(
+        grad_rows, grad_w = profiled(
             "moe_combine_backward", _k.combine_backward,
             grad.contiguous(), rows, slots, weights, ctx.top_k, ctx.need_grad_w, ctx.impl,
         )  # fmt: skip
@@ -254,7 +243,7 @@ def _permute(x, experts, num_experts: int, impl: str):
         return torch.ops.ragdot.moe_permute(x, experts, num_experts, impl)
     if torch.is_grad_enabled() and x.requires_grad:
         return _Permute.apply(x, experts, num_experts, impl)
-    return _named("moe_permute", _k.sort_and_dispatch, x, experts, num_experts, impl)
+    return profiled("moe_permute", _k.sort_and_dispatch, x, experts, num_experts, impl)
 
 
 def _combine(rows, slots, weights, top_k: int, impl: str):
@@ -264,7 +253,7 @@ def _combine(rows, slots, weights, top_k: int, impl: str):
         return torch.ops.ragdot.moe_combine(rows, slots, weights, top_k, impl)
     if torch.is_grad_enabled() and (rows.requires_grad or (weights is not None and weights.requires_grad)):
         return _Combine.apply(rows, slots, weights, top_k, impl)
-    return _named("moe_combine", _k.combine, rows, slots, weights, top_k, impl)
+    return profiled("moe_combine", _k.combine, rows, slots, weights, top_k, impl)
 
 
 # ------------------------------------------------------------------------------------------ public API
