@@ -326,6 +326,11 @@ def _suites() -> dict[str, Suite]:
                            "--configs", "gpt-oss-like", "qwen3-30b-a3b", "--variants", "peer", "sparse-auto",
                            "--out", "{out}"), 90, tail=14),
         )),
+        "clock": Suite("benchmarks/sustained_rate.py: mixtral-8x7b's forward and weight gradient on burst, graph and "
+                       "sustained clocks beside dense torch.mm, the vendor and auto, with the SM clock and power", (
+            Step("sustained", ("{py}", "benchmarks/sustained_rate.py", "--shapes", "mixtral-8x7b", "--classes",
+                               "fwd_wi", "wgrad_wi"), 90, tail=10),
+        )),
         "profile": Suite("Nsight Compute on the open diagnoses: Gluon vs Triton ragged-M, the skewed Gluon wgrad", (
             # the same 128x256x64 three-stage tile, 619 TFLOP/s in Gluon and 741 in Triton (docs/gluon.md)
             Step("ragged-m", (*ncu, "{out}/mixtral-fwd_wi", *cell, "--shape", "mixtral-8x7b", "--cls", "fwd_wi",
