@@ -55,7 +55,7 @@ _OpRange = getattr(torch._C._profiler, "_RecordFunctionFast", None)
 
 def profiled(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """fn(*args, **kwargs); while a profiler records, inside a range named ``ragdot::<name>``, as the custom ops get, so
-    profiles attribute its kernels to ragdot (`ragdot.bench.moe_train` splits a layer's kernels by these names)."""
+    profiles attribute its kernels to ragdot (`ragdot moe-bench` splits a layer's kernels by these names)."""
     if not _profiling():
         return fn(*args, **kwargs)
     label = f"{_LIB}::{name}"
