@@ -6,6 +6,7 @@
     python benchmarks/suite.py tune anchors --seconds tune=300 anchors=400
     python benchmarks/suite.py verify --pack --out $OUT     # DIR gets only suite-log.txt and results.tgz
     python benchmarks/suite.py smoke                        # CPU: the runner itself and the quick CLI runs
+    python benchmarks/suite.py headline --require-gpu H200 --pack --out $OUT   # nothing runs on another GPU
 
 Each suite writes into <out>/<suite>/ (every step's terminal output as <step>.txt, its result files beside
 it); <out>/suite-log.txt stamps the machine, the commit, every command, its exit status, time and last
@@ -141,6 +142,22 @@ def _suites() -> dict[str, Suite]:
             Step("compile", (*moe, "--layer", "--modes", "compile", "--tokens", "8192", "32768", "--configs",
                              *LAYER_CONFIGS, "--variants", "peer", "sparse-auto", "sparse-unfused", "--budget", "230",
                              "--out", "{out}"), 260, tail=30),
+        )),
+        # one GPU command of about 400 s: what the README's "at a glance" table reports from the H200, in its order
+        "headline": Suite("the README's headline numbers again: host time per call (two shapes), the 48 anchors on "
+                          "three routings in one process, the two train steps under 1.3x with their floor and "
+                          "kernel split, the MoE layer eager against peer", (
+            Step("host", (*RAGDOT, "host-bench", "--shapes", "qwen3-30b-a3b", "deepseek3-test", "--systems", "raw",
+                          "raw+cumsum", "ragdot-torch", "ragdot-triton", "ragdot-auto", "--repeats", "9", "--out",
+                          "{out}/host"), 60, tail=20),
+            Step("anchors", (*bench, *ANCHOR_FAST, "--routing", "balanced", "skewed", "empty", "--max-seconds",
+                             "0.12", "--no-plots", "--out", "{out}/anchors"), 150, tail=30),
+            Step("steps", (*moe, "--configs", "deepseek2-16b", "qwen3-235b-a22b", "--variants", "sparse-auto",
+                           "dense_drop", "no_experts", "--max-seconds", "3", "--no-plots", "--out", "{out}/steps"),
+                 90, tail=20),
+            Step("layer", (*moe, "--layer", "--modes", "eager", "--tokens", "8192", "32768", "--configs",
+                           *LAYER_CONFIGS, "--variants", "peer", "sparse-auto", "--no-plots", "--out", "{out}/layer"),
+                 100, tail=24),
         )),
         "host": Suite("ragdot host-bench (host time per call), then benchmarks/host_profile.py (its pieces)", (
             Step("host-bench", (*RAGDOT, "host-bench", "--out", "{out}"), 300, tail=60),
@@ -390,6 +407,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pack", action="store_true", help="leave only suite-log.txt, the summary and results.tgz")
     p.add_argument("--dry-run", action="store_true", help="print the commands with their time limits, run nothing")
     p.add_argument("--no-gpu-check", action="store_true", help="run GPU suites even where torch sees no CUDA")
+    p.add_argument("--require-gpu", metavar="NAME",
+                   help="run nothing (exit 3) unless nvidia-smi names a GPU containing NAME, e.g. H200")
     return p
 
 
@@ -557,6 +576,18 @@ def pack(work: Path, dest: Path, run: Run) -> None:
         shutil.copy2(work / name, dest / name)
 
 
+def gpu_names() -> list[str]:
+    """The GPUs nvidia-smi names (none without it)."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
 def _cuda_visible(env: dict[str, str]) -> bool:
     return _capture([PY, "-c", "import torch; print(torch.cuda.is_available())"], env) == "True"
 
@@ -588,6 +619,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{name}/{step.name} [{step.seconds * scale:.0f} s] {prefix + ' ' if prefix else ''}"
                       f"{' '.join(cmd)}")
         return 0
+    if args.require_gpu:
+        names = gpu_names()
+        if not any(args.require_gpu.lower() in n.lower() for n in names):
+            print(f"benchmarks/suite.py: the GPU is {', '.join(names) or 'none'}, not {args.require_gpu}: nothing run")
+            return 3
     dest = dest.resolve()
     work = Path(tempfile.mkdtemp(prefix="ragdot-suite-")) if args.pack else dest
     work.mkdir(parents=True, exist_ok=True)

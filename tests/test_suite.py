@@ -39,3 +39,26 @@ def test_the_sol_suite_times_the_write_paths_then_the_routings_in_one_process():
     routing = steps["routing"].argv
     i = routing.index("--routing")
     assert routing[i + 1:i + 4] == ("balanced", "skewed", "empty")
+
+
+def test_require_gpu_runs_nothing_on_another_gpu(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(SUITE, "gpu_names", lambda: ["NVIDIA H100 80GB HBM3"])
+    out = tmp_path / "out"
+    assert SUITE.main(["smoke", "--require-gpu", "H200", "--out", str(out)]) == 3
+    assert "not H200: nothing run" in capsys.readouterr().out
+    assert not out.exists()
+
+
+def test_require_gpu_names_the_missing_gpu(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(SUITE, "gpu_names", lambda: [])
+    assert SUITE.main(["smoke", "--require-gpu", "h200", "--out", str(tmp_path / "o")]) == 3
+    assert "the GPU is none, not h200" in capsys.readouterr().out
+
+
+def test_the_headline_suite_measures_the_readme_table_s_rows():
+    steps = {s.name: s.argv for s in SUITE.SUITES["headline"].steps}
+    assert list(steps) == ["host", "anchors", "steps", "layer"]
+    anchors = steps["anchors"]
+    i = anchors.index("--routing")
+    assert anchors[i + 1:i + 4] == ("balanced", "skewed", "empty")
+    assert "no_experts" in steps["steps"] and "peer" in steps["layer"]
