@@ -143,10 +143,10 @@ def _suites() -> dict[str, Suite]:
                              *LAYER_CONFIGS, "--variants", "peer", "sparse-auto", "sparse-unfused", "--budget", "230",
                              "--out", "{out}"), 260, tail=30),
         )),
-        # one GPU command of about 400 s: what the README's "at a glance" table reports from the H200, in its order
+        # one GPU command of about 460 s: what the README's "at a glance" table reports from the H200, in its order
         "headline": Suite("the README's headline numbers again: host time per call (two shapes), the 48 anchors on "
                           "three routings in one process, the two train steps under 1.3x with their floor and "
-                          "kernel split, the MoE layer eager against peer", (
+                          "kernel split (graph clock, then eager), the MoE layer eager against peer", (
             Step("host", (*RAGDOT, "host-bench", "--shapes", "qwen3-30b-a3b", "deepseek3-test", "--systems", "raw",
                           "raw+cumsum", "ragdot-torch", "ragdot-triton", "ragdot-auto", "--repeats", "9", "--out",
                           "{out}/host"), 60, tail=20),
@@ -155,6 +155,9 @@ def _suites() -> dict[str, Suite]:
             Step("steps", (*moe, "--configs", "deepseek2-16b", "qwen3-235b-a22b", "--variants", "sparse-auto",
                            "dense_drop", "no_experts", "--max-seconds", "3", "--no-plots", "--out", "{out}/steps"),
                  90, tail=20),
+            Step("steps-eager", (*moe, "--configs", "deepseek2-16b", "qwen3-235b-a22b", "--variants", "sparse-auto",
+                                 "dense_drop", "--eager", "--max-seconds", "3", "--no-profile", "--no-plots", "--out",
+                                 "{out}/steps-eager"), 60, tail=16),
             Step("layer", (*moe, "--layer", "--modes", "eager", "--tokens", "8192", "32768", "--configs",
                            *LAYER_CONFIGS, "--variants", "peer", "sparse-auto", "--no-plots", "--out", "{out}/layer"),
                  100, tail=24),

@@ -57,8 +57,8 @@ def test_require_gpu_names_the_missing_gpu(monkeypatch, tmp_path, capsys):
 
 def test_the_headline_suite_measures_the_readme_table_s_rows():
     steps = {s.name: s.argv for s in SUITE.SUITES["headline"].steps}
-    assert list(steps) == ["host", "anchors", "steps", "layer"]
+    assert list(steps) == ["host", "anchors", "steps", "steps-eager", "layer"]
     anchors = steps["anchors"]
     i = anchors.index("--routing")
     assert anchors[i + 1:i + 4] == ("balanced", "skewed", "empty")
-    assert "no_experts" in steps["steps"] and "peer" in steps["layer"]
+    assert "no_experts" in steps["steps"] and "--eager" in steps["steps-eager"] and "peer" in steps["layer"]
