@@ -214,3 +214,18 @@ def test_quiet_native_stderr_restores_the_stream(capfd):
     os.write(2, b"shown\n")
     err = capfd.readouterr().err
     assert "hidden" not in err and "shown" in err
+
+
+# An unknown name in a list option: one line that names the option and what it accepts, exit 2, nothing written.
+UNKNOWN_NAMES = [
+    ("bench", "--shapes"), ("tune", "--shapes"), ("moe-bench", "--configs"), ("host-bench", "--systems"),
+    ("bench", "--backends"), ("ep-bench", "--configs"),
+]
+
+
+@pytest.mark.parametrize(("sub", "flag"), UNKNOWN_NAMES, ids=[f"{s}{f}" for s, f in UNKNOWN_NAMES])
+def test_an_unknown_name_is_one_line_naming_the_option(sub, flag, tmp_path, capsys):
+    assert main([sub, *FAST.get(sub, []), flag, "no-such-name", "--out", str(tmp_path / "out")]) == 2
+    err = _one_error_line(capsys, sub)
+    assert err.startswith(f"ragdot {sub}: error: {flag}") and "no-such-name" in err
+    assert not (tmp_path / "out").exists()

@@ -238,7 +238,10 @@ def _run(args: argparse.Namespace, device: torch.device) -> int:
 
     s = _settings(args, device.type == "cuda")
     world, rank = dist.get_world_size(), dist.get_rank()
-    configs = [get_config(name) for name in s["configs"]]
+    try:
+        configs = [get_config(name) for name in s["configs"]]
+    except ValueError as exc:
+        raise ValueError(f"--configs: {exc}") from None
     for cfg in configs:
         if cfg.num_experts % world:
             raise ValueError(f"--configs {cfg.name}: {cfg.num_experts} experts do not split over {world} ranks")
