@@ -327,3 +327,40 @@ def test_dimension_numbers_hash_on_first_use_not_when_built():
     a, b, s = torch.randn(6, 4), torch.randn(2, 4, 3), torch.tensor([2, 3])
     torch._dynamo.reset()
     assert torch.equal(torch.compile(f, fullgraph=True)(a, b, s), f(a, b, s))
+
+
+@pytest.mark.parametrize("sizes_device", ["cpu", "meta"])
+def test_meta_operands_give_shapes_dtypes_and_gradients_without_running(sizes_device):
+    """Meta tensors (shape inference, a model built on the meta device) take the custom ops' fake kernels, in
+    all three modes and through autograd; validate checks the sizes where they hold values (not meta sizes)."""
+    lhs = torch.empty(12, 8, device="meta", requires_grad=True)
+    rhs = torch.empty(3, 8, 4, device="meta", requires_grad=True)
+    sizes = torch.tensor([4, 4, 4], device=sizes_device)
+    out = ragdot.ragged_dot(lhs, rhs, sizes, preferred_element_type=torch.float64, validate=True)
+    assert (out.shape, out.device, out.dtype) == (torch.Size([12, 4]), torch.device("meta"), torch.float64)
+    out.sum().backward()
+    assert lhs.grad.shape == lhs.shape and rhs.grad.shape == rhs.shape and lhs.grad.is_meta
+    dn = DN(dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=(0,), rhs_group_dimensions=())
+    assert ragdot.ragged_dot_general(lhs, torch.empty(12, 5, device="meta"), sizes, dn).shape == (3, 8, 5)
+    offs = torch.empty(3, dtype=torch.int32, device="meta")
+    assert ragdot.grouped_mm(lhs.detach(), rhs.detach(), offs).shape == (12, 4)
+    with pytest.raises(ValueError, match="contracting dimensions differ"):
+        ragdot.ragged_dot(lhs, torch.empty(3, 7, 4, device="meta"), sizes)
+    past_m = torch.tensor([4, 9, 4], device=sizes_device)
+    if sizes_device == "meta":  # no values: nothing to refuse
+        assert ragdot.ragged_dot(lhs, rhs, past_m, validate=True).shape == (12, 4)
+    else:  # host sizes hold values: validate reads them as for any call
+        with pytest.raises(ValueError, match="beyond the ragged dimension's size 12"):
+            ragdot.ragged_dot(lhs, rhs, past_m, validate=True)
+
+
+def test_an_moe_layer_runs_forward_and_backward_on_the_meta_device():
+    from ragdot.moe import MoELayer
+
+    with torch.device("meta"):
+        layer = MoELayer(64, 32, 8, 2, num_shared_experts=1)
+        x = torch.empty(2, 16, 64, requires_grad=True)
+    y = layer(x)
+    assert y.shape == x.shape and y.is_meta
+    (y.sum() + layer.aux_loss + layer.z_loss).backward()
+    assert layer.w_gate_up.grad.shape == layer.w_gate_up.shape and x.grad.is_meta

@@ -361,7 +361,8 @@ _MAX_CALLS = 4096
 
 
 def _traced(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> torch.Tensor:
-    """The call under torch.compile: the same checks while tracing, then the problems' custom ops."""
+    """The call under torch.compile (and on meta tensors): the same checks while tracing, then the problems'
+    custom ops."""
     if not isinstance(validate, bool):
         raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
     common = _common_dtype(lhs, rhs)
@@ -374,7 +375,7 @@ def _traced(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, ba
     )
     sizes = None
     if can.mode != "batch":
-        if validate or validate_requested():
+        if (validate or validate_requested()) and not group_sizes.is_meta:  # meta sizes hold no values to check
             validate_sizes(group_sizes, can.extent // can.group_scale)
         sizes = group_sizes.to(lhs.device).contiguous()
     # `apply_op` by its own name: reached through the `ops` module object, dynamo would also guard that module
@@ -434,6 +435,9 @@ def ragged_dot_general(
     key, call = _cached(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
                         validate)
     if call is None:
+        if _on_meta(lhs, rhs):  # shapes only (no kernel runs): the custom ops' fake kernels, as under tracing
+            return _traced(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
+                           validate)
         cacheable = key is not None and isinstance(group_sizes, torch.Tensor)
         group_sizes = _as_sizes(group_sizes, lhs)
         common = _common_dtype(lhs, rhs)
@@ -447,6 +451,11 @@ def ragged_dot_general(
         call = _new_call(key if cacheable else None, lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
                          preferred_element_type, backend, validate)
     return call(lhs, rhs, group_sizes)
+
+
+def _on_meta(lhs, rhs) -> bool:
+    """Whether an operand is a meta tensor (a call is never cached for one, so the hot path never asks)."""
+    return any(isinstance(t, torch.Tensor) and t.is_meta for t in (lhs, rhs))
 
 
 def _cached(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> tuple:
