@@ -364,3 +364,47 @@ def test_an_moe_layer_runs_forward_and_backward_on_the_meta_device():
     assert y.shape == x.shape and y.is_meta
     (y.sum() + layer.aux_loss + layer.z_loss).backward()
     assert layer.w_gate_up.grad.shape == layer.w_gate_up.shape and x.grad.is_meta
+
+
+@pytest.mark.parametrize("problem", ["ragged_m", "ragged_k", "batch"])
+def test_flop_counter_counts_each_product_as_its_dense_product(problem):
+    """Under torch.utils.flop_counter.FlopCounterMode an eager call is one ragdot op (the dense product's FLOPs:
+    2 x rows x contraction x columns), the backward two more of the same size; the values are the eager call's."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    gen = torch.Generator().manual_seed(5)
+    m, k, n, g = 12, 8, 4, 3
+    lhs = torch.randn(m, k, generator=gen, requires_grad=True)
+    sizes = torch.tensor([4, 0, 6])  # rows past the groups are not computed, but a shape cannot say how many
+    if problem == "ragged_m":
+        rhs = torch.randn(g, k, n, generator=gen)
+        dn = DN(dot_dimension_numbers=(((1,), (1,)), ((), ())), lhs_ragged_dimensions=(0,), rhs_group_dimensions=(0,))
+    elif problem == "ragged_k":
+        rhs = torch.randn(m, n, generator=gen)
+        dn = DN(dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=(0,), rhs_group_dimensions=())
+    else:
+        lhs = torch.randn(2, m, k, generator=gen, requires_grad=True)
+        rhs = torch.randn(2, k, n, generator=gen)
+        dn = DN(dot_dimension_numbers=(((2,), (1,)), ((0,), (0,))), lhs_ragged_dimensions=(0,),
+                rhs_group_dimensions=())
+    rhs.requires_grad_(True)
+    want = ragdot.ragged_dot_general(lhs, rhs, sizes, dn, backend="reference")
+    with FlopCounterMode(display=False) as counter:
+        out = ragdot.ragged_dot_general(lhs, rhs, sizes, dn, backend="reference")
+        forward = counter.get_total_flops()
+        out.sum().backward()
+    dense = 2 * (2 if problem == "batch" else 1) * m * k * n
+    assert forward == dense and counter.get_total_flops() == 3 * dense
+    assert f"ragdot.{problem}" in {str(op) for op in counter.get_flop_counts()["Global"]}
+    assert torch.equal(out, want)
+
+
+def test_fake_tensor_mode_gives_shapes_and_gradients():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        lhs = torch.randn(12, 8, requires_grad=True)
+        rhs = torch.randn(3, 8, 4, requires_grad=True)
+        out = ragdot.ragged_dot(lhs, rhs, torch.tensor([4, 4, 4]))
+        out.sum().backward()
+        assert out.shape == (12, 4) and rhs.grad.shape == rhs.shape

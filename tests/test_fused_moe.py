@@ -642,3 +642,20 @@ def test_wgrad_rows_benchmark_runs_on_the_cpu(tmp_path):
     assert [r["system"].split()[0] for r in rows] == ["copy+auto", "auto", "vendor", "index"]
     assert all(r["status"] == "ok" or r["system"] == "vendor" for r in rows), rows
     assert all(r["eager_ms"] > 0 for r in rows if r["status"] == "ok")
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_flop_counter_counts_the_layer_s_expert_products_on_either_path(fused):
+    """FlopCounterMode sees the experts' products (the fused block's two ops or the ragged products): forward
+    6 x A x D x H, backward 12 x A x D x H for A routed rows, whichever path runs; the router's matmuls beside."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tokens, dim, hidden, experts, top_k = 16, 32, 24, 6, 2
+    layer = MoELayer(dim, hidden, experts, top_k, fused=fused).to(DEV)
+    x = torch.randn(tokens, dim, device=DEV, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        layer(x).sum().backward()
+    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    experts_flops = sum(n for op, n in counts.items() if op.startswith("ragdot."))
+    assert experts_flops == 18 * tokens * top_k * dim * hidden
+    assert ("ragdot.fused_moe" in counts) == fused

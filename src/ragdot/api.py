@@ -361,8 +361,8 @@ _MAX_CALLS = 4096
 
 
 def _traced(lhs, rhs, group_sizes, dimension_numbers, preferred_element_type, backend, validate) -> torch.Tensor:
-    """The call under torch.compile (and on meta tensors): the same checks while tracing, then the problems'
-    custom ops."""
+    """The call under torch.compile, a TorchDispatchMode or on meta tensors: the same checks while tracing, then
+    the problems' custom ops."""
     if not isinstance(validate, bool):
         raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
     common = _common_dtype(lhs, rhs)
@@ -429,7 +429,9 @@ def ragged_dot_general(
                     amp.cast(lhs, dtype), amp.cast(rhs, dtype) if isinstance(rhs, torch.Tensor) else rhs, group_sizes,
                     ragged_dot_dimension_numbers, preferred_element_type=preferred_element_type, backend=backend,
                     validate=validate)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _dispatch_modes():
+        # traced, or under a TorchDispatchMode (FakeTensorMode, FlopCounterMode, selective checkpointing, memory
+        # trackers): the problems' custom ops, which such modes see as one op each (their fake kernels for fakes)
         return _traced(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
                        validate)
     key, call = _cached(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
@@ -451,6 +453,9 @@ def ragged_dot_general(
         call = _new_call(key if cacheable else None, lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
                          preferred_element_type, backend, validate)
     return call(lhs, rhs, group_sizes)
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack  # TorchDispatchModes active on this thread
 
 
 def _on_meta(lhs, rhs) -> bool:

@@ -523,3 +523,31 @@ def _op_backward(problem: str):
 
 for _name in ("ragged_m", "ragged_k", "batch"):
     torch.library.register_autograd(f"{_LIB}::{_name}", _op_backward(_name), setup_context=_setup)
+
+
+# ---- FLOP counts: torch.utils.flop_counter.FlopCounterMode sees ragdot's products as these ops (eager calls take
+# them while a TorchDispatchMode is active: `api.ragged_dot_general`), each counted as its dense product, every
+# row in a group (a shape cannot say how many rows lie past sum(group_sizes); the kernels skip those).
+
+
+def register_flops(op: Any, count: Callable[..., int]) -> None:
+    """Register `count(*shapes_and_args, out_shape=...)` as the FLOP formula of the op packet `op` (once)."""
+    try:
+        from torch.utils.flop_counter import flop_registry, register_flop_formula
+    except ImportError:  # a torch without the flop counter
+        return
+    if op not in flop_registry:
+        register_flop_formula(op)(count)
+
+
+def _ragged_m_flops(a, b, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a[0] * a[1] * a[2] * b[3]  # a [Bt, M, K], b [Bt, G, K, N]
+
+
+def _contraction_flops(a, b, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a[0] * a[1] * a[2] * b[2]  # ragged_k: a [Bt, R, M], b [Bt, R, N]; batch: a [Bt, M, K], b [Bt, K, N]
+
+
+register_flops(torch.ops.ragdot.ragged_m, _ragged_m_flops)
+register_flops(torch.ops.ragdot.ragged_k, _contraction_flops)
+register_flops(torch.ops.ragdot.batch, _contraction_flops)

@@ -493,6 +493,21 @@ def _(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
             _like(w_gate_up), _like(w_down))
 
 
+# FLOPs for torch.utils.flop_counter (`ops.register_flops`): A routed rows (order [A]), x [T, D], w_down [E, H, D];
+# the forward's two products 2AD(2H) + 2AHD, the backward's four (the input gradient's only when asked)
+def _forward_flops(x, order, sizes, weights, w_gate_up, w_down, *args, out_shape=None, **kwargs) -> int:
+    return 6 * order[0] * x[1] * w_down[1]
+
+
+def _backward_flops(grad_y, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx, *args, out_shape=None,
+                    **kwargs) -> int:
+    return (12 if need_dx else 8) * order[0] * x[1] * w_down[1]
+
+
+_ops.register_flops(torch.ops.ragdot.fused_moe, _forward_flops)
+_ops.register_flops(torch.ops.ragdot.fused_moe_backward, _backward_flops)
+
+
 # ------------------------------------------------------------------------------------------------ public API
 def fused_experts(
     x: torch.Tensor,
