@@ -408,3 +408,31 @@ def test_fake_tensor_mode_gives_shapes_and_gradients():
         out = ragdot.ragged_dot(lhs, rhs, torch.tensor([4, 4, 4]))
         out.sum().backward()
         assert out.shape == (12, 4) and rhs.grad.shape == rhs.shape
+
+
+def test_selective_checkpointing_sees_the_products_and_keeps_the_gradients():
+    """torch.utils.checkpoint's selective policy (torchtitan's op-level SAC) is asked about ragdot's products as
+    ops, and saving them leaves the values and gradients bitwise those of the unchecked call."""
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    seen: set[str] = set()
+
+    def policy(ctx, op, *args, **kwargs):
+        seen.add(str(op.overloadpacket) if hasattr(op, "overloadpacket") else str(op))
+        return CheckpointPolicy.MUST_SAVE if str(op).startswith("ragdot.") else CheckpointPolicy.PREFER_RECOMPUTE
+
+    gen = torch.Generator().manual_seed(2)
+    lhs = torch.randn(12, 8, generator=gen, requires_grad=True)
+    rhs = torch.randn(3, 8, 4, generator=gen, requires_grad=True)
+    sizes = torch.tensor([4, 5, 2])
+
+    def f(a, b):
+        return torch.nn.functional.silu(ragdot.ragged_dot(a, b, sizes)).sum()
+
+    want = torch.autograd.grad(f(lhs, rhs), (lhs, rhs))
+    context = functools.partial(create_selective_checkpoint_contexts, policy)
+    got = torch.autograd.grad(checkpoint(f, lhs, rhs, use_reentrant=False, context_fn=context), (lhs, rhs))
+    assert "ragdot.ragged_m" in seen
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
