@@ -436,3 +436,26 @@ def test_selective_checkpointing_sees_the_products_and_keeps_the_gradients():
     got = torch.autograd.grad(checkpoint(f, lhs, rhs, use_reentrant=False, context_fn=context), (lhs, rhs))
     assert "ragdot.ragged_m" in seen
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_a_dtensor_operand_is_refused_naming_to_local(tmp_path):
+    """DTensor operands get one clear TypeError (ragdot multiplies each rank's local tensors), not an error from
+    deep inside a backend."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group of another test")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        # a signature no plain call of this process has had: the check runs where a signature is first seen
+        lhs, rhs, sizes = torch.randn(14, 6), torch.randn(3, 6, 5), torch.tensor([4, 4, 4])
+        for which in ("lhs", "rhs"):
+            args = {"lhs": lhs, "rhs": rhs}
+            args[which] = distribute_tensor(args[which], mesh, [Replicate()])
+            with pytest.raises(TypeError, match=f"{which} is a DTensor: .* {which}.to_local()"):
+                ragdot.ragged_dot(args["lhs"], args["rhs"], sizes)
+    finally:
+        dist.destroy_process_group()

@@ -76,6 +76,10 @@ def _check_operands(lhs, rhs, group_sizes, preferred_element_type) -> torch.dtyp
     for name, t in (("lhs", lhs), ("rhs", rhs), ("group_sizes", group_sizes)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        # by name (torch.distributed may be absent); where a signature is first seen, so the hot path pays nothing
+        if type(t).__name__ == "DTensor":
+            raise TypeError(f"{name} is a DTensor: ragdot multiplies local tensors; pass {name}.to_local() (each "
+                            "rank's own rows and experts, as torchtitan's grouped experts do)")
     if lhs.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"lhs must be float16, bfloat16, float32 or float64, got {lhs.dtype}")
     if rhs.dtype != lhs.dtype:
