@@ -659,3 +659,25 @@ def test_flop_counter_counts_the_layer_s_expert_products_on_either_path(fused):
     experts_flops = sum(n for op, n in counts.items() if op.startswith("ragdot."))
     assert experts_flops == 18 * tokens * top_k * dim * hidden
     assert ("ragdot.fused_moe" in counts) == fused
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_bf16_experts_under_a_flop_counter_give_the_eager_bits(fused):
+    """On the GPU a dispatch mode moves the experts' products onto ragdot's custom ops (the fused block's
+    functional backward, the ragged products' canonical runners): the forward's bits, and gradients within
+    rounding (the canonical backward products may see their operands in other layouts than the eager call's
+    bound ones: float32 on the CPU differed by an ulp). Fixed routing (the router's kernels also step aside
+    under a mode, for torch ops that round differently)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    operands = _operands(512, 256, 128, 8, 2, torch.bfloat16)
+    cot = torch.randn(operands[0].shape, generator=torch.Generator().manual_seed(1)).to(DEV, torch.bfloat16)
+    fn = _fused if fused else _unfused
+    y, grads = _value_and_grads(fn, operands, cot)
+    with FlopCounterMode(display=False) as counter:
+        y_counted, grads_counted = _value_and_grads(fn, operands, cot)
+    assert counter.get_total_flops() == 18 * 512 * 2 * 256 * 128
+    assert torch.equal(y_counted, y)
+    for a, b in zip(grads_counted, grads):
+        assert nerr(a, b) <= 1e-3
