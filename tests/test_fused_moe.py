@@ -666,9 +666,9 @@ def test_flop_counter_counts_the_layer_s_expert_products_on_either_path(fused):
 def test_bf16_experts_under_a_flop_counter_give_the_eager_bits(fused):
     """On the GPU a dispatch mode moves the experts' products onto ragdot's custom ops (the fused block's
     functional backward, the ragged products' canonical runners): the forward's bits, and gradients within
-    rounding (the canonical backward products may see their operands in other layouts than the eager call's
-    bound ones: float32 on the CPU differed by an ulp). Fixed routing (the router's kernels also step aside
-    under a mode, for torch ops that round differently)."""
+    rounding (torch's own SwiGLU backward between the unfused products rounds differently under a dispatch
+    mode: on the CPU in float32 by an ulp, with and without ragdot). Fixed routing (the router's kernels also
+    step aside under a mode, for torch ops)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     operands = _operands(512, 256, 128, 8, 2, torch.bfloat16)
