@@ -667,8 +667,7 @@ def test_bf16_experts_under_a_flop_counter_give_the_eager_bits(fused):
     """On the GPU a dispatch mode moves the experts' products onto ragdot's custom ops (the fused block's
     functional backward, the ragged products' canonical runners): the forward's bits, and gradients within
     rounding (torch's own SwiGLU backward between the unfused products rounds differently under a dispatch
-    mode: on the CPU in float32 by an ulp, with and without ragdot). Fixed routing (the router's kernels also
-    step aside under a mode, for torch ops)."""
+    mode: on the CPU in float32 by an ulp, with and without ragdot). Fixed routing: the experts alone."""
     from torch.utils.flop_counter import FlopCounterMode
 
     operands = _operands(512, 256, 128, 8, 2, torch.bfloat16)
@@ -681,3 +680,19 @@ def test_bf16_experts_under_a_flop_counter_give_the_eager_bits(fused):
     assert torch.equal(y_counted, y)
     for a, b in zip(grads_counted, grads):
         assert nerr(a, b) <= 1e-3
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_a_layer_runs_forward_and_backward_under_fake_tensor_mode(fused, impl):
+    """Under FakeTensorMode no kernel may run (it would read fake memory): the permute, combine, fused block and
+    ragged products take their custom ops' fake kernels, the router (its kernels on CUDA) its torch form."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    with FakeTensorMode():
+        layer = MoELayer(64, 32, 8, 2, fused=fused, routing_impl=impl, device=DEV)
+        x = torch.randn(16, 64, device=DEV, requires_grad=True)
+        y = layer(x)
+        (y.sum() + layer.aux_loss + layer.z_loss).backward()
+    assert isinstance(y, FakeTensor) and y.shape == x.shape
+    assert layer.w_gate_up.grad.shape == layer.w_gate_up.shape and x.grad.shape == x.shape

@@ -254,6 +254,17 @@ def _transformed() -> bool:
     return _fwad._current_level >= 0 or torch._C._are_functorch_transforms_active()
 
 
+def fake_tracing() -> bool:
+    """Whether a fake or proxy tracing mode is active (FakeTensorMode, make_fx): no kernel launched from Python may
+    run then (its tensors have no memory); other TorchDispatchModes (FLOP counters, checkpointing policies) leave
+    such launches alone, as they do not see them."""
+    return _get_mode(_MODE_KEYS.FAKE) is not None or _get_mode(_MODE_KEYS.PROXY) is not None
+
+
+_get_mode = torch._C._get_dispatch_mode
+_MODE_KEYS = torch._C._TorchDispatchModeKey
+
+
 def plain_eager(*tensors: torch.Tensor) -> bool:
     """Whether code runs eagerly on real tensors: no compiler, tracer, dispatch mode (fake, proxy, functional) or
     torch.func transform is active and the tensors are plain (where a hand-written autograd.Function or a kernel

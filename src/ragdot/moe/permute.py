@@ -163,12 +163,14 @@ def _acc_dtype(t: torch.Tensor) -> torch.dtype:
 
 # ------------------------------------------------------------------------------------------ eager path
 def _traced() -> bool:
-    """Whether the custom ops must be used: torch.compile is tracing, or a torch.func transform or forward-mode
-    AD is active (the plain Functions below define no JVP or vmap rule)."""
+    """Whether the custom ops must be used: torch.compile is tracing, a torch.func transform or forward-mode AD
+    is active (the plain Functions below define no JVP or vmap rule), or a TorchDispatchMode (fake tensors take
+    the ops' fake kernels; FLOP counters and checkpointing policies see the ops)."""
     return (
         torch.compiler.is_compiling()
         or torch._C._are_functorch_transforms_active()
         or torch.autograd.forward_ad._current_level >= 0
+        or torch._C._len_torch_dispatch_stack() > 0
     )
 
 

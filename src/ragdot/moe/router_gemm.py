@@ -29,7 +29,7 @@ import torch
 from ragdot import amp
 from ragdot.moe.router_rows import _geometry
 from ragdot.moe.routing_kernels import HAS_TRITON, _launch
-from ragdot.ops import _transformed
+from ragdot.ops import _transformed, fake_tracing
 
 __all__ = ["applies", "gate_matmul", "split3", "upcast_grads"]
 
@@ -80,9 +80,11 @@ def _mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def split3(g: torch.Tensor) -> torch.Tensor:
     """bfloat16 [T, 3E] = [hi | mid | lo] of float32 g [T, E] with hi + mid + lo = g to 2^-24 relative (see the
-    module). One Triton launch eagerly on CUDA; torch ops elsewhere (the same bits: round to nearest even)."""
+    module). One Triton launch eagerly on CUDA; torch ops elsewhere, fake tensors included (the same bits: round
+    to nearest even)."""
     t, e = g.shape
-    if HAS_TRITON and g.is_cuda and g.stride(1) == 1 and t > 0 and not torch.compiler.is_compiling():
+    if HAS_TRITON and g.is_cuda and g.stride(1) == 1 and t > 0 and not torch.compiler.is_compiling() \
+            and not fake_tracing():
         out = torch.empty((t, 3 * e), dtype=torch.bfloat16, device=g.device)
         e_pow2, block_t, nb = _geometry(t, e)
         _launch(_split3_kernel, (nb,), {"BLOCK_T": block_t, "E_POW2": e_pow2}, 4, g, out, t, e, g.stride(0))

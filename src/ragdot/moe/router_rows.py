@@ -11,7 +11,7 @@ import functools
 import torch
 
 from ragdot.moe.routing_kernels import HAS_TRITON, _pow2
-from ragdot.ops import _transformed
+from ragdot.ops import _transformed, fake_tracing
 
 __all__ = ["MAX_EXPERTS", "check_logits"]
 
@@ -47,10 +47,11 @@ def _geometry(t: int, e: int) -> tuple[int, int, int]:
 
 def _fused_applies(logits: torch.Tensor) -> bool:
     """Whether the router kernels take these logits: float32 [T >= 1, E <= MAX_EXPERTS] with contiguous rows, on
-    CUDA, in eager mode (not while torch.compile traces, not under a functorch transform)."""
+    CUDA, in eager mode (not while torch.compile traces, not under a functorch transform or a fake tensor mode;
+    under other TorchDispatchModes, which do not see the launches, they run as usual)."""
     return (HAS_TRITON and logits.is_cuda and logits.dtype == torch.float32 and logits.dim() == 2
             and logits.stride(1) == 1 and logits.shape[0] > 0 and logits.shape[1] <= MAX_EXPERTS
-            and not torch.compiler.is_compiling() and not _transformed())
+            and not torch.compiler.is_compiling() and not _transformed() and not fake_tracing())
 
 
 def check_logits(logits: torch.Tensor) -> None:
