@@ -459,7 +459,7 @@ def ragged_dot_general(
     return call(lhs, rhs, group_sizes)
 
 
-_dispatch_modes = torch._C._len_torch_dispatch_stack  # TorchDispatchModes active on this thread
+_dispatch_modes = ops.dispatch_modes
 
 
 def _on_meta(lhs, rhs) -> bool:

@@ -263,6 +263,9 @@ def fake_tracing() -> bool:
 
 _get_mode = torch._C._get_dispatch_mode
 _MODE_KEYS = torch._C._TorchDispatchModeKey
+# how many TorchDispatchModes are active on this thread (one C call): where ragdot's eager paths take their
+# custom ops instead, so that such modes (FakeTensorMode, FlopCounterMode, checkpointing policies) see them
+dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 def plain_eager(*tensors: torch.Tensor) -> bool:

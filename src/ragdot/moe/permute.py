@@ -27,7 +27,7 @@ import torch
 
 from ragdot import amp
 from ragdot.moe import routing_kernels as _k
-from ragdot.ops import profiled
+from ragdot.ops import dispatch_modes, profiled
 
 __all__ = ["Routing", "permute", "unpermute", "default_impl", "IMPLS", "permute_rows", "combine_rows"]
 
@@ -170,7 +170,7 @@ def _traced() -> bool:
         torch.compiler.is_compiling()
         or torch._C._are_functorch_transforms_active()
         or torch.autograd.forward_ad._current_level >= 0
-        or torch._C._len_torch_dispatch_stack() > 0
+        or dispatch_modes() > 0
     )
 
 
