@@ -25,7 +25,7 @@ from ragdot.dimension_numbers import (
     plan_views,
 )
 from ragdot.groups import group_ends_from_sizes, validate_requested, validate_sizes
-from ragdot.ops import apply_op
+from ragdot.ops import apply_op, dispatch_modes
 
 __all__ = ["ragged_dot", "ragged_dot_general", "backends", "explain", "group_ends_from_sizes"]
 
@@ -433,7 +433,7 @@ def ragged_dot_general(
                     amp.cast(lhs, dtype), amp.cast(rhs, dtype) if isinstance(rhs, torch.Tensor) else rhs, group_sizes,
                     ragged_dot_dimension_numbers, preferred_element_type=preferred_element_type, backend=backend,
                     validate=validate)
-    if torch.compiler.is_compiling() or _dispatch_modes():
+    if torch.compiler.is_compiling() or dispatch_modes():
         # traced, or under a TorchDispatchMode (FakeTensorMode, FlopCounterMode, selective checkpointing, memory
         # trackers): the problems' custom ops, which such modes see as one op each (their fake kernels for fakes)
         return _traced(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, preferred_element_type, backend,
@@ -457,9 +457,6 @@ def ragged_dot_general(
         call = _new_call(key if cacheable else None, lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
                          preferred_element_type, backend, validate)
     return call(lhs, rhs, group_sizes)
-
-
-_dispatch_modes = ops.dispatch_modes
 
 
 def _on_meta(lhs, rhs) -> bool:

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as _fwad
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ragdot import amp
 from ragdot._memo import remember
@@ -272,7 +271,7 @@ def plain_eager(*tensors: torch.Tensor) -> bool:
     """Whether code runs eagerly on real tensors: no compiler, tracer, dispatch mode (fake, proxy, functional) or
     torch.func transform is active and the tensors are plain (where a hand-written autograd.Function or a kernel
     body called directly may stand in for what the tracers must see as ops)."""
-    if torch.compiler.is_compiling() or _transformed() or _current_dispatch_mode() is not None:
+    if torch.compiler.is_compiling() or _transformed() or dispatch_modes():
         return False
     return all(type(t) is torch.Tensor for t in tensors)
 

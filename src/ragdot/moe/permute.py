@@ -27,7 +27,7 @@ import torch
 
 from ragdot import amp
 from ragdot.moe import routing_kernels as _k
-from ragdot.ops import dispatch_modes, profiled
+from ragdot.ops import _transformed, dispatch_modes, profiled
 
 __all__ = ["Routing", "permute", "unpermute", "default_impl", "IMPLS", "permute_rows", "combine_rows"]
 
@@ -166,12 +166,7 @@ def _traced() -> bool:
     """Whether the custom ops must be used: torch.compile is tracing, a torch.func transform or forward-mode AD
     is active (the plain Functions below define no JVP or vmap rule), or a TorchDispatchMode (fake tensors take
     the ops' fake kernels; FLOP counters and checkpointing policies see the ops)."""
-    return (
-        torch.compiler.is_compiling()
-        or torch._C._are_functorch_transforms_active()
-        or torch.autograd.forward_ad._current_level >= 0
-        or dispatch_modes() > 0
-    )
+    return torch.compiler.is_compiling() or _transformed() or dispatch_modes() > 0
 
 
 def _inlined() -> bool:
