@@ -580,15 +580,11 @@ def pack(work: Path, dest: Path, run: Run) -> None:
 
 
 def gpu_names() -> list[str]:
-    """The GPUs nvidia-smi names (none without it)."""
+    """The GPU nvidia-smi names (its last line: one machine's GPUs are alike; none without it or when it fails)."""
     if not shutil.which("nvidia-smi"):
         return []
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    name = _capture(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).strip()
+    return [name] if name and not name.startswith("unavailable (") else []
 
 
 def _cuda_visible(env: dict[str, str]) -> bool:
