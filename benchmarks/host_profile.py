@@ -84,6 +84,17 @@ def pieces(m: int, k: int, n: int, e: int, calls: int) -> dict[str, tuple[float,
     rows["raw _grouped_mm"] = _us(lambda: torch._grouped_mm(x, w, offs=offs), calls)
     rows["group_ends_from_sizes"] = _us(lambda: group_ends_from_sizes(gs, m), calls)
     rows["ops._state"] = _us(lambda: ops._state(a), calls)
+    # the torch backend's forward, piece by piece: its bound group-ends and tail-zeroing launches, the raw call
+    # between them, and its prepared call (which adds the layout checks)
+    prep = ops.runner("ragged_m", "torch", a, b, e, torch.bfloat16).fn
+    if getattr(prep, "ends", None) is not None and getattr(prep, "tail", None) is not None:
+        bound_ends = prep.ends(gs)
+        c2 = torch._grouped_mm(x, w, offs=bound_ends)
+        rows["torch backend: ends launch"] = _us(lambda: prep.ends(gs), calls)
+        rows["torch backend: tail launch"] = _us(lambda: prep.tail(c2, bound_ends), calls)
+        rows["torch backend: ends + raw + tail"] = _us(
+            lambda: prep.tail(torch._grouped_mm(x, w, offs=prep.ends(gs)), bound_ends), calls)
+        rows["torch backend: prepared call"] = _us(lambda: prep.direct(x, w, gs, None), calls)
     for backend in ("torch", "triton", "auto"):  # auto: the kernels it picks (e.g. gluon on sm_90) in the label
         r = ops.runner("ragged_m", backend, a, b, e, torch.bfloat16)
         rows[f"runner ragged_m {backend} ({r.label})"] = _us(lambda r=r: r(a, b, gs), calls)
