@@ -666,8 +666,10 @@ def test_flop_counter_counts_the_layer_s_expert_products_on_either_path(fused):
 def test_bf16_experts_under_a_flop_counter_give_the_eager_bits(fused):
     """On the GPU a dispatch mode moves the experts' products onto ragdot's custom ops (the fused block's
     functional backward, the ragged products' canonical runners): the forward's bits, and gradients within
-    rounding (torch's own SwiGLU backward between the unfused products rounds differently under a dispatch
-    mode: on the CPU in float32 by an ulp, with and without ragdot). Fixed routing: the experts alone."""
+    rounding. The unfused path's SwiGLU is torch's own ops, whose bf16 backward rounds differently under a
+    dispatch mode without ragdot in it (silu(g) * u alone under FlopCounterMode: a quarter of the bf16 elements
+    of dh off by an ulp, normalised error 2.6e-3 on the CPU; 3.9e-3 for the unfused experts' x gradient on an
+    H100): there the bound is ragdot's bf16 tolerance. Fixed routing: the experts alone."""
     from torch.utils.flop_counter import FlopCounterMode
 
     operands = _operands(512, 256, 128, 8, 2, torch.bfloat16)
@@ -678,8 +680,9 @@ def test_bf16_experts_under_a_flop_counter_give_the_eager_bits(fused):
         y_counted, grads_counted = _value_and_grads(fn, operands, cot)
     assert counter.get_total_flops() == 18 * 512 * 2 * 256 * 128
     assert torch.equal(y_counted, y)
+    tol = 1e-3 if fused else TOL[torch.bfloat16]
     for a, b in zip(grads_counted, grads):
-        assert nerr(a, b) <= 1e-3
+        assert nerr(a, b) <= tol
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
