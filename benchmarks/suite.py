@@ -580,7 +580,8 @@ def pack(work: Path, dest: Path, run: Run) -> None:
 
 
 def gpu_names() -> list[str]:
-    """The GPU nvidia-smi names (its last line: one machine's GPUs are alike; none without it or when it fails)."""
+    """The GPU nvidia-smi names (its last line: one machine's GPUs are alike; none without nvidia-smi or when it
+    cannot run; where its query fails, the error line it printed, which names no GPU)."""
     if not shutil.which("nvidia-smi"):
         return []
     name = _capture(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).strip()

@@ -253,18 +253,18 @@ def _transformed() -> bool:
     return _fwad._current_level >= 0 or torch._C._are_functorch_transforms_active()
 
 
-def fake_tracing() -> bool:
-    """Whether a fake or proxy tracing mode is active (FakeTensorMode, make_fx): no kernel launched from Python may
-    run then (its tensors have no memory); other TorchDispatchModes (FLOP counters, checkpointing policies) leave
-    such launches alone, as they do not see them."""
-    return _get_mode(_MODE_KEYS.FAKE) is not None or _get_mode(_MODE_KEYS.PROXY) is not None
-
-
 _get_mode = torch._C._get_dispatch_mode
 _MODE_KEYS = torch._C._TorchDispatchModeKey
 # how many TorchDispatchModes are active on this thread (one C call): where ragdot's eager paths take their
 # custom ops instead, so that such modes (FakeTensorMode, FlopCounterMode, checkpointing policies) see them
 dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def fake_tracing() -> bool:
+    """Whether a fake or proxy tracing mode is active (FakeTensorMode, make_fx): no kernel launched from Python may
+    run then (its tensors have no memory); other TorchDispatchModes (FLOP counters, checkpointing policies) leave
+    such launches alone, as they do not see them."""
+    return _get_mode(_MODE_KEYS.FAKE) is not None or _get_mode(_MODE_KEYS.PROXY) is not None
 
 
 def plain_eager(*tensors: torch.Tensor) -> bool:
