@@ -2,13 +2,15 @@
 
     python benchmarks/tail_tiles.py [--layers gpt-oss-like qwen3-30b-a3b] [--tokens 8192] [--out FILE]
 
-The MoE layer's ragged-M products (the forward's up and down projections, the data gradient of the up
-projection with its weight read K-major) at the layer's widths, on two routings: `balanced` (every group the
-mean, a multiple of 128 rows at the default token counts: no part-filled tile) and `routed` (the group sizes of
-one random top-k routing of random logits: binomial spread about the mean, as `moe-bench --layer` routes).
-Systems: the raw `torch._grouped_mm` (vendor), the Triton kernel with the heuristic's tile and with a few others,
-and the Gluon kernel's candidate tiles. Graph clock (median of CUDA-graph replays). TFLOP/s counts useful work
-only (2 x rows x K x N); `pad` = the rows the tiles compute over the rows routed, per tile height.
+The MoE layer's ragged-M products (the forward's up and down projections, the data gradient of the up projection
+with its weight read K-major) at the layer's widths, on two routings: `balanced` (every group the mean, a multiple
+of 128 rows at the default token counts: no part-filled tile) and `routed` (the group sizes of one random top-k
+routing of random logits: binomial spread about the mean, as `moe-bench --layer` routes). Systems: the raw
+`torch._grouped_mm` (vendor), the Triton kernel with the heuristic's tile and with a few others, and the Gluon
+kernel's candidate tiles (`--gluon-tiles` picks some by label; tiles of 128 rows run twice: with short tiles, a
+group's last tile of at most 64 rows on half the MMA work, and ` no-short`). Graph clock (median of CUDA-graph
+replays). TFLOP/s counts useful work only (2 x rows x K x N); `pad` = the rows the tiles compute over the rows
+routed, per tile height.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def _pad(sizes: torch.Tensor, block_m: int) -> float:
     return float(((sizes + block_m - 1) // block_m * block_m).sum() / sizes.sum())
 
 
-def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool) -> dict[str, Callable[[], Any]]:
+def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool,
+             tiles: list[str] | None = None) -> dict[str, Callable[[], Any]]:
     out: dict[str, Callable[[], Any]] = {"vendor": lambda: torch._grouped_mm(a[0], b[0], offs=ends)}
     k, n, g = a.shape[2], b.shape[3], b.shape[1]
     heur = pick_config("ragged_m", a.shape[1], k, n, g, a.dtype, a.device)
@@ -56,11 +59,14 @@ def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool) 
         prep = triton_m.Prepared(a, b, a.dtype, cfg)
         out[f"{label} ({cfg.short()})"] = lambda prep=prep: prep(a, b, ends)
     for cfg in gluon_m_tuning_configs(k, n) if gluon else ():
-        try:
-            prep = gluon_m.Prepared(a, b, a.dtype, cfg)
-        except NotImplementedError:
+        if tiles and cfg.short() not in tiles:
             continue
-        out[f"gluon {cfg.short()}"] = lambda prep=prep: prep(a, b, ends)
+        for short in (True, False) if cfg.block_m >= 128 else (True,):
+            try:
+                prep = gluon_m.Prepared(a, b, a.dtype, cfg, short_tiles=short)
+            except NotImplementedError:
+                break
+            out[f"gluon {cfg.short()}{'' if short else ' no-short'}"] = lambda prep=prep: prep(a, b, ends)
     return out
 
 
@@ -71,6 +77,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--no-gluon", action="store_true", help="leave the Gluon tiles out")
+    p.add_argument("--gluon-tiles", nargs="+", default=None, metavar="LABEL",
+                   help="only these Gluon tiles (labels as printed, e.g. 128x256x64s3w8g8r24)")
+    p.add_argument("--problems", nargs="+", default=["up", "down", "dgrad_up"], choices=["up", "down", "dgrad_up"])
     args = p.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     rows = []
@@ -85,13 +94,14 @@ def main() -> None:
             act = torch.randn((1, m, h), device=dev, dtype=dt)
             dpre = torch.randn((1, m, 2 * h), device=dev, dtype=dt)
             problems = {"up": (x, w_up), "down": (act, w_down), "dgrad_up": (dpre, w_up.transpose(2, 3))}
+            problems = {k: v for k, v in problems.items() if k in args.problems}
             for routing in ("balanced", "routed"):
                 sizes = _sizes(routing, t, e, k, dev)
                 ends = sizes.cumsum(0).to(torch.int32)
                 pads = {bm: round(_pad(sizes, bm), 3) for bm in (64, 128)}
                 for prob, (a, b) in problems.items():
                     flops = 2 * m * a.shape[2] * b.shape[3]
-                    for system, fn in _systems(a, b, ends, not args.no_gluon).items():
+                    for system, fn in _systems(a, b, ends, not args.no_gluon, args.gluon_tiles).items():
                         ms = median_ms(fn, dev, graph=True, reps=args.reps)
                         row = {"layer": name, "tokens": t, "routing": routing, "problem": prob, "system": system,
                                "ms": ms, "tflops": flops / ms / 1e9, "pad64": pads[64], "pad128": pads[128]}
