@@ -195,3 +195,31 @@ def test_table_without_rich(monkeypatch, capsys):
         importlib.reload(text)
     out = capsys.readouterr().out
     assert "wall clock" in out and "1.500" in out and "1.00x" in out and "OOM" in out
+
+
+def test_layer_ab_settings_parse_apply_and_restore():
+    """benchmarks/layer_ab.py's `--set`: literals parsed, a bad setting named, each arm's switches applied over
+    the defaults (what the other arm set is restored) and every prepared call re-planned."""
+    from helpers import benchmark_script
+    from ragdot.tune import select
+    from ragdot.tune.cache import CACHE
+
+    ab = benchmark_script("layer_ab")
+    module, name, value = ab.parse_setting("ragdot.tune.select.SHORT_M_ROWS=512")
+    assert (module, name, value) == (select, "SHORT_M_ROWS", 512)
+    assert ab.parse_setting("ragdot.kernels.gluon.config.SHORT_GROUPS_TILE=(128,128,64,5,4,8,24,2)")[2] == (
+        128, 128, 64, 5, 4, 8, 24, 2)
+    for bad, match in (("SHORT_M_ROWS", "module.NAME=VALUE"), ("ragdot.tune.select.NOPE=1", "has no NOPE")):
+        with pytest.raises(ValueError, match=match):
+            ab.parse_setting(bad)
+    before, generation = select.SHORT_M_ROWS, CACHE.generation
+    arm_b = [ab.parse_setting("ragdot.tune.select.SHORT_M_ROWS=7")]
+    ab._MODULES[id(select)] = select
+    defaults = {(id(select), "SHORT_M_ROWS"): before}
+    try:
+        ab.apply(arm_b, defaults)
+        assert select.SHORT_M_ROWS == 7 and CACHE.generation == generation + 1
+        ab.apply([], defaults)
+        assert before == select.SHORT_M_ROWS
+    finally:
+        select.SHORT_M_ROWS = before
