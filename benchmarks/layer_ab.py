@@ -1,8 +1,8 @@
 """A/B of one MoE layer's eager forward+backward under two settings of ragdot's module-level switches.
 
-    python benchmarks/layer_ab.py --set ragdot.tune.select.GLUON_SHORT_M=1 --configs gpt-oss-like --tokens 8192
-    python benchmarks/layer_ab.py --set-a ragdot.kernels.gluon.ragged_m.SHORT_TILES=0 \\
-        --set ragdot.kernels.gluon.ragged_m.SHORT_TILES=1 --configs gpt-oss-like qwen3-30b-a3b
+    python benchmarks/layer_ab.py --set ragdot.tune.select.GLUON_WGRAD_FIRST=0 --configs gpt-oss-like --tokens 8192
+    python benchmarks/layer_ab.py --set-a ragdot.kernels.ragged_m.TMA_STORE=False \\
+        --set ragdot.kernels.ragged_m.TMA_STORE=True --configs gpt-oss-like qwen3-30b-a3b --peer
 
 The layer is `ragdot moe-bench --layer`'s (same construction and seeds, bf16, variant sparse-auto: the default
 `MoELayer(path="sparse")`). Arm A runs with the `--set-a` settings (default: none, the code as it is), arm B with

@@ -7,8 +7,7 @@ with its weight read K-major) at the layer's widths, on two routings: `balanced`
 of 128 rows at the default token counts: no part-filled tile) and `routed` (the group sizes of one random top-k
 routing of random logits: binomial spread about the mean, as `moe-bench --layer` routes). Systems: the raw
 `torch._grouped_mm` (vendor), the Triton kernel with the heuristic's tile and with a few others, and the Gluon
-kernel's candidate tiles (`--gluon-tiles` picks some by label; tiles of 128 rows run twice: with short tiles, a
-group's last tile of at most 64 rows on half the MMA work, and ` no-short`). Graph clock (median of CUDA-graph
+kernel's candidate tiles (`--gluon-tiles` picks some by label). Graph clock (median of CUDA-graph
 replays). TFLOP/s counts useful work only (2 x rows x K x N); `pad` = the rows the tiles compute over the rows
 routed, per tile height.
 """
@@ -61,12 +60,11 @@ def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool,
     for cfg in gluon_m_tuning_configs(k, n) if gluon else ():
         if tiles and cfg.short() not in tiles:
             continue
-        for short in (True, False) if cfg.block_m >= 128 else (True,):
-            try:
-                prep = gluon_m.Prepared(a, b, a.dtype, cfg, short_tiles=short)
-            except NotImplementedError:
-                break
-            out[f"gluon {cfg.short()}{'' if short else ' no-short'}"] = lambda prep=prep: prep(a, b, ends)
+        try:
+            prep = gluon_m.Prepared(a, b, a.dtype, cfg)
+        except NotImplementedError:
+            continue
+        out[f"gluon {cfg.short()}"] = lambda prep=prep: prep(a, b, ends)
     return out
 
 

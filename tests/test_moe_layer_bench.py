@@ -205,21 +205,20 @@ def test_layer_ab_settings_parse_apply_and_restore():
     from ragdot.tune.cache import CACHE
 
     ab = benchmark_script("layer_ab")
-    module, name, value = ab.parse_setting("ragdot.tune.select.SHORT_M_ROWS=512")
-    assert (module, name, value) == (select, "SHORT_M_ROWS", 512)
-    assert ab.parse_setting("ragdot.kernels.gluon.config.SHORT_GROUPS_TILE=(128,128,64,5,4,8,24,2)")[2] == (
-        128, 128, 64, 5, 4, 8, 24, 2)
-    for bad, match in (("SHORT_M_ROWS", "module.NAME=VALUE"), ("ragdot.tune.select.NOPE=1", "has no NOPE")):
+    module, name, value = ab.parse_setting("ragdot.tune.select.VENDOR_WGRAD_ROWS=512")
+    assert (module, name, value) == (select, "VENDOR_WGRAD_ROWS", 512)
+    assert ab.parse_setting("ragdot.kernels.ragged_m.TMA_STORE=True")[2] is True
+    for bad, match in (("VENDOR_WGRAD_ROWS", "module.NAME=VALUE"), ("ragdot.tune.select.NOPE=1", "has no NOPE")):
         with pytest.raises(ValueError, match=match):
             ab.parse_setting(bad)
-    before, generation = select.SHORT_M_ROWS, CACHE.generation
-    arm_b = [ab.parse_setting("ragdot.tune.select.SHORT_M_ROWS=7")]
+    before, generation = select.VENDOR_WGRAD_ROWS, CACHE.generation
+    arm_b = [ab.parse_setting("ragdot.tune.select.VENDOR_WGRAD_ROWS=7")]
     ab._MODULES[id(select)] = select
-    defaults = {(id(select), "SHORT_M_ROWS"): before}
+    defaults = {(id(select), "VENDOR_WGRAD_ROWS"): before}
     try:
         ab.apply(arm_b, defaults)
-        assert select.SHORT_M_ROWS == 7 and CACHE.generation == generation + 1
+        assert select.VENDOR_WGRAD_ROWS == 7 and CACHE.generation == generation + 1
         ab.apply([], defaults)
-        assert before == select.SHORT_M_ROWS
+        assert before == select.VENDOR_WGRAD_ROWS
     finally:
-        select.SHORT_M_ROWS = before
+        select.VENDOR_WGRAD_ROWS = before

@@ -387,20 +387,3 @@ def test_an_entry_won_by_a_backend_that_cannot_run_here_falls_back_to_the_device
     order = select.plan("ragged_k", "auto", gpu, None, 4, torch.bfloat16)
     assert [n for n, _ in order] == ["triton", "torch", "reference"]
     assert order[0][1] == select.entry_config(entry, "triton") and order[0][1] is not None
-
-
-def test_untuned_ragged_m_of_short_groups_try_gluon_first_when_switched_on(monkeypatch):
-    names = ["triton", "torch", "gluon", "reference"]
-    meta = {"device": "meta", "dtype": torch.bfloat16}
-    short = torch.empty(1, 32768, 2880, **meta)  # [Bt, M, K]: 256 rows a group over 128 groups
-    long = torch.empty(1, 65536, 7168, **meta)  # 2048 rows a group over 32 groups
-    monkeypatch.setattr(select, "GLUON_SHORT_M", False)
-    assert select.heuristic_order("ragged_m", names, short, 128) == names
-    monkeypatch.setattr(select, "GLUON_SHORT_M", True)
-    assert select.heuristic_order("ragged_m", names, short, 128) == ["gluon", "triton", "torch", "reference"]
-    assert select.heuristic_order("ragged_m", names, long, 32) == names
-    assert select.heuristic_order("ragged_m", ["triton", "torch", "reference"], short, 128) == ["triton", "torch",
-                                                                                                 "reference"]
-    edge = torch.empty(1, select.SHORT_M_ROWS * 8, 16, **meta)
-    assert select.heuristic_order("ragged_m", names, edge, 8) == names
-    assert select.heuristic_order("ragged_m", names, edge, 9)[0] == "gluon"

@@ -109,33 +109,14 @@ VENDOR_WGRAD_ROWS = 448  # between the measured points: <= 160 rows a group trit
 GLUON_WGRAD_FIRST = True
 
 
-# Untuned ragged-M problems (forward, data gradient) whose groups hold fewer than SHORT_M_ROWS rows on average run
-# the gluon backend's default tile before triton's where it is usable (GLUON_SHORT_M): its 128-row tiles run a
-# group's last tile of at most 64 rows on half the MMA work (gluon/ragged_m.py's short tiles), where triton's
-# flattened loop computes every tile whole; routed MoE groups of a few hundred rows end in such a tile about every
-# other group.
-GLUON_SHORT_M = False
-SHORT_M_ROWS = 1024
-
-
 def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups: int,
                     copy_ms: float = 0.0) -> list[str]:
-    """`names` (the device's candidate order) for a call with no measured entry; a [Bt, R, M] (ragged_k) or
-    [Bt, M, K] (ragged_m).
-
-    Ragged-M problems of short groups (`SHORT_M_ROWS`) run gluon's tile first where `GLUON_SHORT_M` is on.
+    """`names` (the device's candidate order) for a call with no measured entry; a [Bt, R, M].
 
     Weight gradients (ragged_k): where the gluon backend is usable (sm_90) its default tile goes first, before
     triton and the vendor (`GLUON_WGRAD_FIRST`); with long groups (`VENDOR_WGRAD_ROWS`; CUDA builds, where it
     was measured) the vendor goes before triton (first where gluon is not usable), unless the result must be
     copied into the caller's buffer (the vendor cannot write there)."""
-    if problem == "ragged_m":
-        short = num_groups > 0 and a.shape[1] < SHORT_M_ROWS * num_groups
-        if GLUON_SHORT_M and short and "gluon" in names and "triton" in names:
-            order = [n for n in names if n != "gluon"]
-            order.insert(order.index("triton"), "gluon")
-            return order
-        return names
     if problem != "ragged_k":
         return names
     order = list(names)

@@ -110,9 +110,6 @@ def pick_gluon_config(m: int, n: int, out_bytes: int = 2) -> GluonConfig | None:
 # trails the Triton kernel there (1.21-1.22x the vendor): the tuner keeps them as candidates, `auto` runs triton.
 _M_CANDIDATES = tuple(_CANDIDATES[i] for i in (2, 9, 4, 0, 1, 3, 10, 6, 5, 7, 8))
 _LONG_GROUP_ROWS = 384  # rows a group on average from which the 128x256x32 tile led (mixtral-8x7b: 480)
-# The default tile of shorter groups, as GluonConfig's fields (None: the first candidate that fits). The 128-row
-# tiles run a group's last tile of at most 64 rows on half the MMA work (ragged_m.SHORT_TILES).
-SHORT_GROUPS_TILE: tuple | None = None
 
 
 def gluon_m_tuning_configs(k: int, n: int, out_bytes: int = 2, limit: int | None = None) -> list[GluonConfig]:
@@ -133,6 +130,4 @@ def pick_gluon_m_config(m: int, k: int, n: int, g: int, out_bytes: int = 2) -> G
     fits = gluon_m_tuning_configs(k, n, out_bytes)
     if m >= _LONG_GROUP_ROWS * max(g, 1) and _COOPERATIVE_32_DEEP in fits:
         return _COOPERATIVE_32_DEEP
-    if SHORT_GROUPS_TILE is not None and GluonConfig(*SHORT_GROUPS_TILE) in fits:
-        return GluonConfig(*SHORT_GROUPS_TILE)
     return fits[0] if fits else None

@@ -59,12 +59,7 @@ from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_view import RAGGED_BASE, check_ragged_rows, ragged_view
 from ragdot.kernels.record import scratch
 
-__all__ = ["Prepared", "ragged_m", "ragged_m_ws_kernel", "tile_table", "SHORT_TILES"]
-
-# Short tiles: a row tile holding at most half of BLOCK_M rows (a group's last tile, a short group's only one)
-# runs a [BLOCK_M // 2, BLOCK_N] accumulator over the top half of each a stage, so it costs about half a tile
-# of MMA work instead of a whole one (tiles of 128 rows and more; a `Prepared(short_tiles=)` overrides it).
-SHORT_TILES = True
+__all__ = ["Prepared", "ragged_m", "ragged_m_ws_kernel", "tile_table"]
 
 
 @triton.jit
@@ -198,61 +193,16 @@ def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N
 
 
 @gluon.jit
-def _m_mainloop(a_bufs, b_bufs, ready, empty, it, n_k, acc, B_KMAJOR: gl.constexpr):
-    """wgmma over an item's n_k chunks from ring position `it` into acc [ROWS, BLOCK_N] (ROWS: the tile's height
-    or its top half, read from the top of each a stage), releasing each stage once its MMA retired (the item's
-    last one is released by the caller, after the final wait)."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
-    ROWS: gl.constexpr = acc.type.shape[0]
-    for kk in range(n_k):
-        pos = it + kk
-        s = _ready_stage(ready, pos, STAGES)
-        if B_KMAJOR:
-            b_op = b_bufs.index(s).permute((1, 0))
-        else:
-            b_op = b_bufs.index(s)
-        if ROWS == BLOCK_M:
-            a_op = a_bufs.index(s)
-        else:
-            a_op = a_bufs.index(s).slice(0, ROWS)
-        acc = warpgroup_mma(a_op, b_op, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        _release_before(empty, pos, STAGES, kk > 0)  # chunk pos - 1 retired
-    return acc
-
-
-@gluon.jit
-def _m_store(c_desc, c_smem, acc, bt, M, row0, end, pid_n):
-    """The tile's rows [row0, end) from acc [ROWS, BLOCK_N] (ROWS >= end - row0) through the top ROWS rows of
-    c_smem to a TMA store of the whole box into the ragged view, which clips it at the group's end row."""
-    BLOCK_M: gl.constexpr = c_smem.type.shape[0]
-    BLOCK_N: gl.constexpr = c_smem.type.shape[1]
-    ROWS: gl.constexpr = acc.type.shape[0]
-    tma.store_wait(pendings=0)  # this consumer's previous tile's store has read c_smem
-    if ROWS == BLOCK_M:
-        c_smem.store(acc.to(c_desc.dtype))
-    else:
-        c_smem.slice(0, ROWS).store(acc.to(c_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(c_desc, [RAGGED_BASE, bt * M + end, RAGGED_BASE - (end - row0), pid_n * BLOCK_N],
-                                    c_smem.reshape([1, 1, BLOCK_M, BLOCK_N]))
-
-
-@gluon.jit
 def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt,
                 GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, MMA_LAYOUT: gl.constexpr,
-                PARITY: gl.constexpr, NCONS: gl.constexpr, SHORT_LAYOUT: gl.constexpr):
+                PARITY: gl.constexpr, NCONS: gl.constexpr):
     """A consumer partition: wgmma over the K chunks of this program's items number PARITY, PARITY + NCONS, ...,
     then the tile's own rows stored. With two consumers (ping-pong) each counts the other's chunks to keep its
-    place in the shared ring and they take turns at the ring (gluon/ragged_k.py's `_take_turn`). With a
-    SHORT_LAYOUT (short tiles), a tile of at most BLOCK_M // 2 rows (a group's last, or a short group's only)
-    multiplies only the top half of each a stage: half the MMA work, the same ring protocol."""
+    place in the shared ring and they take turns at the ring (gluon/ragged_k.py's `_take_turn`)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[3]
-    HALF: gl.constexpr = BLOCK_M // 2
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     C_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], c_desc.dtype)
@@ -264,22 +214,27 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, 
         n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
         if j % NCONS == PARITY:
             _take_turn(turn, j // NCONS, PARITY, NCONS)
-            if SHORT_LAYOUT is not None and end - row0 <= HALF:
-                acc_h = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=SHORT_LAYOUT)
-                acc_h = _m_mainloop(a_bufs, b_bufs, ready, empty, it, n_k, acc_h, B_KMAJOR)
-                _pass_turn(turn, PARITY, NCONS)
-                acc_h = warpgroup_mma_wait(num_outstanding=0, deps=(acc_h,))
-                _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
-                if g >= 0:
-                    _m_store(c_desc, c_smem, acc_h, bt, M, row0, end, pid_n)
-            else:
-                acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
-                acc = _m_mainloop(a_bufs, b_bufs, ready, empty, it, n_k, acc, B_KMAJOR)
-                _pass_turn(turn, PARITY, NCONS)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
-                if g >= 0:  # the ragged view clips the store at the group's end row
-                    _m_store(c_desc, c_smem, acc, bt, M, row0, end, pid_n)
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
+            for kk in range(n_k):
+                pos = it + kk
+                s = _ready_stage(ready, pos, STAGES)
+                if B_KMAJOR:
+                    b_op = b_bufs.index(s).permute((1, 0))
+                else:
+                    b_op = b_bufs.index(s)
+                acc = warpgroup_mma(a_bufs.index(s), b_op, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                _release_before(empty, pos, STAGES, kk > 0)  # chunk pos - 1 retired
+            _pass_turn(turn, PARITY, NCONS)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
+            if g >= 0:  # the ragged view clips the store at the group's end row (stop)
+                stop = bt * M + end
+                tma.store_wait(pendings=0)  # this consumer's previous tile's store has read c_smem
+                c_smem.store(acc.to(c_desc.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(c_desc, [RAGGED_BASE, stop, RAGGED_BASE - (end - row0),
+                                                         pid_n * BLOCK_N], c_smem.reshape([1, 1, BLOCK_M, BLOCK_N]))
         it += n_k
         j += 1  # noqa: SIM113 (a Gluon loop over a range with a step: no enumerate)
     tma.store_wait(pendings=0)
@@ -299,7 +254,6 @@ def ragged_m_ws_kernel(
     PRODUCER_REGS: gl.constexpr,  # registers per thread of the TMA producer warp
     NCONS: gl.constexpr,  # consumer partitions: 1, or 2 (ping-pong, one warpgroup each, alternate items)
     CONSUMER_REGS: gl.constexpr,  # registers per thread of the second consumer (ping-pong only)
-    SHORT_LAYOUT: gl.constexpr,  # accumulator layout of a [BLOCK_M // 2, BLOCK_N] short tile, or None (no short tiles)
 ):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -307,16 +261,16 @@ def ragged_m_ws_kernel(
     if NCONS == 2:
         gl.warp_specialize([
             (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
-                           B_KMAJOR, MMA_LAYOUT, 0, NCONS, SHORT_LAYOUT)),
+                           B_KMAJOR, MMA_LAYOUT, 0, NCONS)),
             (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
-                           B_KMAJOR, MMA_LAYOUT, 1, NCONS, SHORT_LAYOUT)),
+                           B_KMAJOR, MMA_LAYOUT, 1, NCONS)),
             (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt, GROUP_M,
                            B_KMAJOR)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
-                           B_KMAJOR, MMA_LAYOUT, 0, NCONS, SHORT_LAYOUT)),
+                           B_KMAJOR, MMA_LAYOUT, 0, NCONS)),
             (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt, GROUP_M,
                            B_KMAJOR)),
         ], [1], [PRODUCER_REGS])
@@ -359,8 +313,7 @@ class Prepared:
     replayable = True
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, config: GluonConfig | None = None,
-                 from_sizes: bool = False, scale: int = 1, short_tiles: bool | None = None):
-        short_tiles = SHORT_TILES if short_tiles is None else short_tiles
+                 from_sizes: bool = False, scale: int = 1):
         bt, m, k = a.shape
         g, n = b.shape[1], b.shape[3]
         self.shape, self.out_dtype, self.device = (bt, m, n), out_dtype, a.device
@@ -396,10 +349,8 @@ class Prepared:
         self.t = -(-m // cfg.block_m) + g + 1
         items = bt * self.t * -(-n // cfg.block_n)
         self.grid = (max(1, min(items, num_sms(a.device))),)
-        short = (mma_layout(cfg.block_m // 2, cfg.block_n, cfg.num_warps)
-                 if short_tiles and cfg.block_m >= 128 else None)
         self.consts = (cfg.stages, cfg.group_m, self.kmajor, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
-                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg), short)
+                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg))
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
         self.launch = BoundLaunch.in_order(ragged_m_ws_kernel, self.grid, self.consts, self.options, a.device)
         self.table_launch = BoundLaunch(_m_tile_table_kernel, (1,), _table_consts(cfg.block_m, g, from_sizes),
