@@ -7,15 +7,16 @@ with its weight read K-major) at the layer's widths, on two routings: `balanced`
 of 128 rows at the default token counts: no part-filled tile) and `routed` (the group sizes of one random top-k
 routing of random logits: binomial spread about the mean, as `moe-bench --layer` routes). Systems: the raw
 `torch._grouped_mm` (vendor), the Triton kernel with the heuristic's tile and with a few others, and the Gluon
-kernel's candidate tiles (`--gluon-tiles` picks some by label). Graph clock (median of CUDA-graph
-replays). TFLOP/s counts useful work only (2 x rows x K x N); `pad` = the rows the tiles compute over the rows
-routed, per tile height.
+kernel's candidate tiles (`--gluon-tiles` picks some by label). Graph clock (median of CUDA-graph replays, the
+systems interleaved over `--rounds`). TFLOP/s counts useful work only (2 x rows x K x N); `pad` = the rows the tiles
+compute over the rows routed, per tile height.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from ragdot.kernels import ragged_m as triton_m
 from ragdot.kernels.configs import TileConfig, pick_config
 from ragdot.kernels.gluon import ragged_m as gluon_m
 from ragdot.kernels.gluon.config import gluon_m_tuning_configs
-from ragdot.measure.timing import median_ms
+from ragdot.measure.timing import capture_graph, event_ms, warm_off_stream
 from ragdot.moe.model import LAYER_CONFIGS
 
 TRITON_TILES = {
@@ -68,11 +69,28 @@ def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool,
     return out
 
 
+def _interleaved(systems: dict[str, Callable[[], Any]], dev: torch.device, rounds: int, reps: int
+                 ) -> dict[str, float]:
+    """Median ms of each system's CUDA-graph replays (graph clock), the systems interleaved: `rounds` rounds,
+    each taking about reps / rounds samples of every system in turn."""
+    graphs = {}
+    for name, fn in systems.items():
+        warm_off_stream(fn, dev)
+        graphs[name] = capture_graph(fn)
+    samples: dict[str, list[float]] = {name: [] for name in graphs}
+    per = max(1, -(-reps // rounds))
+    for _ in range(rounds):
+        for name, replay in graphs.items():
+            samples[name].extend(event_ms(replay, dev) for _ in range(per))
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", nargs="+", default=["gpt-oss-like", "qwen3-30b-a3b", "deepseek3-671b-reduced"])
     p.add_argument("--tokens", nargs="+", type=int, default=[8192])
-    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--reps", type=int, default=20, help="samples per system (graph replays)")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds the samples are spread over")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--no-gluon", action="store_true", help="leave the Gluon tiles out")
     p.add_argument("--gluon-tiles", nargs="+", default=None, metavar="LABEL",
@@ -99,8 +117,8 @@ def main() -> None:
                 pads = {bm: round(_pad(sizes, bm), 3) for bm in (64, 128)}
                 for prob, (a, b) in problems.items():
                     flops = 2 * m * a.shape[2] * b.shape[3]
-                    for system, fn in _systems(a, b, ends, not args.no_gluon, args.gluon_tiles).items():
-                        ms = median_ms(fn, dev, graph=True, reps=args.reps)
+                    systems = _systems(a, b, ends, not args.no_gluon, args.gluon_tiles)
+                    for system, ms in _interleaved(systems, dev, args.rounds, args.reps).items():
                         row = {"layer": name, "tokens": t, "routing": routing, "problem": prob, "system": system,
                                "ms": ms, "tflops": flops / ms / 1e9, "pad64": pads[64], "pad128": pads[128]}
                         rows.append(row)
