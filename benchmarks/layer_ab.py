@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ragdot.bench.moe_layer import _forward  # noqa: E402
+from ragdot.bench.moe_layer import _forward, bench_layer, layer_inputs  # noqa: E402
 from ragdot.measure.timing import synchronize, timed_call  # noqa: E402
 from ragdot.moe.model import get_config  # noqa: E402
 from ragdot.tune.cache import CACHE  # noqa: E402
@@ -119,18 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     device, dtype = torch.device("cuda"), torch.bfloat16
     for label, settings in arms.items():
         print(f"arm {label}: " + (", ".join(f"{m.__name__}.{n}={v!r}" for m, n, v in settings) or "defaults"))
-    from ragdot.moe.layer import MoELayer
-
     for cfg_name in args.configs:
         cfg = get_config(cfg_name)
-        torch.manual_seed(0)
-        layer = MoELayer(cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k, path="sparse", dtype=dtype,
-                         device=device)
+        layer = bench_layer(cfg, device, dtype)
         for tokens in args.tokens:
-            gen = torch.Generator(device=device).manual_seed(tokens)
-            x = torch.randn((tokens, cfg.dim), generator=gen, device=device, dtype=dtype).requires_grad_(True)
-            dy = torch.randn((tokens, cfg.dim), generator=gen, device=device, dtype=dtype)
-
+            x, dy = layer_inputs(cfg, tokens, device, dtype)
             print(compare(layer, x, dy, arms, defaults, args, f"{cfg_name:24s} T={tokens:<6d}"), flush=True)
             del x, dy
         del layer

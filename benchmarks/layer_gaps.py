@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_gaps import _summary as _step_summary  # noqa: E402
 from step_gaps import profile_gaps, write_rows  # noqa: E402
 
-from ragdot.bench.moe_layer import _forward  # noqa: E402
+from ragdot.bench.moe_layer import _forward, bench_layer, layer_inputs  # noqa: E402
 from ragdot.measure.timing import capture_graph, event_ms, free_memory, warm_off_stream  # noqa: E402
 from ragdot.moe.model import get_config  # noqa: E402
 
@@ -53,15 +53,10 @@ def _step(fn, x, dy, ranges: bool = False, clock: list | None = None) -> None:
 
 
 def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dict]:
-    from ragdot.moe.layer import MoELayer
-
     device, dtype = torch.device("cuda"), torch.bfloat16
     cfg = get_config(cfg_name)
-    torch.manual_seed(0)
-    layer = MoELayer(cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k, path="sparse", dtype=dtype, device=device)
-    gen = torch.Generator(device=device).manual_seed(tokens)
-    x = torch.randn((tokens, cfg.dim), generator=gen, device=device, dtype=dtype).requires_grad_(True)
-    dy = torch.randn((tokens, cfg.dim), generator=gen, device=device, dtype=dtype)
+    layer = bench_layer(cfg, device, dtype)
+    x, dy = layer_inputs(cfg, tokens, device, dtype)
 
     def reset() -> None:
         layer.zero_grad(set_to_none=True)

@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 
 from ragdot.bench.models import profile_step
-from ragdot.bench.moe_layer import _forward
-from ragdot.moe.layer import MoELayer
+from ragdot.bench.moe_layer import _forward, bench_layer, layer_inputs
 from ragdot.moe.model import LAYER_CONFIGS
 
 
@@ -51,13 +50,9 @@ def main() -> None:
     rows = []
     for name in args.configs:
         cfg = LAYER_CONFIGS[name]
-        torch.manual_seed(0)
-        layer = MoELayer(cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k, path="sparse", dtype=dtype,
-                         device=device)
+        layer = bench_layer(cfg, device, dtype)
         for t in args.tokens:
-            gen = torch.Generator(device=device).manual_seed(t)
-            x = torch.randn((t, cfg.dim), generator=gen, device=device, dtype=dtype).requires_grad_(True)
-            dy = torch.randn((t, cfg.dim), generator=gen, device=device, dtype=dtype)
+            x, dy = layer_inputs(cfg, t, device, dtype)
             flops = 18 * t * cfg.top_k * cfg.dim * cfg.moe_hidden
             for variant, mode in [(v, m) for v in args.variants for m in args.modes]:
                 fn = _forward(layer, variant)

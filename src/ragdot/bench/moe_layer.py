@@ -314,9 +314,23 @@ def _weights_gb(cfg, itemsize: int) -> float:
     return 2 * (cfg.num_experts * cfg.dim * (3 * cfg.moe_hidden + 1)) * itemsize / 1e9
 
 
-def _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit, spent=lambda: False) -> None:
+def bench_layer(cfg, device: torch.device, dtype: torch.dtype, routing_impl: str | None = None):
+    """The MoE layer this mode times for `cfg` (a LayerConfig): path "sparse", parameters from seed 0."""
     from ragdot.moe.layer import MoELayer
 
+    torch.manual_seed(0)
+    return MoELayer(cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k, path="sparse", dtype=dtype, device=device,
+                    routing_impl=routing_impl)
+
+
+def layer_inputs(cfg, tokens: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x [tokens, dim] requiring grad, cotangent dy [tokens, dim]) as this mode draws them (seed: tokens)."""
+    gen = torch.Generator(device=device).manual_seed(tokens)
+    x = torch.randn((tokens, cfg.dim), generator=gen, device=device, dtype=dtype).requires_grad_(True)
+    return x, torch.randn((tokens, cfg.dim), generator=gen, device=device, dtype=dtype)
+
+
+def _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit, spent=lambda: False) -> None:
     info = {**base, "config": cfg.name, "dim": cfg.dim, "hidden": cfg.moe_hidden, "experts": cfg.num_experts,
             "top_k": cfg.top_k}  # fmt: skip
     if device.type == "cuda":
@@ -328,13 +342,9 @@ def _config_rows(cfg, tokens, modes, variants, args, device, dtype, base, emit, 
                         emit({**info, "tokens": t, "mode": m, "variant": v, "status": "skipped",
                               "note": f"weights+grads need {need:.0f} GB of {have:.0f} GB"})  # fmt: skip
             return
-    torch.manual_seed(0)
-    layer = MoELayer(cfg.dim, cfg.moe_hidden, cfg.num_experts, cfg.top_k, path="sparse", dtype=dtype,
-                     device=device, routing_impl=args.routing_impl)  # fmt: skip
+    layer = bench_layer(cfg, device, dtype, args.routing_impl)
     for t in tokens:
-        gen = torch.Generator(device=device).manual_seed(t)
-        x = torch.randn((t, cfg.dim), generator=gen, device=device, dtype=dtype).requires_grad_(True)
-        dy = torch.randn((t, cfg.dim), generator=gen, device=device, dtype=dtype)
+        x, dy = layer_inputs(cfg, t, device, dtype)
         for m in modes:
             for v in variants:
                 if spent():
