@@ -26,8 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ragdot.bench.moe_layer import _forward, bench_layer, layer_inputs  # noqa: E402
-from ragdot.measure.timing import synchronize, timed_call  # noqa: E402
+from ragdot.bench.moe_layer import _forward, bench_layer, layer_inputs, time_step  # noqa: E402
 from ragdot.moe.model import get_config  # noqa: E402
 from ragdot.tune.cache import CACHE  # noqa: E402
 
@@ -48,27 +47,22 @@ def parse_setting(text: str) -> tuple[object, str, object]:
     return module, name, parsed
 
 
-def apply(settings: list[tuple[object, str, object]], defaults: dict[tuple[int, str], object]) -> None:
-    """Restore every switch either arm sets to its default, then set this arm's; `auto` chooses again."""
-    for (module_id, name), value in defaults.items():
-        setattr(_MODULES[module_id], name, value)
-    for module, name, value in settings:
+def apply(settings: list[tuple[object, str, object]], defaults: list[tuple[object, str, object]]) -> None:
+    """Restore every switch either arm sets to its default (`defaults`: (module, name, value) as found), then set
+    this arm's; `auto` chooses again."""
+    for module, name, value in [*defaults, *settings]:
         setattr(module, name, value)
     CACHE.generation += 1  # every prepared call looks its runner up again
 
 
-_MODULES: dict[int, object] = {}
-
-
-def compare(layer, x: torch.Tensor, dy: torch.Tensor, arms: dict, defaults: dict, args: argparse.Namespace,
+def compare(layer, x: torch.Tensor, dy: torch.Tensor, arms: dict, defaults: list, args: argparse.Namespace,
             name: str) -> str:
     """The interleaved rounds of one layer on x [T, dim] with cotangent dy; returns the summary line."""
     device = x.device
 
-    def step(fn) -> None:
+    def reset() -> None:
         layer.zero_grad(set_to_none=True)
         x.grad = None
-        fn(x).backward(dy)
 
     systems = {"A": "sparse-auto", "B": "sparse-auto", **({"peer": "peer"} if args.peer else {})}
     medians: dict[str, list[float]] = {s: [] for s in systems}
@@ -76,14 +70,9 @@ def compare(layer, x: torch.Tensor, dy: torch.Tensor, arms: dict, defaults: dict
         for label, variant in systems.items():
             apply(arms.get(label, []), defaults)
             fn = _forward(layer, variant)
-            for _ in range(args.warmup):
-                step(fn)
-            synchronize(device)
-            times = [timed_call(lambda fn=fn: step(fn), device) for _ in range(args.steps)]
-            ms = statistics.median(t[0] for t in times)
-            host = statistics.median(t[1] for t in times)
-            medians[label].append(ms)
-            print(f"{name} round {r} {label:4s} {ms:8.3f} ms  host {host:6.3f} ms", flush=True)
+            t = time_step(lambda fn=fn: fn(x).backward(dy), reset, device, args.warmup, args.steps, float("inf"))
+            medians[label].append(t["ms"])
+            print(f"{name} round {r} {label:4s} {t['ms']:8.3f} ms  host {t['host_ms']:6.3f} ms", flush=True)
     apply([], defaults)
     a, b = statistics.median(medians["A"]), statistics.median(medians["B"])
     line = f"{name} A {a:.3f} ms  B {b:.3f} ms  B / A {b / a:.3f}"
@@ -112,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError) as exc:
         print(f"layer_ab.py: {exc}", file=sys.stderr)
         return 2
-    defaults = {}
-    for module, name, _ in arms["A"] + arms["B"]:
-        _MODULES[id(module)] = module
-        defaults[(id(module), name)] = getattr(module, name)
+    defaults = [(module, name, getattr(module, name)) for module, name, _ in arms["A"] + arms["B"]]
     device, dtype = torch.device("cuda"), torch.bfloat16
     for label, settings in arms.items():
         print(f"arm {label}: " + (", ".join(f"{m.__name__}.{n}={v!r}" for m, n, v in settings) or "defaults"))

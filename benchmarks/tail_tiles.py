@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from ragdot.kernels import ragged_m as triton_m
 from ragdot.kernels.configs import TileConfig, pick_config
 from ragdot.kernels.gluon import ragged_m as gluon_m
 from ragdot.kernels.gluon.config import gluon_m_tuning_configs
-from ragdot.measure.timing import capture_graph, event_ms, warm_off_stream
+from ragdot.measure.timing import Timed, measure_clocks
 from ragdot.moe.model import LAYER_CONFIGS
 
 TRITON_TILES = {
@@ -71,18 +70,11 @@ def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool,
 
 def _interleaved(systems: dict[str, Callable[[], Any]], dev: torch.device, rounds: int, reps: int
                  ) -> dict[str, float]:
-    """Median ms of each system's CUDA-graph replays (graph clock), the systems interleaved: `rounds` rounds,
-    each taking about reps / rounds samples of every system in turn."""
-    graphs = {}
-    for name, fn in systems.items():
-        warm_off_stream(fn, dev)
-        graphs[name] = capture_graph(fn)
-    samples: dict[str, list[float]] = {name: [] for name in graphs}
-    per = max(1, -(-reps // rounds))
-    for _ in range(rounds):
-        for name, replay in graphs.items():
-            samples[name].extend(event_ms(replay, dev) for _ in range(per))
-    return {name: statistics.median(times) for name, times in samples.items()}
+    """Median ms of each system's CUDA-graph replays (graph clock), the systems interleaved over `rounds` rounds
+    (`ragdot.measure.timing.measure_clocks`), about `reps` samples each."""
+    timed = [Timed(name, [fn]) for name, fn in systems.items()]
+    times = measure_clocks(timed, dev, clocks=("graph",), warmup=2, iters=reps, rounds=rounds)
+    return {name: times[name, "graph"].median for name in systems}
 
 
 def main() -> None:

@@ -213,8 +213,7 @@ def test_layer_ab_settings_parse_apply_and_restore():
             ab.parse_setting(bad)
     before, generation = select.VENDOR_WGRAD_ROWS, CACHE.generation
     arm_b = [ab.parse_setting("ragdot.tune.select.VENDOR_WGRAD_ROWS=7")]
-    ab._MODULES[id(select)] = select
-    defaults = {(id(select), "VENDOR_WGRAD_ROWS"): before}
+    defaults = [(select, "VENDOR_WGRAD_ROWS", before)]
     try:
         ab.apply(arm_b, defaults)
         assert select.VENDOR_WGRAD_ROWS == 7 and CACHE.generation == generation + 1
