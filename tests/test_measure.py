@@ -249,6 +249,39 @@ def test_a_call_that_cannot_be_captured_has_no_graph(monkeypatch):
     assert timing._capture(Timed("a", [lambda: None])) is None
 
 
+def test_capture_holds_off_the_cyclic_collector_and_restores_it(monkeypatch):
+    """A cycle collected mid-capture can release CUDA resources, which a global-mode capture does not allow:
+    capture_graph keeps the collector off while fn() is captured, and leaves it as it found it, also when the
+    capture fails."""
+    import contextlib
+    import gc
+
+    class _Graph:
+        def replay(self) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    seen: list[bool] = []
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        replay = timing.capture_graph(lambda: seen.append(gc.isenabled()))
+        assert seen == [False] and gc.isenabled() and callable(replay)
+
+        def fails() -> None:
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+        with pytest.raises(RuntimeError, match="during capture"):
+            timing.capture_graph(fails)
+        assert gc.isenabled()
+        gc.disable()  # a caller that had it off keeps it off
+        timing.capture_graph(lambda: None)
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 # ---------------------------------------------------------------------------------------------- checks
 
 

@@ -237,10 +237,21 @@ def event_ms(fn: Callable[[], Any], device: torch.device) -> float:
 
 def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     """fn() captured once in a CUDA graph; returns the graph's replay. Raises where fn cannot be captured
-    (a host synchronisation inside, too little memory)."""
+    (a host synchronisation inside, too little memory).
+
+    Python's cyclic garbage collector is held off during the capture (torch no longer collects before one):
+    a dead reference cycle collected mid-capture runs destructors that may release CUDA resources (another
+    graph, the memory it holds), calls a global-mode capture does not allow, and the capture then fails on an
+    unrelated line. The cycles are collected after it as usual."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    finally:
+        if collecting:
+            gc.enable()
     return graph.replay
 
 
