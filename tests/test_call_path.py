@@ -546,6 +546,20 @@ def test_auto_moves_on_when_the_direct_call_is_refused_at_its_first_launch(monke
     ragdot.ops._RUNNERS.clear()
 
 
+def test_a_full_cache_is_kept_while_a_graph_is_captured(monkeypatch):
+    """During a CUDA graph capture a full cache grows instead of starting over (what the capture's warm-up
+    prepared stays), and starts over at its next miss outside the capture."""
+    from ragdot import _memo
+
+    cache = {i: i for i in range(3)}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    _memo.remember(cache, "during", 0, 3)
+    assert set(cache) == {0, 1, 2, "during"}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    _memo.remember(cache, "after", 0, 3)
+    assert set(cache) == {"after"}
+
+
 def test_signature_caches_stay_bounded_and_give_the_same_values(monkeypatch):
     """A cache that would pass its limit starts over (`ragdot._memo.remember`): many distinct signatures (here five
     row counts through caches of three) never grow it past the limit, and a signature seen again after the reset
