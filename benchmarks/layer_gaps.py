@@ -1,11 +1,14 @@
-"""Where one MoE layer's eager forward+backward (`ragdot moe-bench --layer`'s step) loses to its device time: the
-GPU's idle time inside the step, by phase and by the host op whose launch ended each idle gap.
+"""Where one MoE layer's forward+backward (`ragdot moe-bench --layer`'s step) loses to its device time: the GPU's
+idle time inside the step, by phase and by the host op whose launch ended each idle gap.
 
     python benchmarks/layer_gaps.py --configs gpt-oss-like qwen3-30b-a3b --variants sparse-auto peer --out DIR
 
-Per config and variant, on x [tokens, dim] and a cotangent dy (bf16; the layer's weights random):
-- ``eager_ms``: CUDA events around each eager step (``fn(x).backward(dy)``, gradients unset before it, as in
-  `moe-bench --layer`), median of ``--steps``;
+Per config, variant and mode (``--modes eager compile``; compile: ``torch.compile`` of the forward as
+`moe-bench --layer` compiles it: inductor, fullgraph, static shapes), on x [tokens, dim] and a cotangent dy (bf16;
+the layer's weights random):
+- ``eager_ms``: CUDA events around each step (``fn(x).backward(dy)``, gradients unset before it, as in
+  `moe-bench --layer`; host time included), median of ``--steps``;
+- ``syncs``: the host synchronisations of one step (torch's sync debug mode), each with its Python stack;
 - ``graph_ms``: the same step captured in a CUDA graph and replayed (device time, no host in it);
 - the profiled step's GPU span, busy and idle time, the idle time by phase (``fwd``, ``bwd``) and by the host op
   whose launch ended each gap (``step_gaps.gaps_of_trace``); ``host_fwd_ms`` / ``host_bwd_ms``: the calling
@@ -30,7 +33,7 @@ if not os.environ.get("PYTHONPATH"):  # this checkout's ragdot unless PYTHONPATH
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from step_gaps import _summary as _step_summary  # noqa: E402
-from step_gaps import profile_gaps, write_rows  # noqa: E402
+from step_gaps import profile_gaps, syncs_of, write_rows  # noqa: E402
 
 from ragdot.bench.moe_layer import _forward, bench_layer, layer_inputs  # noqa: E402
 from ragdot.measure.timing import capture_graph, event_ms, free_memory, warm_off_stream  # noqa: E402
@@ -52,7 +55,7 @@ def _step(fn, x, dy, ranges: bool = False, clock: list | None = None) -> None:
         clock.append((t1 - t0, time.perf_counter() - t1))
 
 
-def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dict]:
+def run(cfg_name: str, tokens: int, variants: list[str], steps: int, modes: tuple[str, ...] = ("eager",)) -> list[dict]:
     device, dtype = torch.device("cuda"), torch.bfloat16
     cfg = get_config(cfg_name)
     layer = bench_layer(cfg, device, dtype)
@@ -63,8 +66,11 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
         x.grad = None
 
     rows = []
-    for name in variants:
+    for name, mode in [(v, m) for v in variants for m in modes]:
         fn = _forward(layer, name)
+        if mode == "compile":
+            torch._dynamo.reset()
+            fn = torch.compile(fn, fullgraph=True, dynamic=False)
         for _ in range(3):
             reset()
             _step(fn, x, dy)
@@ -73,6 +79,8 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
         for _ in range(steps):
             reset()
             eager.append(event_ms(lambda fn=fn, clock=clock: _step(fn, x, dy, clock=clock), device))
+        reset()
+        syncs = syncs_of(lambda fn=fn: _step(fn, x, dy))
         reset()
         gaps = profile_gaps(lambda fn=fn: _step(fn, x, dy, ranges=True))
         reset()
@@ -90,10 +98,11 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
         reset()
         layer.aux_loss = layer.z_loss = None
         free_memory(device)
-        row = {"config": cfg_name, "variant": name, "tokens": tokens, "layers": 1,
+        row = {"config": cfg_name, "variant": name if mode == "eager" else f"{name} (compiled)", "mode": mode,
+               "tokens": tokens, "layers": 1,
                "eager_ms": statistics.median(eager), "graph_ms": statistics.median(graph),
                "host_fwd_ms": statistics.median(c[0] for c in clock) * 1e3,
-               "host_bwd_ms": statistics.median(c[1] for c in clock) * 1e3, "host_opt_ms": 0.0, "syncs": [], **gaps}
+               "host_bwd_ms": statistics.median(c[1] for c in clock) * 1e3, "host_opt_ms": 0.0, "syncs": syncs, **gaps}
         row["eager_over_graph"] = row["eager_ms"] / row["graph_ms"]
         rows.append(row)
         print(_step_summary(row), flush=True)
@@ -104,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=["gpt-oss-like", "qwen3-30b-a3b"])
     ap.add_argument("--variants", nargs="+", default=["sparse-auto", "peer"])
+    ap.add_argument("--modes", nargs="+", choices=("eager", "compile"), default=["eager"])
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None)
@@ -111,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("layer_gaps.py: needs a CUDA device", file=sys.stderr)
         return 2
-    rows = [row for name in args.configs for row in run(name, args.tokens, args.variants, args.steps)]
+    modes = tuple(args.modes)
+    rows = [row for name in args.configs for row in run(name, args.tokens, args.variants, args.steps, modes)]
     if args.out is not None:
         write_rows(args.out, "layer-gaps", rows)
     return 0

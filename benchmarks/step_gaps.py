@@ -66,8 +66,8 @@ def _step(model, opt, tokens, ranges: bool = False, clock: list | None = None) -
         clock.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
 
 
-def _syncs(model, opt, tokens) -> list[str]:
-    """The host synchronisations of one eager step: torch's sync debug mode's warnings, each with the last
+def syncs_of(step) -> list[str]:
+    """The host synchronisations of one call of `step()`: torch's sync debug mode's warnings, each with the last
     frames of its Python stack (the backward's are on autograd's thread: their stack starts there)."""
     found: list[str] = []
 
@@ -84,7 +84,7 @@ def _syncs(model, opt, tokens) -> list[str]:
         warnings.showwarning = show
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            _step(model, opt, tokens)
+            step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -274,7 +274,7 @@ def run(cfg_name: str, variants: list[str], steps: int) -> list[dict]:
         clock: list = []
         eager = [event_ms(lambda clock=clock: _step(model, opt, tokens, clock=clock), device) for _ in range(steps)]
         host = [statistics.median(c[i] for c in clock) * 1e3 for i in range(3)]
-        syncs = _syncs(model, opt, tokens)
+        syncs = syncs_of(lambda: _step(model, opt, tokens))
         gaps = profile_gaps(lambda: _step(model, opt, tokens, ranges=True))
         _drop_losses(model)  # the last step's graph goes before the capture's own warm-up
         warm_off_stream(lambda: _step(model, opt, tokens), device)
