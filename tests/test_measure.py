@@ -262,6 +262,8 @@ def test_capture_holds_off_the_cyclic_collector_and_restores_it(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
     monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
     seen: list[bool] = []
     was = gc.isenabled()
     try:
@@ -280,6 +282,78 @@ def test_capture_holds_off_the_cyclic_collector_and_restores_it(monkeypatch):
         assert not gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_failed_capture_restores_the_stream_and_takes_the_generators_out_of_capture(monkeypatch):
+    """When ending a capture raises, torch's context manager leaves the capture's side stream current and (torch
+    2.11) the CUDA generators in their capture state, so every later random draw on the device raises:
+    capture_graph sets the stream back and gives each default generator a copy of its own state, then re-raises.
+    A capture that succeeds touches neither."""
+
+    class _Gen:
+        def __init__(self) -> None:
+            self.state, self.log = "capturing", []
+
+        def clone_state(self) -> str:
+            return "copy"
+
+        def graphsafe_set_state(self, state: str) -> None:
+            self.log.append(state)
+
+    class _Graph:
+        def replay(self) -> None:
+            pass
+
+    class _Capture:
+        def __init__(self, graph, fail: bool) -> None:
+            self.fail = fail
+
+        def __enter__(self) -> None:
+            streams.append("side")
+
+        def __exit__(self, *exc) -> None:
+            if self.fail:  # as capture_end raises: the side stream stays current
+                raise RuntimeError("operation failed due to a previous error during capture")
+            streams.append("stream")
+
+    streams: list[str] = []
+    gens = (_Gen(), _Gen())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
+    monkeypatch.setattr(torch.cuda, "set_stream", streams.append)
+    monkeypatch.setattr(torch.cuda, "default_generators", gens)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: _Capture(graph, fail=False))
+    assert callable(timing.capture_graph(lambda: None))
+    assert streams == ["side", "stream"] and all(g.log == [] for g in gens)
+
+    streams.clear()
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: _Capture(graph, fail=True))
+    with pytest.raises(RuntimeError, match="during capture"):
+        timing.capture_graph(lambda: None)
+    assert streams == ["side", "stream"] and all(g.log == ["copy"] for g in gens)
+
+
+@pytest.mark.gpu
+def test_gpu_after_a_failed_capture_random_draws_and_captures_work():
+    """A host synchronisation inside a capture invalidates it; afterwards the device's random draws, the current
+    stream and a new capture are as before (on torch 2.11 the draw raised "Offset increment outside graph
+    capture encountered unexpectedly" and failed every later test of the run)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    stream = torch.cuda.current_stream()
+    x = torch.ones(4, device="cuda")
+    with pytest.raises(Exception):  # noqa: B017 (torch raises RuntimeError or its AcceleratorError subclass)
+        timing.capture_graph(lambda: x.sum().item())
+    assert torch.cuda.current_stream() == stream
+    torch.manual_seed(0)
+    first = torch.randn(8, device="cuda")
+    torch.manual_seed(0)
+    assert torch.equal(first, torch.randn(8, device="cuda"))
+    y = torch.zeros(4, device="cuda")
+    replay = timing.capture_graph(lambda: y.add_(1))
+    replay()
+    torch.cuda.synchronize()
+    assert y.tolist() == [1.0, 1.0, 1.0, 1.0]
 
 
 # ---------------------------------------------------------------------------------------------- checks

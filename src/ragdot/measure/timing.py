@@ -242,17 +242,37 @@ def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     Python's cyclic garbage collector is held off during the capture (torch no longer collects before one):
     a dead reference cycle collected mid-capture runs destructors that may release CUDA resources (another
     graph, the memory it holds), calls a global-mode capture does not allow, and the capture then fails on an
-    unrelated line. The cycles are collected after it as usual."""
+    unrelated line. The cycles are collected after it as usual.
+
+    A capture that fails is undone as far as torch leaves it undone (`_after_failed_capture`), so that the process
+    can go on: benchmarks time such a call on the eager clock instead, and later calls draw random numbers."""
     graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.current_stream()
     collecting = gc.isenabled()
     gc.disable()
     try:
         with torch.cuda.graph(graph):
             fn()
+    except BaseException:
+        _after_failed_capture(stream)
+        raise
     finally:
         if collecting:
             gc.enable()
     return graph.replay
+
+
+def _after_failed_capture(stream: torch.cuda.Stream) -> None:
+    """What a failed `torch.cuda.graph` capture leaves behind, undone: when ending the capture raises (a capture
+    invalidated by a forbidden call), torch's context manager neither restores the current stream (it stays the
+    capture's side stream) nor takes the CUDA generators out of their capture state, and on torch releases that
+    keep that state as a flag (2.11 among them) every later random draw on the device then raises "Offset
+    increment outside graph capture encountered unexpectedly". Each default generator gets a copy of its own
+    state (the same seed and offset, out of capture), where torch offers the two calls."""
+    torch.cuda.set_stream(stream)
+    for gen in torch.cuda.default_generators:
+        with contextlib.suppress(AttributeError, RuntimeError):  # a torch without graph-safe generator states
+            gen.graphsafe_set_state(gen.clone_state())
 
 
 def warm_off_stream(fn: Callable[[], Any], device: torch.device, calls: int = 2) -> None:
