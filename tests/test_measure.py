@@ -292,7 +292,7 @@ def test_a_failed_capture_restores_the_stream_and_takes_the_generators_out_of_ca
 
     class _Gen:
         def __init__(self) -> None:
-            self.state, self.log = "capturing", []
+            self.log: list[str] = []
 
         def clone_state(self) -> str:
             return "copy"
