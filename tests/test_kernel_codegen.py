@@ -144,3 +144,44 @@ def test_sm90_tma_store_builds_and_two_slices_keep_two_programs_an_sm() -> None:
         assert info["view"] and info["wgmma"] and info["spills"] == 0, (name, info)
         if name.endswith("split 2"):
             assert info["programs"] * (info["shared"] + 1024) <= 228 * 1024, (name, info)
+
+
+_POINTER_STORE_SCRIPT = textwrap.dedent(
+    """
+    import json, torch
+    from ragdot.kernels import compile_only, resource_usage, ragged_k as rk
+    from ragdot.kernels.configs import TileConfig
+    bf = torch.bfloat16
+    out = {}
+    tiles = [TileConfig(128, 128, 32, 8, 4, 4, True, 2, True, 0, True),
+             TileConfig(128, 256, 64, 8, 8, 3, True, 1, True, 0, True)]
+    r, m, g = 2600, 1000, 40  # 65 token rows a group: short, so the default writes by pointer stores
+    with compile_only(90):
+        for n in (752, 744):
+            a, b = torch.empty(1, r, m, dtype=bf), torch.empty(1, r, n, dtype=bf)
+            out[f"default {n}"] = rk.Prepared(a, b, g, bf, tiles[0]).tma
+            rk.TMA_STORE = False
+            for cfg in tiles:
+                p = rk.Prepared(a, b, g, bf, cfg)
+                h = p(a, b, torch.zeros(g, dtype=torch.int32), sched=torch.zeros(3, g, dtype=torch.int32))[1]
+                out[f"pointer {n} {cfg.short()}"] = resource_usage(h)
+            rk.TMA_STORE = None
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.skipif(not bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
+def test_sm90_pointer_stores_run_only_where_they_vectorize() -> None:
+    """The weight gradient's pointer stores (its default for short groups) build for sm_90 without spills where
+    the output's rows take vector stores (N a multiple of 16: 752, not a tile multiple); at N = 744 Triton 3.6
+    stores element by element and spills 336-792 bytes a thread, so there the default writes through TMA
+    (`ragged_k.vector_rows`)."""
+    import json
+
+    stdout = compiled_in_a_subprocess(["-c", _POINTER_STORE_SCRIPT])
+    usage = json.loads(stdout.strip().splitlines()[-1])
+    assert usage["default 752"] is False and usage["default 744"] is True
+    for name, info in usage.items():
+        if name.startswith("pointer 752"):
+            assert info["wgmma"] and info["spills"] == 0, (name, info)

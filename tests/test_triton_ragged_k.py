@@ -68,26 +68,29 @@ def test_ragged_k_transposed_views(a_t: bool, b_t: bool, cfg: TileConfig) -> Non
 TMA_LOADS_K = TileConfig(16, 16, 16, group_m=2, num_warps=4, num_stages=2, persistent=True, tma=True, flat=True)
 
 
-@pytest.mark.parametrize("store", [None, True], ids=["store-by-rows", "tma-store"])
+@pytest.mark.parametrize("store,n", [(None, 48), (None, 40), (True, 40), (False, 40)],
+                         ids=["store-by-rows", "store-by-rows-n40", "tma-store", "pointer-store"])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("sizes", [[7, 0, 20, 13, 1], [0, 0, 0], [50, 30]])
-def test_ragged_k_tma_loads(batch: int, sizes: list[int], store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ragged_k_tma_loads(batch: int, sizes: list[int], store, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The persistent kernel reading a and b through ragged TMA views (on the CPU through the interpreter):
     empty groups exactly zero, NaN / inf rows past the last group (and, with sizes summing past R, ends
     clamped to R) never leak, batch entries do not read each other's rows, and the result equals the
     pointer-load kernel's with the same tile; a misaligned operand runs the pointer loads. The output goes by
-    pointer stores (short groups: `pointer_stores`) or, forced, through a TMA descriptor."""
+    pointer stores (short groups, `pointer_stores`, with rows that take vector stores: N = 48) or through a TMA
+    descriptor (N = 40, whose pointer stores would go one element at a time), or as forced."""
     monkeypatch.setattr(rk_mod, "TMA_STORE", store)
     if DEVICE == "cpu":
         monkeypatch.setattr(rk_mod, "tma_capable", lambda device: True)
-    r, m, n = 50, 24, 40
+    r, m = 50, 24
     a = operand((batch * r * m + m,), torch.float16, False)[m:].view(batch, r, m)  # the first row stays outside
     b = operand((batch, r, n), torch.float16, False)
     ends = ends_of(sizes, r)
     a[:, int(ends[-1]) :] = float("nan")
     b[:, int(ends[-1]) :] = float("inf")
     prepared = rk_mod.Prepared(a, b, len(sizes), torch.float16, TMA_LOADS_K)
-    assert prepared.tma_load and prepared.tma == bool(store)  # 50 rows over <= 5 groups: short
+    by_rows = n % 16 != 0  # 50 rows over <= 5 groups: short, so pointer stores where the rows take vectors
+    assert prepared.tma_load and prepared.tma == (by_rows if store is None else store)
     c = prepared(a, b, ends)[0]
     ref = ref_ragged_k(a.nan_to_num(0), b.nan_to_num(0, 0, 0), ends)
     assert not c.isnan().any()
@@ -263,11 +266,11 @@ def test_longest_first_order(sizes: list[int]) -> None:
 @pytest.mark.parametrize("store", [None, False], ids=["store-by-rows", "pointer-store"])
 def test_gpu_ragged_k_tma_loads(cfg: TileConfig, batch: int, store, monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 weight gradients read through ragged TMA views: uneven groups (empty, 1 row, chunk multiples, long),
-    M and N not multiples of the tile, NaN / inf rows past the last group, poisoned output; against the
-    reference and the pointer-load kernel of the same tile, no spills, wgmma. The output goes through TMA
-    (260 rows a group on average: long) or, forced, by pointer stores."""
+    M and N not multiples of the tile (N a multiple of 16, where pointer stores go out as vectors), NaN / inf rows
+    past the last group, poisoned output; against the reference and the pointer-load kernel of the same tile, no
+    spills, wgmma. The output goes through TMA (260 rows a group on average: long) or, forced, by pointer stores."""
     monkeypatch.setattr(rk_mod, "TMA_STORE", store)
-    r, m, n = 2600, 1000, 744
+    r, m, n = 2600, 1000, 752
     sizes = [160, 0, 129, 64, 65, 300, 1, 256, 192, 1200]  # sum 2367: 233 rows past the last group
     ends = ends_of(sizes, r)
     a = torch.randn(batch, r, m, device="cuda", dtype=torch.bfloat16)

@@ -49,9 +49,10 @@ from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_vie
 from ragdot.kernels.record import active, scratch
 
 # How output tiles are written where the config asks for TMA (`cfg.tma`) and c allows it: True, through a TMA
-# descriptor; False, pointer stores; None, by `pointer_stores`. A weight gradient with few token rows per group is
-# bounded by its output's writes, and pointer stores keep more of them in flight than one TMA tile at a time: on
-# the H200 a persistent kernel storing TMA tiles wrote 3.8 TB/s, pointer stores 4.3 (`benchmarks/write_ceiling.py`).
+# descriptor; False, pointer stores; None, by `pointer_stores` where `vector_rows`, else TMA. A weight gradient with
+# few token rows per group is bounded by its output's writes, and pointer stores keep more of them in flight than
+# one TMA tile at a time: on the H200 a persistent kernel storing TMA tiles wrote 3.8 TB/s, pointer stores 4.3
+# (`benchmarks/write_ceiling.py`).
 TMA_STORE: bool | None = None
 POINTER_STORE_MAX_ROWS = 128  # mean token rows per group up to which this kernel writes by pointer stores
 
@@ -62,6 +63,15 @@ def pointer_stores(rows: int, groups: int, max_rows: int = POINTER_STORE_MAX_ROW
     an H100 (`kernel_ab.py`, two runs): this kernel's pointer stores -1 to +6% at 20-80 rows a group, 3-7% slower at
     160 and 4-5% slower at 480."""
     return rows <= max_rows * max(groups, 1)
+
+
+def vector_rows(n: int, strides: tuple[int, ...]) -> bool:
+    """Whether the output's rows ([..., N] with these element strides) take vectorized pointer stores: Triton
+    specializes integer arguments on divisibility by 16, and only where N and the strides have it does a tile's
+    masked store go out as vectors. Elsewhere it is one store per element, and the flat tiles spill: built for
+    sm_90 with Triton 3.6's ptxas, the 128x128 and 128x256 tiles keep 196-206 registers and no spills at N = 752,
+    255 registers and 336-792 bytes of spills at N = 744 or 760 (tests/test_kernel_codegen.py)."""
+    return all(x % 16 == 0 for x in (n, *strides))
 
 
 @triton.jit
@@ -412,7 +422,7 @@ class Prepared:
         self.out_strides = out_strides
         c_strides = out_strides or (m * n, n)
         elem = torch.empty((), dtype=out_dtype).element_size()
-        tma_store = not pointer_stores(r, g) if TMA_STORE is None else TMA_STORE
+        tma_store = not (pointer_stores(r, g) and vector_rows(n, c_strides)) if TMA_STORE is None else TMA_STORE
         self.tma = bool(tma_store and cfg.tma and tma_capable(a.device)
                         and all((x * elem) % 16 == 0 for x in (n, *c_strides)))
         self.c_desc = ([g * bt, m, n], [*c_strides, 1], [1, cfg.block_m, cfg.block_n])
