@@ -249,16 +249,19 @@ def test_a_call_that_cannot_be_captured_has_no_graph(monkeypatch):
     assert timing._capture(Timed("a", [lambda: None])) is None
 
 
+class _Graph:
+    """A stand-in for torch.cuda.CUDAGraph in the CPU tests of capture_graph."""
+
+    def replay(self) -> None:
+        pass
+
+
 def test_capture_holds_off_the_cyclic_collector_and_restores_it(monkeypatch):
     """A cycle collected mid-capture can release CUDA resources, which a global-mode capture does not allow:
     capture_graph keeps the collector off while fn() is captured, and leaves it as it found it, also when the
     capture fails."""
     import contextlib
     import gc
-
-    class _Graph:
-        def replay(self) -> None:
-            pass
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
     monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
@@ -299,10 +302,6 @@ def test_a_failed_capture_restores_the_stream_and_takes_the_generators_out_of_ca
 
         def graphsafe_set_state(self, state: str) -> None:
             self.log.append(state)
-
-    class _Graph:
-        def replay(self) -> None:
-            pass
 
     class _Capture:
         def __init__(self, graph, fail: bool) -> None:
