@@ -234,6 +234,21 @@ def test_single_call_helpers_on_stand_in_cuda_events(monkeypatch):
     assert all(ms >= 1.0 for ms in timing.spans_ms(spans)) and timing.spans_ms([]) == []
 
 
+def test_loop_ms_issues_calls_back_to_back(monkeypatch):
+    """The loop clock: events around `calls` calls with no synchronisation between them, per call, median of
+    `repeats` runs (one synchronisation before each run)."""
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    syncs: list[int] = []
+    log: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(len(log)))
+    ms = timing.loop_ms(lambda: (log.append(1), time.sleep(1e-3)), CUDA, calls=4, repeats=3)
+    assert len(log) == 12 and syncs == [0, 4, 8] and ms >= 1.0
+    assert timing.loop_ms(lambda: time.sleep(1e-3), CPU, calls=2, repeats=1) >= 1.0
+    for calls, repeats in ((0, 1), (1, 0)):
+        with pytest.raises(ValueError, match="calls and repeats"):
+            timing.loop_ms(lambda: None, CPU, calls=calls, repeats=repeats)
+
+
 def test_sustained_ms_without_cuda_times_one_call(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     log: list[int] = []

@@ -78,6 +78,8 @@ def test_quick_layer_bench_rows(tmp_path):
     assert all(r["status"] == "ok" and r["ms"] > 0 and r["mode"] == "eager" and r["clock"] == "wall" for r in rows)
     assert all(r["config"] == "tiny" and r["gpu"] == "cpu" and r["commit"] and r["date"] for r in rows)
     assert rows[0]["vs_peer"] == 1.0 and rows[1]["vs_peer"] == pytest.approx(rows[0]["ms"] / rows[1]["ms"])
+    assert all(r["loop_ms"] > 0 for r in rows)
+    assert rows[1]["loop_vs_peer"] == pytest.approx(rows[0]["loop_ms"] / rows[1]["loop_ms"])
     assert data["meta"]["steps"] == 3
     table = _rows(runs[0].with_suffix(".csv"))
     assert [r["variant"] for r in table] == [r["variant"] for r in rows]
@@ -126,13 +128,16 @@ def test_unavailable_variant_is_a_row_not_a_failure(tmp_path, monkeypatch):
 def test_time_step_medians_and_resets():
     log = []
     t = lb.time_step(lambda: log.append("step"), lambda: log.append("reset"), torch.device("cpu"), 2, 5, 60.0)
-    assert log == ["reset", "step"] * 7
+    # 2 warm-up, 5 timed one by one, then the loop clock: 3 runs of as many steps back to back
+    assert log == ["reset", "step"] * (2 + 5 + lb.LOOP_REPEATS * 5)
     assert t["steps"] == 5 and t["clock"] == "wall" and t["ms"] == t["host_ms"] and t["first_s"] >= 0
+    assert t["loop_ms"] > 0
 
 
 def test_speedups_per_config_tokens_and_mode():
     def row(variant, ms, mode="eager", tokens=8, status="ok", mib=None):
         return {"config": "c", "tokens": tokens, "mode": mode, "variant": variant, "ms": ms, "status": status,
+                "loop_ms": None if ms is None else ms / 2 if variant == "peer" else ms,
                 "dim": 4, "hidden": 3, "top_k": 2, "peak_mib": mib, "saved_mib": None if mib is None else mib / 2,
                 "act_peak_mib": None if mib is None else mib - 4}
 
@@ -141,6 +146,7 @@ def test_speedups_per_config_tokens_and_mode():
             row("sparse-auto", 1.0, tokens=9)]  # fmt: skip
     lb.speedups(rows, peak_tflops=1e-9)
     assert [r["vs_peer"] for r in rows] == [1.0, 2.0, 2.0, 1.0, None, None]
+    assert [r["loop_vs_peer"] for r in rows] == [1.0, 1.0, 1.0, 1.0, None, None]
     assert [r["mem_vs_peer"] for r in rows] == [1.0, 0.6, None, None, None, None]
     assert [r["saved_vs_peer"] for r in rows] == [1.0, 0.6, None, None, None, None]
     assert [r["act_vs_peer"] for r in rows] == [1.0, 2 / 6, None, None, None, None]

@@ -34,7 +34,12 @@ before it, so the host time of the Python-driven step is included; ``host_ms`` =
 call without a sync (the Python and launch work; a host sync inside the step, such as peer's bincount, adds
 its wait; ``host_bound`` marks host_ms >= 0.9 ms). ``wall`` off CUDA = wall clock of each step. Reported:
 the median over ``--steps`` steps after ``--warmup`` warm-up steps (the first warm-up step of a compile row
-is its compile time, ``compile_s``). On the CPU, torch 2.13's fake kernel of ``_grouped_mm`` takes bf16
+is its compile time, ``compile_s``). ``loop_ms`` (the loop clock, ``ragdot.measure.timing.loop_ms``): as many
+steps as were timed, issued back to back as a training loop issues them (CUDA events around the whole run, no
+synchronisation between steps, so the host issues a step while the device still runs the one before; a sync
+inside a step, such as peer's, stops that there), per step, median of three runs; ``loop_vs_peer`` = peer's
+over the variant's. The event clock charges every step its host time up to its first kernel; the loop clock
+charges only the host time the device cannot hide. On the CPU, torch 2.13's fake kernel of ``_grouped_mm`` takes bf16
 only, so compile rows of ``peer`` need ``--dtype bf16`` there (the row's note says so otherwise).
 Rows go to a new timestamped ``layer-<date>.csv`` / ``.json`` under ``--out`` as they finish, each with a
 progress line and the time left, so a run cut short (``--budget``, Ctrl-C) keeps what it measured.
@@ -56,7 +61,7 @@ from ragdot.cli_common import UsageError, count
 from ragdot.measure import records
 from ragdot.measure.checks import failure_status
 from ragdot.measure.progress import KeepOnInterrupt, Progress
-from ragdot.measure.timing import free_memory, synchronize, timed_call
+from ragdot.measure.timing import free_memory, loop_ms, synchronize, timed_call
 
 __all__ = ["LAYER_VARIANTS", "DEFAULT_TOKENS", "MODES", "add_layer_arguments", "default_configs", "run_layer"]
 
@@ -66,10 +71,11 @@ DEFAULT_TOKENS: tuple[int, ...] = (8192, 32768)
 MODES: tuple[str, ...] = ("eager", "compile")
 PREFERRED_CONFIGS: tuple[str, ...] = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like")
 QUICK_TOKENS = 256
+LOOP_REPEATS = 3  # runs of back-to-back steps on the loop clock, the median kept
 COLUMNS: tuple[str, ...] = (
     "config", "dim", "hidden", "experts", "top_k", "tokens", "variant", "mode", "status", "ms", "host_ms",
-    "clock", "vs_peer", "tflops", "sol_pct", "saved_mib", "saved_vs_peer", "peak_mib", "mem_vs_peer", "act_peak_mib",
-    "act_vs_peer",
+    "clock", "vs_peer", "loop_ms", "loop_vs_peer", "tflops", "sol_pct", "saved_mib", "saved_vs_peer", "peak_mib",
+    "mem_vs_peer", "act_peak_mib", "act_vs_peer",
     "host_bound", "steps", "compile_s", "graphs", "dtype", "gpu", "commit", "date", "torch", "note",
 )  # fmt: skip
 
@@ -124,9 +130,15 @@ def time_step(step, reset, device: torch.device, warmup: int, steps: int, max_se
         host.append(host_i)
         if len(ms) >= 3 and time.perf_counter() - begin > max_seconds:
             break
+
+    def looped() -> None:
+        reset()
+        step()
+
+    loop = loop_ms(looped, device, len(ms), LOOP_REPEATS)  # as many steps back to back as were timed one by one
     clock = "event" if device.type == "cuda" else "wall"
     return {"ms": statistics.median(ms), "host_ms": statistics.median(host), "steps": len(ms), "clock": clock,
-            "first_s": first}  # fmt: skip
+            "first_s": first, "loop_ms": loop}  # fmt: skip
 
 
 def _forward(layer, variant: str):
@@ -183,7 +195,7 @@ def measure_row(layer, x, dy, variant: str, mode: str, args: argparse.Namespace)
         return {"status": status, "note": _root_cause(exc) if status == "error" else note}
     finally:
         reset()
-    row = {"status": "ok", **{k: t[k] for k in ("ms", "host_ms", "steps", "clock")}, **memory}
+    row = {"status": "ok", **{k: t[k] for k in ("ms", "host_ms", "steps", "clock", "loop_ms")}, **memory}
     if mode == "compile":
         row["compile_s"] = t["first_s"]
         row["graphs"] = counters["stats"]["unique_graphs"] - graphs0
@@ -242,14 +254,16 @@ def useful_flops(row: dict[str, Any]) -> int:
 
 
 def speedups(rows: list[dict[str, Any]], peak_tflops: float | None = None) -> None:
-    """In place: vs_peer = peer ms / variant ms, mem_vs_peer, act_vs_peer and saved_vs_peer = the variant's peak,
-    activation peak and saved MiB over peer's, of the same (config, tokens, mode) (None without both); tflops
-    and, given the measured matmul rate, sol_pct of ok rows."""
+    """In place: vs_peer = peer ms / variant ms (loop_vs_peer: the same on the loop clock), mem_vs_peer,
+    act_vs_peer and saved_vs_peer = the variant's peak, activation peak and saved MiB over peer's, of the same
+    (config, tokens, mode) (None without both); tflops and, given the measured matmul rate, sol_pct of ok rows."""
     peer = {(r["config"], r["tokens"], r["mode"]): r for r in rows if r["variant"] == "peer"}
     for r in rows:
         ref, ok = peer.get((r["config"], r["tokens"], r["mode"]), {}), r.get("status") == "ok"
-        base, own = ref.get("ms"), r.get("ms")
-        r["vs_peer"] = base / own if ok and base and own else None
+        for key, ratio in (("ms", "vs_peer"), ("loop_ms", "loop_vs_peer")):
+            base, own = ref.get(key), r.get(key)
+            r[ratio] = base / own if ok and base and own else None
+        own = r.get("ms")
         for key, ratio in (("peak_mib", "mem_vs_peer"), ("saved_mib", "saved_vs_peer"),
                            ("act_peak_mib", "act_vs_peer")):
             base_mib, own_mib = ref.get(key), r.get(key)
@@ -264,8 +278,9 @@ def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
         if device.type == "cuda"
         else "wall clock per step"
     )
-    title = f"MoE layer forward+backward, median ms ({clock})"
-    head = ("config", "tokens", "mode", "variant", "ms", "host ms", "vs peer", "TFLOP/s", "% SOL", "saved MiB",
+    title = f"MoE layer forward+backward, median ms ({clock}; loop = steps issued back to back)"
+    head = ("config", "tokens", "mode", "variant", "ms", "host ms", "vs peer", "loop ms", "loop vs peer", "TFLOP/s",
+            "% SOL", "saved MiB",
             "peak MiB", "act MiB", "compile s", "graphs", "status")
     body = [_cells(r) for r in rows]
     from ragdot.measure.console import Console, Table  # plain text where rich is not installed
@@ -291,8 +306,9 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     if r.get("note") and status != "ok":
         status += f": {str(r['note'])[:60]}"
     return (r["config"], str(r["tokens"]), r["mode"], r["variant"], num("ms", "{:.3f}"), host,
-            num("vs_peer", "{:.2f}x"), num("tflops", "{:.0f}"), num("sol_pct", "{:.1f}"), num("saved_mib", "{:.0f}"),
-            num("peak_mib", "{:.0f}"), num("act_peak_mib", "{:.0f}"),
+            num("vs_peer", "{:.2f}x"), num("loop_ms", "{:.3f}"), num("loop_vs_peer", "{:.2f}x"),
+            num("tflops", "{:.0f}"), num("sol_pct", "{:.1f}"), num("saved_mib", "{:.0f}"), num("peak_mib", "{:.0f}"),
+            num("act_peak_mib", "{:.0f}"),
             num("compile_s", "{:.1f}"), num("graphs", "{}"), status)  # fmt: skip
 
 

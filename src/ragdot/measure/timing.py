@@ -1,8 +1,8 @@
 """Timing: one call on the device clock, CUDA-graph capture, and several systems on one problem
 (warm-up, interleaved rounds, median and spread).
 
-Single calls (`timed_call`, `event_ms`, `median_ms`, `sustained_ms`, `capture_graph`, `spans_ms`) serve the
-MoE, MXFP8 and kernel benchmarks; `measure_clocks` / `measure` serve ``ragdot bench`` and the tuner.
+Single calls (`timed_call`, `event_ms`, `loop_ms`, `median_ms`, `sustained_ms`, `capture_graph`, `spans_ms`) serve
+the MoE, MXFP8 and kernel benchmarks; `measure_clocks` / `measure` serve ``ragdot bench`` and the tuner.
 
 Clocks (the `clock` of every timing; each one also records the host time per call, see below):
 - ``eager`` (CUDA): CUDA events around a batch of back-to-back eager calls (up to EAGER_BATCH, as many as
@@ -69,6 +69,7 @@ __all__ = [
     "free_memory",
     "timed_call",
     "event_ms",
+    "loop_ms",
     "median_ms",
     "sustained_ms",
     "capture_graph",
@@ -228,6 +229,21 @@ def timed_call(fn: Callable[[], Any], device: torch.device) -> tuple[float, floa
     torch.cuda.synchronize(device)
     (ms,) = spans_ms([span(issue)])
     return ms, host[0]
+
+
+def loop_ms(fn: Callable[[], Any], device: torch.device, calls: int, repeats: int = 3) -> float:
+    """Milliseconds per call of `calls` fn() calls issued back to back, as a training loop issues its steps:
+    CUDA events around the whole run and no wait inside it, so the host issues a call while the device still
+    runs the ones before (the `loop` clock; a call that synchronises inside itself stops that there); median of
+    `repeats` runs, each after a synchronisation. The wall clock off CUDA."""
+    if calls < 1 or repeats < 1:
+        raise ValueError(f"calls and repeats must be >= 1, got {calls} and {repeats}")
+
+    def run() -> None:
+        for _ in range(calls):
+            fn()
+
+    return statistics.median(event_ms(run, device) / calls for _ in range(repeats))
 
 
 def event_ms(fn: Callable[[], Any], device: torch.device) -> float:
