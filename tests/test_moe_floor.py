@@ -86,6 +86,10 @@ def test_eager_steps_get_the_bound_only():
     assert rows[2]["bound_vs_dense_drop"] == pytest.approx(0.062 / 0.0403) and rows[2]["bound_at_sol"] is None
     assert rows[0]["routed_ms"] is None and rows[0]["routed_sol_pct"] is None
     assert rows[0]["speedup_vs_dense_drop"] == pytest.approx(0.062 / 0.0505)
+    assert rows[0]["loop_vs_dense_drop"] is None  # no loop clock on these rows
+    rows[0]["loop_step_s"], rows[1]["loop_step_s"] = 0.045, 0.060
+    relative(rows, matmul_tflops=600.0)
+    assert rows[0]["loop_vs_dense_drop"] == pytest.approx(0.060 / 0.045) and rows[1]["loop_vs_dense_drop"] == 1.0
 
 
 def test_the_dense_drop_check_shows_the_floors_bounds():

@@ -17,7 +17,7 @@ CPU = torch.device("cpu")
 A, B, C = "sparse-torch", "dense_drop", "dense_dropless"
 NAME_OF = {variant: name for name, variant in VARIANTS.items()}
 
-Step = tuple[str, bool]  # (variant, timed) of one train step
+Step = tuple[str, bool | str]  # (variant, timed) of one train step: True, False or "loop" (the loop clock's)
 
 
 def _args(variants: list[str], **overrides: Any) -> argparse.Namespace:
@@ -35,8 +35,8 @@ def _variant_of(model) -> str:
 def steps(monkeypatch) -> list[Step]:
     """Every train step run_config makes, in order: the variant the model is set to and whether it is timed."""
     log: list[Step] = []
-    timing = [False]
-    real_step, real_event_ms = moe_train._train_step, moe_train.event_ms
+    timing: list[bool | str] = [False]
+    real_step, real_event_ms, real_loop_ms = moe_train._train_step, moe_train.event_ms, moe_train.loop_ms
 
     def train_step(model, opt, tokens) -> None:
         log.append((_variant_of(model), timing[0]))
@@ -49,8 +49,16 @@ def steps(monkeypatch) -> list[Step]:
         finally:
             timing[0] = False
 
+    def loop_ms(fn: Callable[[], Any], device: torch.device, calls: int, repeats: int = 3) -> float:
+        timing[0] = "loop"
+        try:
+            return real_loop_ms(fn, device, calls, repeats)
+        finally:
+            timing[0] = False
+
     monkeypatch.setattr(moe_train, "_train_step", train_step)
     monkeypatch.setattr(moe_train, "event_ms", event_ms)
+    monkeypatch.setattr(moe_train, "loop_ms", loop_ms)
     return log
 
 
@@ -65,7 +73,7 @@ def _visits(log: list[Step]) -> list[tuple[str, int]]:
     """The timed visits: (variant, timed steps), each checked to follow one untimed step of its variant."""
     visits: list[tuple[str, int]] = []
     for i, (name, timed) in enumerate(log):
-        if not timed:
+        if timed is not True:
             continue
         if log[i - 1] == (name, True):
             visits[-1] = (name, visits[-1][1] + 1)
@@ -85,6 +93,15 @@ def test_two_variants_alternate_round_by_round(steps):
     assert _visits(steps) == [(A, 2), (B, 2), (B, 2), (A, 2)]  # the first variant rotates round by round
 
 
+def test_each_visit_ends_with_as_many_steps_back_to_back(steps):
+    """The loop clock: after a visit's steps timed one by one, as many of the same variant in one loop."""
+    rows = _run(_args([A, B]))
+    assert all(r["loop_step_s"] > 0 for r in rows)
+    visit = [(A, False), (A, True), (A, True), (A, "loop"), (A, "loop")]
+    assert steps[4:9] == visit
+    assert [name for name, timed in steps if timed == "loop"] == [A, A, B, B, B, B, A, A]
+
+
 def test_rotation_changes_which_variant_comes_first(steps):
     rows = _run(_args([A, B, C]))
     assert [r["status"] for r in rows] == ["ok"] * 3
@@ -97,9 +114,10 @@ def test_a_spent_time_budget_still_gives_every_variant_three_steps(steps):
     assert _visits(steps) == [(A, 2), (B, 2), (B, 1), (A, 1)]
 
 
-@pytest.mark.parametrize("fail_at", [1, 6], ids=["warm-up", "second-round"])
+@pytest.mark.parametrize("fail_at", [1, 6, 8], ids=["warm-up", "first-loop", "second-round"])
 def test_a_failing_variant_leaves_the_rotation_and_the_other_keeps_going(steps, monkeypatch, fail_at):
-    """B raises at its fail_at-th step (1: its first warm-up step; 6: its visit of the second round)."""
+    """B raises at its fail_at-th step (1: its first warm-up step; 6: in its first visit's loop; 8: its visit
+    of the second round: two warm-up steps, then a visit of one untimed, two timed and two looped steps)."""
     counted = moe_train._train_step
 
     def failing(model, opt, tokens) -> None:

@@ -31,7 +31,8 @@ def routed_sol_s(cfg: Any, peak_flops: float, bandwidth: float, itemsize: int) -
 
 
 def relative(rows: list[Row], matmul_tflops: float | None = None) -> None:
-    """Speedups against sparse-padded and dense_drop of the same config, in place; with the floor's row (FLOOR,
+    """Speedups against sparse-padded and dense_drop of the same config, in place (``loop_vs_dense_drop`` on the
+    loop clock where rows carry ``loop_step_s``: eager interleaved rows); with the floor's row (FLOOR,
     the step without routed-expert work) of the config, also what follows from it:
 
     - the floor's row: ``bound_vs_dense_drop`` = dense_drop's step over the floor's, the largest speedup over
@@ -49,6 +50,7 @@ def relative(rows: list[Row], matmul_tflops: float | None = None) -> None:
     H100: qwen3-235b-a22b's eager sparse step 50.5 ms against a floor of 40.3 ms plus 10.5 ms of routed speed of
     light)."""
     steps = {(r["config"], r["variant"]): r.get("step_s") for r in rows}
+    loops = {(r["config"], r["variant"]): r.get("loop_step_s") for r in rows}  # eager interleaved rows only
     # device time only: a host-bound floor (eager steps) hides no host time of the step it is subtracted from
     device = {r["config"] for r in rows if r["variant"] == FLOOR and r.get("mode") == "graph"}
     for r in rows:
@@ -59,6 +61,8 @@ def relative(rows: list[Row], matmul_tflops: float | None = None) -> None:
         for ref, key in (("sparse-padded", "speedup_vs_padded"), ("dense_drop", "speedup_vs_dense_drop")):
             base = steps.get((r["config"], ref))
             r[key] = base / own if base and own else None
+        base, looped = loops.get((r["config"], "dense_drop")), r.get("loop_step_s")
+        r["loop_vs_dense_drop"] = base / looped if base and looped else None
         routed = 1e3 * (own - floor) if own and floor and own > floor else None
         sol, rate = r.get("routed_sol_ms"), r["moe_gflop"] / routed if routed and r.get("moe_gflop") else None
         r["routed_ms"], r["routed_tflops"] = routed, rate
@@ -137,6 +141,8 @@ def print_table(rows: list[Row], console) -> None:
         ("temp GB", "temp_gb", "{:.2f}"),
         ("vs padded", "speedup_vs_padded", "{:.2f}x"),
         ("vs drop", "speedup_vs_dense_drop", "{:.2f}x"),
+        ("loop ms", "loop_step_s", "ms"),
+        ("loop vs drop", "loop_vs_dense_drop", "{:.2f}x"),
         ("routed TF/s", "routed_tflops", "{:.3g}"),
         ("bound", "bound_vs_dense_drop", "{:.2f}x"),
         ("@sol", "bound_at_sol", "{:.2f}x"),

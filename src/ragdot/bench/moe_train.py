@@ -9,9 +9,13 @@ On CUDA the step is captured in a CUDA graph and the replays are timed, one vari
 minutes on the benchmark host), so two or more available variants are timed interleaved: each is warmed up
 (two steps, their memory measured), then rounds visit every variant in turn, the first one rotating from round
 to round; a visit switches the model to the variant, runs one untimed step (the first step after a switch pays
-allocator and autotune-cache effects) and times STEPS_PER_VISIT steps. Rounds go on until every variant has
-``--steps`` timed steps or ``--max-seconds`` per variant (summed over the variants) are spent, with at least
-MIN_STEPS timed steps each; a variant that fails leaves the rotation. Their rows say mode "eager (interleaved)".
+allocator and autotune-cache effects) and times STEPS_PER_VISIT steps, each on CUDA events after a
+synchronisation, then as many more back to back with events around them (the loop clock, as a training loop
+issues its steps: the host issues a step while the device still runs the one before). Rounds go on until every
+variant has ``--steps`` timed steps or ``--max-seconds`` per variant (summed over the variants) are spent, with at
+least MIN_STEPS timed steps each; a variant that fails leaves the rotation. Their rows say mode "eager
+(interleaved)"; ``step_s`` is the median of the steps timed one by one, ``loop_step_s`` that of the visits' loop
+times (``loop_vs_dense_drop``: dense_drop's over the row's).
 Each config may run in a spawned process of its own (`run_config_in_subprocess`).
 """
 
@@ -30,7 +34,7 @@ import torch
 
 from ragdot.cli_common import quiet_native_stderr
 from ragdot.measure.checks import failure_status
-from ragdot.measure.timing import capture_graph, event_ms, free_memory, rotated, synchronize
+from ragdot.measure.timing import capture_graph, event_ms, free_memory, loop_ms, rotated, synchronize
 from ragdot.moe.variants import VARIANTS, Variant, give_floor_grads, no_routed_experts
 
 __all__ = ["ROUTING_OPS", "run_config", "run_config_in_subprocess"]
@@ -67,6 +71,7 @@ class _Lane:
     peak: float | None = None
     temp: float | None = None
     times: list[float] = field(default_factory=list)
+    loops: list[float] = field(default_factory=list)  # seconds per step on the loop clock, one per visit
 
     @property
     def live(self) -> bool:
@@ -300,6 +305,8 @@ def _run_interleaved(s: _Setup, stop: Callable[[], bool] | None) -> list[Row]:
         if lane.live:
             _use(s.model, lane.variant, s.args)  # the profiled layer runs as this variant
             _attempt(lane.row, s.opt, functools.partial(_finish, s, lane.row, lane.variant, _lane_timed(lane)))
+            if lane.row.get("status") == "ok" and lane.loops:
+                lane.row["loop_step_s"] = statistics.median(lane.loops)
     return [lane.row for lane in lanes]
 
 
@@ -339,11 +346,13 @@ def _visit_steps(done: int, steps: int, spent: bool) -> int:
 
 def _visit(s: _Setup, lane: _Lane, n: int) -> None:
     """Switch the model to the lane's variant, run one untimed step (the first step after a switch pays
-    allocator and autotune-cache effects), then time n steps."""
+    allocator and autotune-cache effects), then time n steps one by one (each from an idle device), then n more
+    back to back (the loop clock: events around the n)."""
     _use(s.model, lane.variant, s.args)
     _train_step(s.model, s.opt, s.tokens)
     for _ in range(n):
         lane.times.append(event_ms(lambda: _train_step(s.model, s.opt, s.tokens), s.device) / 1e3)
+    lane.loops.append(loop_ms(lambda: _train_step(s.model, s.opt, s.tokens), s.device, n, repeats=1) / 1e3)
 
 
 def training_setup(cfg, device: torch.device, dtype: torch.dtype):
