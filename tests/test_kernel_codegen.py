@@ -176,7 +176,7 @@ def test_sm90_pointer_stores_run_only_where_they_vectorize() -> None:
     """The weight gradient's pointer stores (its default for short groups) build for sm_90 without spills where
     the output's rows take vector stores (N a multiple of 16: 752, not a tile multiple); at N = 744 Triton 3.6
     stores element by element and spills 336-792 bytes a thread, so there the default writes through TMA
-    (`ragged_k.vector_rows`)."""
+    (`ragged_view.vector_rows`)."""
     import json
 
     stdout = compiled_in_a_subprocess(["-c", _POINTER_STORE_SCRIPT])
@@ -185,3 +185,40 @@ def test_sm90_pointer_stores_run_only_where_they_vectorize() -> None:
     for name, info in usage.items():
         if name.startswith("pointer 752"):
             assert info["wgmma"] and info["spills"] == 0, (name, info)
+
+
+_RAGGED_M_STORE_SCRIPT = textwrap.dedent(
+    """
+    import json, torch
+    from ragdot.kernels import compile_only, resource_usage, ragged_m as rm
+    from ragdot.kernels.configs import TileConfig
+    bf = torch.bfloat16
+    out = {}
+    tiles = [TileConfig(128, 256, 64, 8, 8, 3, True, 1, True, 0, True),
+             TileConfig(128, 128, 64, 8, 4, 3, True, 2, True, 0, True)]
+    m, k, g = 8192, 2048, 64
+    with compile_only(90):
+        for n in (752, 744):
+            a, b = torch.empty(1, m, k, dtype=bf), torch.empty(1, g, k, n, dtype=bf)
+            for cfg in tiles:
+                p = rm.Prepared(a, b, bf, cfg)
+                usage = resource_usage(p(a, b, torch.zeros(g, dtype=torch.int32))[1])
+                out[f"{n} {cfg.short()}"] = {**usage, "view": p.c_view is not None}
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.skipif(not bundled_ptxas(), reason="needs the ptxas bundled with Triton's NVIDIA backend")
+def test_sm90_ragged_m_stores_through_tma_where_rows_do_not_vectorize() -> None:
+    """The flat ragged-M kernel's default stores (`ragged_m.TMA_STORE` None): pointer stores at N = 752 and the
+    ragged TMA view at N = 744, where pointer stores go out one element at a time (968-992 bytes of spills for
+    these tiles, tail rows' zero tiles included); built for sm_90, neither spills."""
+    import json
+
+    stdout = compiled_in_a_subprocess(["-c", _RAGGED_M_STORE_SCRIPT])
+    usage = json.loads(stdout.strip().splitlines()[-1])
+    assert len(usage) == 4
+    for name, info in usage.items():
+        assert info["view"] is name.startswith("744") and info["wgmma"] and info["spills"] == 0, (name, info)
+

@@ -117,7 +117,8 @@ def test_ragged_m_tma_store_gives_the_pointer_store_s_bits(batch, sizes, split, 
     end (whole, or as two column slices: `STORE_SPLIT`), give the pointer stores' bits: tiles that straddle two
     groups write only their own rows, the tail rows are zero, no row of the poisoned output is left, batch entries
     keep to their rows, the last column tile's columns past N are dropped; rows whose bytes are not 16-byte
-    multiples (N = 20 in float16) keep the pointer stores."""
+    multiples (N = 20 in float16) keep the pointer stores. The default (None) takes the view where N is no
+    multiple of 16 (`vector_rows`: N = 40) and pointer stores where it is (N = 32)."""
     if DEVICE == "cpu":
         monkeypatch.setattr(rm_mod, "tma_capable", lambda device: True)
     monkeypatch.setattr(rm_mod, "STORE_SPLIT", split)
@@ -128,7 +129,7 @@ def test_ragged_m_tma_store_gives_the_pointer_store_s_bits(batch, sizes, split, 
     ends = ends_of(sizes, m)
     a[:, int(ends[-1]):] = float("nan")
 
-    def run(store: bool, width: int = n) -> tuple:
+    def run(store: bool | None, width: int = n) -> tuple:
         monkeypatch.setattr(rm_mod, "TMA_STORE", store)
         prepared = rm_mod.Prepared(a, b[..., :width], torch.float16, cfg)
         out = torch.full((batch, m, width), float("nan"), dtype=torch.float16, device=DEVICE)
@@ -141,6 +142,9 @@ def test_ragged_m_tma_store_gives_the_pointer_store_s_bits(batch, sizes, split, 
     assert not c.isnan().any() and (c[:, int(ends[-1]):] == 0).all()
     prepared, _ = run(True, width=20)  # 40-byte rows: no TMA view of c
     assert prepared.c_view is None
+    prepared, default = run(None)  # N = 40: scalar pointer stores there, so the view
+    assert prepared.c_view is not None and torch.equal(default, want)
+    assert run(None, width=32)[0].c_view is None  # N = 32: vector pointer stores
 
 
 def test_ragged_m_clamped_ends_and_int64() -> None:

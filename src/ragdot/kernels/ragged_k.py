@@ -45,7 +45,7 @@ from ragdot.kernels.configs import (
     tma_capable,
 )
 from ragdot.kernels.launch import BoundLaunch
-from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_view, rows_view
+from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_view, rows_view, vector_rows
 from ragdot.kernels.record import active, scratch
 
 # How output tiles are written where the config asks for TMA (`cfg.tma`) and c allows it: True, through a TMA
@@ -63,15 +63,6 @@ def pointer_stores(rows: int, groups: int, max_rows: int = POINTER_STORE_MAX_ROW
     an H100 (`kernel_ab.py`, two runs): this kernel's pointer stores -1 to +6% at 20-80 rows a group, 3-7% slower at
     160 and 4-5% slower at 480."""
     return rows <= max_rows * max(groups, 1)
-
-
-def vector_rows(n: int, strides: tuple[int, ...]) -> bool:
-    """Whether the output's rows ([..., N] with these element strides) take vectorized pointer stores: Triton
-    specializes integer arguments on divisibility by 16, and only where N and the strides have it does a tile's
-    masked store go out as vectors. Elsewhere it is one store per element, and the flat tiles spill: built for
-    sm_90 with Triton 3.6's ptxas, the 128x128 and 128x256 tiles keep 196-206 registers and no spills at N = 752,
-    255 registers and 336-792 bytes of spills at N = 744 or 760 (tests/test_kernel_codegen.py)."""
-    return all(x % 16 == 0 for x in (n, *strides))
 
 
 @triton.jit

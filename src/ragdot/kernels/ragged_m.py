@@ -40,16 +40,17 @@ from ragdot.kernels.configs import (
     tma_capable,
 )
 from ragdot.kernels.launch import BoundLaunch
-from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_view
+from ragdot.kernels.ragged_view import RAGGED_BASE, fits_ragged_rows, ragged_view, vector_rows
 
-# The flat kernel's output tiles through a ragged TMA view of c (`ragged_view`: its row bound is the tile's group
-# end, so rows of the next group are never written) instead of masked pointer stores: an asynchronous store that
-# leaves the SM's threads free for the next tile's main loop, where the epilogue is a large part of a tile (short
-# contractions: the data gradients). Off: on an H100 the A/B (benchmarks/kernel_ab.py with this flag on in the old
-# file) measured TMA stores 0.99-1.02x the pointer stores' time on every flat-kernel cell, bitwise equal
-# (benchmarks/results/h100-20261205/u4), and the H200's 0.987-1.017x, geomean 1.002 over 24 cell-configs
-# (benchmarks/results/h200-20261205c/r2): no gain on either GPU.
-TMA_STORE = False
+# The flat kernel's output tiles (and the tail rows' zero tiles) through a ragged TMA view of c (`ragged_view`: its
+# row bound is the tile's group end, so rows of the next group are never written) instead of masked pointer
+# stores. True: wherever rows of c are 16-byte multiples; False: never; None (the default): only where N is no
+# multiple of 16 (`vector_rows`), whose pointer stores go out one element at a time and make the 128-row tiles
+# spill 968-992 bytes (built for sm_90; none with TMA stores). Where N is a multiple of 16 the two are even: on
+# an H100 the A/B (benchmarks/kernel_ab.py with this flag on in the old file) measured TMA stores 0.99-1.02x the
+# pointer stores' time on every flat-kernel cell, bitwise equal (benchmarks/results/h100-20261205/u4), and the
+# H200's 0.987-1.017x, geomean 1.002 over 24 cell-configs (benchmarks/results/h200-20261205c/r2).
+TMA_STORE: bool | None = None
 # With TMA_STORE, the tile is stored as this many column slices (1 or 2). Built for sm_90 (`compile_only`,
 # qwen3-235b-a22b widths), a whole tile staged for its store takes 16-32 KB more shared memory a program (two
 # 128x128x64 s3 programs, 131 KB each, no longer fit one SM); two slices take about what the pointer stores do
@@ -291,10 +292,16 @@ def ragged_m_tma_flat_kernel(
     offs, starts, ends, first, tiles = _group_table(ends_ptr, M, G, size_scale, BLOCK_M, BLOCK_G, FROM_SIZES)
     real = tl.sum(tl.where(offs < G, tiles, 0), 0) * num_n  # tiles of the G groups; the tail group's follow
     total = tl.sum(tiles, 0) * num_n
-    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
     for tile in range(real + pid, total, nprog):  # tail rows: zeros, no contraction
         g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
-        _store_rows(c_ptr, zeros, bt, row0, row_end, n_idx * BLOCK_N, M, N, BLOCK_M, BLOCK_N)
+        if TMA_STORE:  # as the tiles below: a tile of scalar pointer stores spills where N is no multiple of 16
+            blank = tl.zeros((1, 1, BLOCK_M, BLOCK_N // STORE_SPLIT), dtype=c_desc.dtype)
+            for half in tl.static_range(STORE_SPLIT):
+                c_desc.store([RAGGED_BASE, bt * M + row_end, RAGGED_BASE - (row_end - row0),
+                              n_idx * BLOCK_N + half * (BLOCK_N // STORE_SPLIT)], blank)
+        else:
+            zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
+            _store_rows(c_ptr, zeros, bt, row0, row_end, n_idx * BLOCK_N, M, N, BLOCK_M, BLOCK_N)
 
     k_steps = tl.cdiv(K, BLOCK_K)
     steps = tl.cdiv(tl.maximum(real - pid, 0), nprog) * k_steps  # this program's tiles are pid, pid + nprog, ...
@@ -383,7 +390,8 @@ class Prepared:
             kernel = ragged_m_tma_flat_kernel if cfg.flat else ragged_m_tma_kernel
             # the output through a ragged TMA view where rows of c are 16-byte multiples (`TMA_STORE`)
             split = 1
-            if cfg.flat and TMA_STORE and (n * torch.finfo(out_dtype).bits // 8) % 16 == 0 and fits_ragged_rows(bt, m):
+            store = not vector_rows(n) if TMA_STORE is None else TMA_STORE
+            if cfg.flat and store and (n * torch.finfo(out_dtype).bits // 8) % 16 == 0 and fits_ragged_rows(bt, m):
                 split = STORE_SPLIT if STORE_SPLIT in (1, 2) and cfg.block_n >= 32 else 1
                 self.c_view = (*ragged_view(n, n), [1, 1, cfg.block_m, cfg.block_n // split])
             extra = ({"TMA_STORE": self.c_view is not None, "STORE_SPLIT": split} if cfg.flat

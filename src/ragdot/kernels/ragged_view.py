@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-__all__ = ["RAGGED_BASE", "RAGGED_OUTER", "check_ragged_rows", "ragged_view", "rows_view"]
+__all__ = ["RAGGED_BASE", "RAGGED_OUTER", "check_ragged_rows", "ragged_view", "rows_view", "vector_rows"]
 
 #: the ragged views' row extent and the row coordinate that stands for a group's end
 RAGGED_BASE = tl.constexpr(1 << 30)
@@ -42,6 +42,16 @@ def rows_view(t: torch.Tensor) -> tuple[int, int] | None:
     if (stride * t.element_size()) % 16 or (x * t.element_size()) % 16:
         return None
     return bt * r, stride
+
+
+def vector_rows(n: int, strides: tuple[int, ...] = ()) -> bool:
+    """Whether an output's rows ([..., N] with these element strides) take vectorized pointer stores: Triton
+    specializes integer arguments on divisibility by 16, and only where N and the strides have it does a tile's
+    masked store go out as vectors. Elsewhere it is one store per element, and the large tiles spill (built for
+    sm_90 with Triton 3.6's ptxas: ragged_k's 128x128 and 128x256 tiles keep 196-206 registers and no spills at
+    N = 752, 255 registers and 336-792 bytes of spills at N = 744 or 760; ragged_m's 968-992 bytes at N = 744 and
+    360; tests/test_kernel_codegen.py). The kernels store through TMA views there instead."""
+    return all(x % 16 == 0 for x in (n, *strides))
 
 
 def fits_ragged_rows(bt: int, rows: int) -> bool:
