@@ -279,7 +279,9 @@ def test_capture_holds_off_the_cyclic_collector_and_restores_it(monkeypatch):
     import gc
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    modes: list[str] = []
+    monkeypatch.setattr(torch.cuda, "graph",
+                        lambda graph, capture_error_mode: modes.append(capture_error_mode) or contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
     monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
     seen: list[bool] = []
@@ -288,6 +290,7 @@ def test_capture_holds_off_the_cyclic_collector_and_restores_it(monkeypatch):
         gc.enable()
         replay = timing.capture_graph(lambda: seen.append(gc.isenabled()))
         assert seen == [False] and gc.isenabled() and callable(replay)
+        assert modes == ["thread_local"]  # other threads' (another runtime's) calls never fail the capture
 
         def fails() -> None:
             raise RuntimeError("operation failed due to a previous error during capture")
@@ -336,12 +339,12 @@ def test_a_failed_capture_restores_the_stream_and_takes_the_generators_out_of_ca
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
     monkeypatch.setattr(torch.cuda, "set_stream", streams.append)
     monkeypatch.setattr(torch.cuda, "default_generators", gens)
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph: _Capture(graph, fail=False))
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **_: _Capture(graph, fail=False))
     assert callable(timing.capture_graph(lambda: None))
     assert streams == ["side", "stream"] and all(g.log == [] for g in gens)
 
     streams.clear()
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph: _Capture(graph, fail=True))
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **_: _Capture(graph, fail=True))
     with pytest.raises(RuntimeError, match="during capture"):
         timing.capture_graph(lambda: None)
     assert streams == ["side", "stream"] and all(g.log == ["copy"] for g in gens)

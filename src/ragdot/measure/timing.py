@@ -102,6 +102,7 @@ SYNC_SAMPLES = 3  # samples of an asynchronous system on the batch clock: each a
 # (nothing overlaps that one), so its host share is just under 1 (B / (B + 1) when both are equal): a
 # timing counts as host-bound once the host time per call reaches this share of the measured time.
 HOST_BOUND_SHARE = 0.9
+CAPTURE_ERROR_MODE = "thread_local"  # which threads' unsafe CUDA calls a capture refuses (see capture_graph)
 _VIEWS = {EAGER: EAGER, "event": EAGER, BATCH: EAGER, GRAPH: GRAPH, PROGRAM: GRAPH, WALL: WALL}
 
 
@@ -260,6 +261,12 @@ def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     graph, the memory it holds), calls a global-mode capture does not allow, and the capture then fails on an
     unrelated line. The cycles are collected after it as usual.
 
+    The capture refuses unsafe CUDA calls (a synchronisation, a free) made by this thread only
+    (`CAPTURE_ERROR_MODE`): in torch's default global mode any thread's such call fails the capture and fails
+    itself, and another runtime in the process (JAX, whose threads free and wait on its own streams while
+    `ragdot bench` times torch systems beside it) then loses both, the capture and its stream. Kernels launched
+    into the captured stream from other threads (autograd's device thread) are captured either way.
+
     A capture that fails is undone as far as torch leaves it undone (`_after_failed_capture`), so that the process
     can go on: benchmarks time such a call on the eager clock instead, and later calls draw random numbers."""
     graph = torch.cuda.CUDAGraph()
@@ -267,7 +274,7 @@ def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode=CAPTURE_ERROR_MODE):
             fn()
     except BaseException:
         _after_failed_capture(stream)
