@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 
 import pytest
 import torch
@@ -132,6 +133,9 @@ def test_time_step_medians_and_resets():
     assert log == ["reset", "step"] * (2 + 5 + lb.LOOP_REPEATS * 5)
     assert t["steps"] == 5 and t["clock"] == "wall" and t["ms"] == t["host_ms"] and t["first_s"] >= 0
     assert t["loop_ms"] > 0
+    log.clear()  # a time budget shorter than one loop run: one run
+    lb.time_step(lambda: (log.append("step"), time.sleep(2e-3)), lambda: None, torch.device("cpu"), 1, 3, 1e-3)
+    assert log.count("step") == 1 + 3 + 3
 
 
 def test_speedups_per_config_tokens_and_mode():

@@ -37,7 +37,8 @@ the median over ``--steps`` steps after ``--warmup`` warm-up steps (the first wa
 is its compile time, ``compile_s``). ``loop_ms`` (the loop clock, ``ragdot.measure.timing.loop_ms``): as many
 steps as were timed, issued back to back as a training loop issues them (CUDA events around the whole run, no
 synchronisation between steps, so the host issues a step while the device still runs the one before; a sync
-inside a step, such as peer's, stops that there), per step, median of three runs; ``loop_vs_peer`` = peer's
+inside a step, such as peer's, stops that there), per step, median of up to three runs (as many as
+``--max-seconds`` holds, at least one); ``loop_vs_peer`` = peer's
 over the variant's. The event clock charges every step its host time up to its first kernel; the loop clock
 charges only the host time the device cannot hide. On the CPU, torch 2.13's fake kernel of ``_grouped_mm`` takes bf16
 only, so compile rows of ``peer`` need ``--dtype bf16`` there (the row's note says so otherwise).
@@ -71,7 +72,7 @@ DEFAULT_TOKENS: tuple[int, ...] = (8192, 32768)
 MODES: tuple[str, ...] = ("eager", "compile")
 PREFERRED_CONFIGS: tuple[str, ...] = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like")
 QUICK_TOKENS = 256
-LOOP_REPEATS = 3  # runs of back-to-back steps on the loop clock, the median kept
+LOOP_REPEATS = 3  # most runs of back-to-back steps on the loop clock (fewer where --max-seconds is short)
 COLUMNS: tuple[str, ...] = (
     "config", "dim", "hidden", "experts", "top_k", "tokens", "variant", "mode", "status", "ms", "host_ms",
     "clock", "vs_peer", "loop_ms", "loop_vs_peer", "tflops", "sol_pct", "saved_mib", "saved_vs_peer", "peak_mib",
@@ -135,7 +136,10 @@ def time_step(step, reset, device: torch.device, warmup: int, steps: int, max_se
         reset()
         step()
 
-    loop = loop_ms(looped, device, len(ms), LOOP_REPEATS)  # as many steps back to back as were timed one by one
+    # as many steps back to back as were timed one by one; as many runs (up to LOOP_REPEATS) as max_seconds holds
+    run_s = len(ms) * statistics.median(ms) / 1e3
+    repeats = max(1, min(LOOP_REPEATS, int(max_seconds / run_s) if run_s > 0 else LOOP_REPEATS))
+    loop = loop_ms(looped, device, len(ms), repeats)
     clock = "event" if device.type == "cuda" else "wall"
     return {"ms": statistics.median(ms), "host_ms": statistics.median(host), "steps": len(ms), "clock": clock,
             "first_s": first, "loop_ms": loop}  # fmt: skip
