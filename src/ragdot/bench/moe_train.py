@@ -349,10 +349,11 @@ def _visit(s: _Setup, lane: _Lane, n: int) -> None:
     allocator and autotune-cache effects), then time n steps one by one (each from an idle device), then n more
     back to back (the loop clock: events around the n)."""
     _use(s.model, lane.variant, s.args)
-    _train_step(s.model, s.opt, s.tokens)
+    step = functools.partial(_train_step, s.model, s.opt, s.tokens)
+    step()
     for _ in range(n):
-        lane.times.append(event_ms(lambda: _train_step(s.model, s.opt, s.tokens), s.device) / 1e3)
-    lane.loops.append(loop_ms(lambda: _train_step(s.model, s.opt, s.tokens), s.device, n, repeats=1) / 1e3)
+        lane.times.append(event_ms(step, s.device) / 1e3)
+    lane.loops.append(loop_ms(step, s.device, n, repeats=1) / 1e3)
 
 
 def training_setup(cfg, device: torch.device, dtype: torch.dtype):

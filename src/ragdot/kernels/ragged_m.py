@@ -201,6 +201,22 @@ def _store_rows(c_ptr, vals, bt, row0, row_end, n0, M, N, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def _store_tma(c_desc, out, bt, row0, row_end, n0, M,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_SPLIT: tl.constexpr):
+    """Store out [BLOCK_M, BLOCK_N] (c's dtype) at rows row0.. and columns n0.. of c[bt] through its ragged view
+    c_desc, whole or as two column slices (STORE_SPLIT): the box's rows end at the group's end row_end, and TMA
+    drops the rest (and columns past N)."""
+    stop = bt * M + row_end
+    at = RAGGED_BASE - (row_end - row0)
+    if STORE_SPLIT == 2:
+        left, right = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+        c_desc.store([RAGGED_BASE, stop, at, n0], left.reshape(1, 1, BLOCK_M, BLOCK_N // 2))
+        c_desc.store([RAGGED_BASE, stop, at, n0 + BLOCK_N // 2], right.reshape(1, 1, BLOCK_M, BLOCK_N // 2))
+    else:
+        c_desc.store([RAGGED_BASE, stop, at, n0], out.reshape(1, 1, BLOCK_M, BLOCK_N))
+
+
+@triton.jit
 def _load_tma(
     a_desc, b_desc, bt, g, row0, k, n0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_KMAJOR: tl.constexpr,
@@ -295,10 +311,8 @@ def ragged_m_tma_flat_kernel(
     for tile in range(real + pid, total, nprog):  # tail rows: zeros, no contraction
         g, row0, row_end, n_idx = _locate(tile, num_n, offs, starts, ends, first, tiles, BLOCK_M, GROUP_M)
         if TMA_STORE:  # as the tiles below: a tile of scalar pointer stores spills where N is no multiple of 16
-            blank = tl.zeros((1, 1, BLOCK_M, BLOCK_N // STORE_SPLIT), dtype=c_desc.dtype)
-            for half in tl.static_range(STORE_SPLIT):
-                c_desc.store([RAGGED_BASE, bt * M + row_end, RAGGED_BASE - (row_end - row0),
-                              n_idx * BLOCK_N + half * (BLOCK_N // STORE_SPLIT)], blank)
+            blank = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_desc.dtype)
+            _store_tma(c_desc, blank, bt, row0, row_end, n_idx * BLOCK_N, M, BLOCK_M, BLOCK_N, STORE_SPLIT)
         else:
             zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
             _store_rows(c_ptr, zeros, bt, row0, row_end, n_idx * BLOCK_N, M, N, BLOCK_M, BLOCK_N)
@@ -321,16 +335,8 @@ def ragged_m_tma_flat_kernel(
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         kk += 1
         if kk == k_steps:  # last step: store the tile, start the next one from zero
-            if TMA_STORE:  # the box's rows end at the group's end: TMA drops the rest (and columns past N)
-                stop = bt * M + row_end
-                at = RAGGED_BASE - (row_end - row0)
-                out = acc.to(c_desc.dtype)
-                if STORE_SPLIT == 2:
-                    left, right = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
-                    c_desc.store([RAGGED_BASE, stop, at, n0], left.reshape(1, 1, BLOCK_M, BLOCK_N // 2))
-                    c_desc.store([RAGGED_BASE, stop, at, n0 + BLOCK_N // 2], right.reshape(1, 1, BLOCK_M, BLOCK_N // 2))
-                else:
-                    c_desc.store([RAGGED_BASE, stop, at, n0], out.reshape(1, 1, BLOCK_M, BLOCK_N))
+            if TMA_STORE:
+                _store_tma(c_desc, acc.to(c_desc.dtype), bt, row0, row_end, n0, M, BLOCK_M, BLOCK_N, STORE_SPLIT)
             else:
                 _store_rows(c_ptr, acc, bt, row0, row_end, n0, M, N, BLOCK_M, BLOCK_N)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
