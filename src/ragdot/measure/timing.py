@@ -265,8 +265,9 @@ def capture_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     (`CAPTURE_ERROR_MODE`): in torch's default global mode any thread's such call fails the capture and fails
     itself, and another runtime in the process (JAX, whose threads free and wait on its own streams while
     `ragdot bench` times torch systems beside it) would lose both, the capture and its stream (the likely cause of
-    benchmarks/results/h100-20261206r's failures; this mode not yet run on a GPU). Kernels launched into the
-    captured stream from other threads (autograd's device thread) are captured either way.
+    benchmarks/results/h100-20261206r's failures; with this mode every GPU test passed in that order,
+    h100-20261206s). Kernels launched into the captured stream from other threads (autograd's device thread) are
+    captured either way.
 
     A capture that fails is undone as far as torch leaves it undone (`_after_failed_capture`), so that the process
     can go on: benchmarks time such a call on the eager clock instead, and later calls draw random numbers."""
