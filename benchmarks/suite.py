@@ -45,6 +45,7 @@ RAGDOT = ("{py}", "-m", "ragdot")
 TARGETS = ("--targets", "benchmarks/targets-h200.json")  # reference numbers; they apply on an H200 only
 ANCHOR_FAST = ("--anchors", "--backends", "torch", "triton", "gluon", "auto", "--no-xla", *TARGETS)  # gluon: sm_90
 LAYER_CONFIGS = ("qwen3-30b-a3b", "deepseek2-16b", "gpt-oss-like", "deepseek3-671b-reduced")  # the layer targets
+NARROW = ("32768,2880,360,128", "8192,2048,640,64")  # ragged-M widths where a 256-wide tile computes 33% / 20% extra
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,15 @@ def _suites() -> dict[str, Suite]:
             Step("models", (*RAGDOT, "bench-models", "--models", "gpt-oss", "deepseek-v3", "--modes", "compile",
                             "--phases", "decode", "--impls", "grouped_mm", "ragdot", "--budget", "400", "--out",
                             "{out}/models"), 440, tail=20),
+        )),
+        "narrow": Suite("ragged-M at output widths 360 and 640 (long groups): the tuner's times of every tile there "
+                        "(128- and 256-wide among them, the vendor beside), then the call path against the vendor, "
+                        "eager and graph clocks (docs/history.md, 2026-12-06, after the night)", (
+            Step("tune", (*RAGDOT, "tune", "--shapes", *NARROW, "--classes", "fwd_wi", "dgrad_wo", "--max-configs",
+                          "8", "--out", "{out}/tune"), 240, tail=40),
+            Step("bench", (*RAGDOT, "bench", "--shapes", *NARROW, "--classes", "fwd_wi", "dgrad_wo", "--backends",
+                           "triton", "auto", "--no-xla", "--routing", "balanced", "skewed", "--clocks", "eager",
+                           "graph", "--max-seconds", "0.2", "--no-plots", "--out", "{out}/bench"), 150, tail=30),
         )),
         "bounds": Suite("whole transformers models beside a step without expert work (no_experts: the most an "
                         "experts path can gain), then the compiled decode step's guard check and its steps", (
