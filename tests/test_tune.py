@@ -69,6 +69,25 @@ def test_corrupt_cache_is_ignored_with_a_warning(isolated_cache):
         assert cache_mod.load_entries(isolated_cache / "tune.json") == {}
 
 
+def test_tune_out_starts_a_valid_empty_cache_without_a_corrupt_warning(tmp_path):
+    """`ragdot tune --out DIR` names its file by creating it empty (`new_stem`), then writes an empty cache
+    there: that file is replaced unread, so no 'corrupt' warning (there was one on every such run)."""
+    import argparse
+    import warnings
+
+    from ragdot.tune.cli import _out_path
+
+    args = argparse.Namespace(out=tmp_path / "o", ship=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = _out_path(args, torch.device("cpu"))
+        assert cache_mod.load_entries(path) == {}
+    assert json.loads(path.read_text()) == {"format": cache_mod.FORMAT, "entries": {}}
+    path.write_text("")  # an empty file read as a cache is still reported
+    with pytest.warns(UserWarning, match="corrupt"):
+        assert cache_mod.load_entries(path) == {}
+
+
 def _writer(path: str, offset: int) -> None:
     from pathlib import Path
 

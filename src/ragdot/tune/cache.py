@@ -84,15 +84,16 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def write_entries(path: Path, entries: dict[str, dict[str, Any]]) -> None:
-    """Merge `entries` into the file at `path` and replace it atomically."""
+def write_entries(path: Path, entries: dict[str, dict[str, Any]], merge: bool = True) -> None:
+    """Merge `entries` into the file at `path` (`merge=False`: replace what it holds, unread: for a file just
+    created empty) and replace it atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
-        _write_merged(path, entries)
+        _write_merged(path, entries, merge)
 
 
-def _write_merged(path: Path, entries: dict[str, dict[str, Any]]) -> None:
-    merged = {**load_entries(path), **entries}
+def _write_merged(path: Path, entries: dict[str, dict[str, Any]], merge: bool = True) -> None:
+    merged = {**load_entries(path), **entries} if merge else dict(entries)
     fd, tmp = tempfile.mkstemp(prefix=".tune-", suffix=".json", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:

@@ -66,7 +66,9 @@ def _out_path(args: argparse.Namespace, device: torch.device) -> Path:
         raise UsageError("--ship and --out name two different destinations; give one of them")
     out = check_out(args.out)
     path = out / f"{new_stem(out, f'ragdot-tune-{safe_name(device_name(device))}', ('.json',))}.json"
-    write_entries(path, {})  # a valid empty cache from the start: an interrupted run leaves a readable file
+    # a valid empty cache from the start (an interrupted run leaves a readable file); the file new_stem created
+    # is empty, so it is replaced unread (read, it would be reported corrupt)
+    write_entries(path, {}, merge=False)
     return path
 
 
