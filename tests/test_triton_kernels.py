@@ -266,6 +266,32 @@ def test_tuning_configs_start_with_the_tile_the_device_runs_untuned(monkeypatch)
     assert tuned == [tma]
 
 
+def test_long_groups_with_column_major_b_take_128_wide_tiles_where_256_wide_ones_waste_columns() -> None:
+    """Groups of 256+ rows run 256-wide tiles, unless B is column-major and those tiles compute over 15% more
+    output columns than 128-wide ones: width 360 (512 columns against 384) and 640 (768 against 640) take the
+    128-wide tile then; 720, 744, 2880 keep the 256-wide one, and a row-major B keeps it at every width. The
+    kernel resolves it from B's strides, and the tuner tries that tile first for that layout."""
+    bf, dims = torch.bfloat16, (32768, 2880, 360, 128)
+    for n, width in ((360, 128), (640, 128), (720, 256), (744, 256), (2880, 256), (20480, 256)):
+        kmajor = pick_config("ragged_m", 32768, 2880, n, 128, bf, b_kmajor=True)
+        assert kmajor.block_n == width and kmajor.block_m == 128 and kmajor.flat, (n, kmajor)
+        assert kmajor in candidate_configs("ragged_m", bf)
+        assert pick_config("ragged_m", 32768, 2880, n, 128, bf).block_n == 256, n
+    # 128-row groups take the 128-wide tile whatever B's layout
+    assert pick_config("ragged_m", 16384, 2880, 360, 128, bf, b_kmajor=True) == pick_config(
+        "ragged_m", 16384, 2880, 360, 128, bf)
+    a = torch.empty(1, 32768, 2880, dtype=bf)
+    b_col = torch.empty(1, 128, 360, 2880, dtype=bf).transpose(2, 3)  # [1, G, K, N], K contiguous
+    b_row = torch.empty(1, 128, 2880, 360, dtype=bf)
+    assert rm_mod.Prepared(a, b_col, bf, None).cfg.block_n == 128
+    assert rm_mod.Prepared(a, b_row, bf, None).cfg.block_n == 256
+    from ragdot.tune.tuner import candidates_for
+
+    first = {kmajor: next(cfg for name, cfg in candidates_for("ragged_m", dims, bf, 8, None, kmajor)
+                          if name == "triton") for kmajor in (False, True)}
+    assert (first[False].block_n, first[True].block_n) == (256, 128)
+
+
 def test_configs() -> None:
     for problem in ("ragged_m", "ragged_k", "batch"):
         for shape in ((5120, 512, 512, 256), (15360, 6144, 20480, 32), (64, 64, 64, 1), (8192, 8192, 64, 4)):
@@ -374,6 +400,25 @@ def test_gpu_bf16_classes(shape: tuple[int, int, int, int], tma: bool) -> None:
     assert not w.isnan().any() and (w[1] == 0).all()
     assert rel_err(w, ref) < TOL[torch.bfloat16]
     assert handle.n_spills == 0 and "wgmma" in handle.asm["ptx"]
+
+
+@gpu
+@needs_cuda
+def test_gpu_narrow_column_major_b_runs_the_heuristic_128_wide_tile() -> None:
+    """Width 360 with 256 rows a group and B column-major: the untuned call takes the 128-wide tile (its TMA
+    store through the ragged view at a width no multiple of 16), poisoned tail rows come back zero."""
+    m, k, n, e = 4096, 512, 360, 16
+    sizes = [256] * e
+    sizes[3], sizes[-1] = 0, 256 - 40  # an empty group, 40 tail rows
+    ends = ends_of(sizes, m)
+    x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+    x[:, int(ends[-1]) :] = float("nan")
+    b = torch.randn(1, e, n, k, device="cuda", dtype=torch.bfloat16).transpose(-1, -2)
+    prepared = rm_mod.Prepared(x, b, torch.bfloat16, None)
+    assert prepared.cfg.block_n == 128 and prepared.kmajor
+    c, _ = rm_mod.launch(x, b, ends)
+    assert not c.isnan().any() and (c[:, int(ends[-1]) :] == 0).all()
+    assert rel_err(c, ref_ragged_m(x.float(), b.float(), ends)) < TOL[torch.bfloat16]
 
 
 @gpu

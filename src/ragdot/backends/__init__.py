@@ -66,7 +66,7 @@ class Backend(Protocol):
 
     def tuning_configs(
         self, problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, limit: int,
-        device: torch.device | None = None,
+        device: torch.device | None = None, b_kmajor: bool = False,
     ) -> list[Any]: ...
 
     def config_to_dict(self, config: Any) -> dict[str, Any] | None: ...

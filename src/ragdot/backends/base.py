@@ -38,9 +38,10 @@ class BackendBase:
 
     def tuning_configs(
         self, problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, limit: int,
-        device: torch.device | None = None,
+        device: torch.device | None = None, b_kmajor: bool = False,
     ) -> list[Any]:
-        """The configs the autotuner measures for this problem on `device` ([None]: just the backend itself)."""
+        """The configs the autotuner measures for this problem on `device` ([None]: just the backend itself);
+        `b_kmajor`: ragged_m's B is column-major (K contiguous)."""
         return [None]
 
     def config_to_dict(self, config: Any) -> dict[str, Any] | None:

@@ -64,7 +64,7 @@ class GluonBackend(BackendBase):
             return pick_gluon_config(m, n, _out_bytes(dtype))
         return pick_gluon_m_config(m, k, n, g, _out_bytes(dtype)) if problem == "ragged_m" else None
 
-    def tuning_configs(self, problem, dims, dtype, limit, device=None) -> list[Any]:
+    def tuning_configs(self, problem, dims, dtype, limit, device=None, b_kmajor=False) -> list[Any]:
         m, k, n, _ = dims
         if problem == "ragged_k":
             return list(gluon_tuning_configs(m, n, _out_bytes(dtype), limit))

@@ -89,13 +89,13 @@ class TritonBackend(BackendBase):
 
         return pick_config(problem, *dims, dtype)
 
-    def tuning_configs(self, problem, dims, dtype, limit, device=None) -> list[Any]:
+    def tuning_configs(self, problem, dims, dtype, limit, device=None, b_kmajor=False) -> list[Any]:
         if problem == "batch":
             return []
         from ragdot.kernels.configs import tuning_configs
 
-        # the tile a call on `device` runs untuned (sm_90: the TMA one) comes first
-        return list(tuning_configs(problem, *dims, dtype, limit=limit, device=device))
+        # the tile a call on `device` with this layout of B runs untuned (sm_90: the TMA one) comes first
+        return list(tuning_configs(problem, *dims, dtype, limit=limit, device=device, b_kmajor=b_kmajor))
 
     def config_to_dict(self, config: TileConfig | None) -> dict[str, Any] | None:
         return None if config is None else dataclasses.asdict(config)

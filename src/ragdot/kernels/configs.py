@@ -118,7 +118,7 @@ def _padded_rows(rows: float, block_m: int) -> float:
     return -(-max(rows, 1) // block_m) * block_m
 
 
-def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool) -> TileConfig:
+def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool, b_kmajor: bool) -> TileConfig:
     rows = m / max(g, 1)  # average rows per group: the compile-time estimate M / G
     if rows <= 16:
         # decode: a few rows per group, the active groups' weights read once at the memory's pace; 16-row tiles
@@ -139,8 +139,24 @@ def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool) -> TileC
         # overlaps the other's main loop; each prefetches its next tile): 1.11-1.38x torch at 80 rows
         return TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
                           tma=True, flat=True)
+    if b_kmajor and _padded_cols(n, 256) > _WIDE_WASTE * _padded_cols(n, 128):
+        # long groups with B column-major (K contiguous: a data gradient's transposed weight), where 256-wide
+        # tiles would compute over 15% more columns than 128-wide ones: width 360 (gpt-oss-120b's expert width
+        # under 8-way tensor parallelism; 512 columns against 384) measured 1.09-1.12x the 128x256 tile and
+        # 1.10-1.19x the vendor on an H100 (graph and eager clocks, benchmarks/results/h100-20261206t). With B
+        # row-major the same tile lost there (0.79-0.96x), so that layout keeps 128x256.
+        return TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
+                          tma=True, flat=True)
     # long groups: large wgmma tiles, TMA loads, one flat persistent program per SM
     return TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, persistent=True, tma=True, flat=True)
+
+
+_WIDE_WASTE = 1.15  # the most extra columns a 256-wide tile may compute over a 128-wide one
+
+
+def _padded_cols(n: int, block_n: int) -> int:
+    """Output columns the tiles of width `block_n` compute for an output `n` wide."""
+    return -(-max(n, 1) // block_n) * block_n
 
 
 def _ragged_k_config(r: int, m: int, n: int, g: int, tma_loads: bool) -> TileConfig:
@@ -193,11 +209,12 @@ _TUNE_SPACE: dict[str, tuple[tuple[str, TileConfig], ...]] = {
 
 def tuning_configs(
     problem: Problem, m: int, k: int, n: int, g: int, dtype: torch.dtype, limit: int = 8,
-    device: torch.device | str | None = None,
+    device: torch.device | str | None = None, b_kmajor: bool = False,
 ) -> list[TileConfig]:
-    """Up to `limit` configs for the autotuner to measure: the heuristic's pick for `device` (the tile a call
-    there runs untuned), then the measured-strong configs of the problem's regime (dims as in `pick_config`)."""
-    heuristic = pick_config(problem, m, k, n, g, dtype, device)
+    """Up to `limit` configs for the autotuner to measure: the heuristic's pick for `device` and B's layout (the
+    tile a call there runs untuned), then the measured-strong configs of the problem's regime (dims and
+    `b_kmajor` as in `pick_config`)."""
+    heuristic = pick_config(problem, m, k, n, g, dtype, device, b_kmajor)
     regime = "small" if problem == "ragged_m" and m / max(g, 1) <= 64 else "large"
     out = [heuristic]
     for tag, cfg in _TUNE_SPACE[problem]:
@@ -228,16 +245,19 @@ def gather_config(r: int, m: int, n: int, g: int, dtype: torch.dtype, device: to
 
 
 def pick_config(
-    problem: Problem, m: int, k: int, n: int, g: int, dtype: torch.dtype, device: torch.device | str | None = None
+    problem: Problem, m: int, k: int, n: int, g: int, dtype: torch.dtype, device: torch.device | str | None = None,
+    b_kmajor: bool = False,
 ) -> TileConfig:
     """The heuristic's config for one problem.
 
     ragged_m: A[m, k] x B[g, k, n]; ragged_k: A[k, m] x B[k, n] -> [g, m, n] (k is the ragged token axis);
     batch: g is the batch count. `device`: ragged_k picks its TMA-load tile where the device can run it
-    (`tma_capable`; without a device, the pointer-load tile every backend runs).
+    (`tma_capable`; without a device, the pointer-load tile every backend runs). `b_kmajor`: ragged_m's B is
+    column-major (K contiguous), which changes the tile at some narrow output widths.
     """
     if problem == "ragged_m":
-        cfg = _ragged_m_config(m, k, n, g, device is not None and wide_shared_memory(torch.device(device)))
+        wide_shared = device is not None and wide_shared_memory(torch.device(device))
+        cfg = _ragged_m_config(m, k, n, g, wide_shared, b_kmajor)
     elif problem == "ragged_k":
         cfg = _ragged_k_config(k, m, n, g, device is not None and tma_capable(torch.device(device)))
     elif problem == "batch":
@@ -248,12 +268,12 @@ def pick_config(
 
 
 def resolve_config(
-    config: object, problem: Problem, m: int, k: int, n: int, g: int, a: torch.Tensor
+    config: object, problem: Problem, m: int, k: int, n: int, g: int, a: torch.Tensor, b_kmajor: bool = False
 ) -> TileConfig:
     """A launcher's `config=` argument: a TileConfig as given, or the heuristic's pick for `a`'s dtype and
-    device when None (dims as in `pick_config`); TypeError for anything else."""
+    device when None (dims and `b_kmajor` as in `pick_config`); TypeError for anything else."""
     if config is None:
-        return pick_config(problem, m, k, n, g, a.dtype, a.device)
+        return pick_config(problem, m, k, n, g, a.dtype, a.device, b_kmajor)
     if not isinstance(config, TileConfig):
         raise TypeError(f"config: expected a TileConfig or None, got {type(config).__name__}")
     return config

@@ -369,7 +369,8 @@ class Prepared:
         self.shape = (bt, m, n)
         self.out_dtype = out_dtype
         self.device = a.device
-        cfg = self.cfg = resolve_config(config, "ragged_m", m, k, n, g, a)
+        self.kmajor = b.stride(3) != 1
+        cfg = self.cfg = resolve_config(config, "ragged_m", m, k, n, g, a, self.kmajor)
         self.empty = bt * m * n == 0
         self.zero = g == 0 or k == 0
         if self.empty or self.zero:
@@ -385,7 +386,6 @@ class Prepared:
                       GROUP_M=cfg.group_m, PRECISION=dot_precision(a.dtype), FROM_SIZES=from_sizes)
         self.sizes = (m, n, k, g, scale) if cfg.flat else (m, n, k, g, scale, max_tiles)
         self.scale = scale
-        self.kmajor = b.stride(3) != 1
         bv = b.transpose(2, 3) if self.kmajor else b
         self.tma = (cfg.tma and tma_capable(a.device) and _tma_strides_ok(a) and _tma_strides_ok(bv))
         self.c_view = None

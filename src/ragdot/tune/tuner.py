@@ -43,16 +43,17 @@ def label(candidate: Candidate) -> str:
 
 def candidates_for(
     problem: str, dims: tuple[int, int, int, int], dtype: torch.dtype, max_configs: int,
-    device: torch.device | None = None,
+    device: torch.device | None = None, b_kmajor: bool = False,
 ) -> list[Candidate]:
     """Every usable fast backend with up to `max_configs` of its own tuning configs (the vendor kernel has
     one, itself; Triton its heuristic's pick and configs that measured well in the regime; Gluon, on Hopper,
     its warp-specialized tiles), each list starting with the tile a call on `device` runs untuned. dims =
-    (M, K, N, G) for ragged_m, (M, R, N, G) for ragged_k."""
+    (M, K, N, G) for ragged_m, (M, R, N, G) for ragged_k; `b_kmajor`: ragged_m's B is column-major."""
     out: list[Candidate] = []
     for name in ("torch", "triton", "gluon"):
         if name in available_backends():
-            out += [(name, cfg) for cfg in get_backend(name).tuning_configs(problem, dims, dtype, max_configs, device)]
+            configs = get_backend(name).tuning_configs(problem, dims, dtype, max_configs, device, b_kmajor)
+            out += [(name, cfg) for cfg in configs]
     return out
 
 
@@ -198,7 +199,7 @@ def tune_key(
     else:
         return None
     dims = (extent, s1, s2, g) if key.problem == "ragged_m" else (s1, extent, s2, g)
-    cands = candidates_for(key.problem, dims, dtype, max_configs, device)
+    cands = candidates_for(key.problem, dims, dtype, max_configs, device, key.problem == "ragged_m" and lb != "r")
     times = measure_problem(key.problem, a, b, g, out_dtype, cands, warmup=warmup, iters=iters)
     entry = entry_from_times(times, cands)
     if entry is not None:
