@@ -83,6 +83,7 @@ def test_tune_out_starts_a_valid_empty_cache_without_a_corrupt_warning(tmp_path)
         path = _out_path(args, torch.device("cpu"))
         assert cache_mod.load_entries(path) == {}
     assert json.loads(path.read_text()) == {"format": cache_mod.FORMAT, "entries": {}}
+    assert [p.name for p in path.parent.iterdir() if not p.name.startswith(".")] == [path.name]  # lock hidden
     path.write_text("")  # an empty file read as a cache is still reported
     with pytest.warns(UserWarning, match="corrupt"):
         assert cache_mod.load_entries(path) == {}

@@ -70,13 +70,14 @@ def load_entries(path: Path) -> dict[str, dict[str, Any]]:
 
 @contextlib.contextmanager
 def _locked(path: Path):
-    """An exclusive advisory lock beside `path` (POSIX), so read-merge-write cycles do not interleave."""
+    """An exclusive advisory lock beside `path` (POSIX), so read-merge-write cycles do not interleave. The lock file
+    is hidden (`.<name>.lock`) and stays: removing it would let a waiting writer lock a file no longer there."""
     try:
         import fcntl
     except ImportError:  # no advisory locks here: atomic replace alone still prevents torn files
         yield
         return
-    with open(path.with_suffix(path.suffix + ".lock"), "w") as lock:
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
