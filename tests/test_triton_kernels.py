@@ -266,17 +266,18 @@ def test_tuning_configs_start_with_the_tile_the_device_runs_untuned(monkeypatch)
     assert tuned == [tma]
 
 
-def test_long_groups_with_column_major_b_take_128_wide_tiles_where_256_wide_ones_waste_columns() -> None:
-    """Groups of 256+ rows run 256-wide tiles, unless B is column-major and those tiles compute over 15% more
-    output columns than 128-wide ones: width 360 (512 columns against 384) and 640 (768 against 640) take the
-    128-wide tile then; 720, 744, 2880 keep the 256-wide one, and a row-major B keeps it at every width. The
+def test_long_groups_take_128_wide_tiles_where_256_wide_ones_waste_columns() -> None:
+    """Groups of 256+ rows run 256-wide tiles, unless those compute over 15% more output columns than 128-wide
+    ones (width 360: 512 columns against 384; 640: 768 against 640) and B's rows load whole: B column-major, or
+    row-major with rows of 64-byte multiples (bf16 width 384 and 640, not 360). 720, 744, 2880 keep 256. The
     kernel resolves it from B's strides, and the tuner tries that tile first for that layout."""
     bf, dims = torch.bfloat16, (32768, 2880, 360, 128)
-    for n, width in ((360, 128), (640, 128), (720, 256), (744, 256), (2880, 256), (20480, 256)):
+    for n, kmajor_width, row_width in ((360, 128, 256), (384, 128, 128), (352, 128, 128), (640, 128, 128),
+                                       (720, 256, 256), (744, 256, 256), (2880, 256, 256), (20480, 256, 256)):
         kmajor = pick_config("ragged_m", 32768, 2880, n, 128, bf, b_kmajor=True)
-        assert kmajor.block_n == width and kmajor.block_m == 128 and kmajor.flat, (n, kmajor)
+        assert kmajor.block_n == kmajor_width and kmajor.block_m == 128 and kmajor.flat, (n, kmajor)
         assert kmajor in candidate_configs("ragged_m", bf)
-        assert pick_config("ragged_m", 32768, 2880, n, 128, bf).block_n == 256, n
+        assert pick_config("ragged_m", 32768, 2880, n, 128, bf).block_n == row_width, n
     # 128-row groups take the 128-wide tile whatever B's layout
     assert pick_config("ragged_m", 16384, 2880, 360, 128, bf, b_kmajor=True) == pick_config(
         "ragged_m", 16384, 2880, 360, 128, bf)

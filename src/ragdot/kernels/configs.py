@@ -118,7 +118,9 @@ def _padded_rows(rows: float, block_m: int) -> float:
     return -(-max(rows, 1) // block_m) * block_m
 
 
-def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool, b_kmajor: bool) -> TileConfig:
+def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool, b_kmajor: bool, b_row_bytes: int
+                     ) -> TileConfig:
+    """`b_row_bytes`: the bytes of one row of a row-major B (n elements)."""
     rows = m / max(g, 1)  # average rows per group: the compile-time estimate M / G
     if rows <= 16:
         # decode: a few rows per group, the active groups' weights read once at the memory's pace; 16-row tiles
@@ -139,12 +141,14 @@ def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool, b_kmajor
         # overlaps the other's main loop; each prefetches its next tile): 1.11-1.38x torch at 80 rows
         return TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
                           tma=True, flat=True)
-    if b_kmajor and _padded_cols(n, 256) > _WIDE_WASTE * _padded_cols(n, 128):
-        # long groups with B column-major (K contiguous: a data gradient's transposed weight), where 256-wide
-        # tiles would compute over 15% more columns than 128-wide ones: width 360 (gpt-oss-120b's expert width
-        # under 8-way tensor parallelism; 512 columns against 384) measured 1.09-1.12x the 128x256 tile and
-        # 1.10-1.19x the vendor on an H100 (graph and eager clocks, benchmarks/results/h100-20261206t). With B
-        # row-major the same tile lost there (0.79-0.96x), so that layout keeps 128x256.
+    if _padded_cols(n, 256) > _WIDE_WASTE * _padded_cols(n, 128) and (b_kmajor or b_row_bytes % 64 == 0):
+        # long groups where 256-wide tiles would compute over 15% more columns than 128-wide ones (widths in
+        # (256, 384] and (512, 640]: gpt-oss-120b's expert width under 8-way tensor parallelism, 360, computes 512
+        # columns against 384). Measured on an H100 (benchmarks/results/h100-20261206u, graph and eager clocks):
+        # B column-major (K contiguous: a data gradient's transposed weight) 1.07-1.13x the 128x256 tile at
+        # widths 360, 384 and 640; B row-major 1.05-1.29x at 320, 352, 384 and 640 (K 2048 and 2880), but
+        # 0.68-0.96x at 360, whose rows of 720 bytes are 16-byte aligned only: a row-major B keeps 128x256
+        # unless its rows are 64-byte multiples.
         return TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
                           tma=True, flat=True)
     # long groups: large wgmma tiles, TMA loads, one flat persistent program per SM
@@ -253,11 +257,12 @@ def pick_config(
     ragged_m: A[m, k] x B[g, k, n]; ragged_k: A[k, m] x B[k, n] -> [g, m, n] (k is the ragged token axis);
     batch: g is the batch count. `device`: ragged_k picks its TMA-load tile where the device can run it
     (`tma_capable`; without a device, the pointer-load tile every backend runs). `b_kmajor`: ragged_m's B is
-    column-major (K contiguous), which changes the tile at some narrow output widths.
+    column-major (K contiguous), which changes the tile at some narrow output widths (a row-major B is taken
+    to have rows of n elements).
     """
     if problem == "ragged_m":
         wide_shared = device is not None and wide_shared_memory(torch.device(device))
-        cfg = _ragged_m_config(m, k, n, g, wide_shared, b_kmajor)
+        cfg = _ragged_m_config(m, k, n, g, wide_shared, b_kmajor, n * _dtype_bytes(dtype))
     elif problem == "ragged_k":
         cfg = _ragged_k_config(k, m, n, g, device is not None and tma_capable(torch.device(device)))
     elif problem == "batch":
