@@ -145,10 +145,10 @@ def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool, b_kmajor
         # long groups where 256-wide tiles would compute over 15% more columns than 128-wide ones (widths in
         # (256, 384] and (512, 640]: gpt-oss-120b's expert width under 8-way tensor parallelism, 360, computes 512
         # columns against 384). Measured on an H100 (benchmarks/results/h100-20261206u, graph and eager clocks):
-        # B column-major (K contiguous: a data gradient's transposed weight) 1.07-1.13x the 128x256 tile at
-        # widths 360, 384 and 640; B row-major 1.05-1.29x at 320, 352, 384 and 640 (K 2048 and 2880), but
-        # 0.68-0.96x at 360, whose rows of 720 bytes are 16-byte aligned only: a row-major B keeps 128x256
-        # unless its rows are 64-byte multiples.
+        # B column-major (K contiguous: a data gradient's transposed weight) 1.07-1.17x the 128x256 tile at
+        # widths 352, 360, 384 and 640; B row-major 1.06-1.24x at 352, 384 and 640 (the tuner: 1.06-1.29x at
+        # 320 too), but 0.84-0.87x at 360 (balanced groups, K 2048 to 4096), whose 720-byte rows are 16-byte
+        # aligned only: a row-major B keeps 128x256 unless its rows are 64-byte multiples.
         return TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
                           tma=True, flat=True)
     # long groups: large wgmma tiles, TMA loads, one flat persistent program per SM
