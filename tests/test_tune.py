@@ -232,6 +232,28 @@ def test_untuned_weight_gradients_with_long_groups_try_the_vendor_first(monkeypa
     assert select.heuristic_order("ragged_k", names, edge, 9)[0] == "triton"
 
 
+def test_untuned_narrow_outputs_of_misaligned_row_major_weights_try_the_vendor_first(monkeypatch):
+    """ragged_m with groups of 256+ rows, an output 360 wide (256-wide tiles waste columns) and a row-major
+    bf16 B of 720-byte rows: the vendor beat every tile measured, so it goes first; a column-major B, 64-byte
+    rows (352, 384), shorter groups, a result bound for the caller's buffer and ROCm keep the device order."""
+    monkeypatch.setattr(torch.version, "hip", None)
+    names = ["triton", "torch", "gluon", "reference"]
+    meta = {"device": "meta", "dtype": torch.bfloat16}
+    a = torch.empty(1, 32768, 2880, **meta)  # 256 rows a group over 128 groups
+    row = torch.empty(1, 128, 2880, 360, **meta)
+    col = torch.empty(1, 128, 360, 2880, **meta).transpose(2, 3)
+    assert select.heuristic_order("ragged_m", names, a, 128, b=row) == ["torch", "triton", "gluon", "reference"]
+    assert select.heuristic_order("ragged_m", names, a, 128, b=col) == names
+    assert select.heuristic_order("ragged_m", names, a, 128) == names  # no B given
+    for n in (352, 384, 720, 2880):
+        assert select.heuristic_order("ragged_m", names, a, 128, b=torch.empty(1, 128, 2880, n, **meta)) == names
+    assert select.heuristic_order("ragged_m", names, a[:, :16384], 128, b=row) == names  # 128 rows a group
+    assert select.heuristic_order("ragged_m", names, a, 128, copy_ms=0.1, b=row) == names
+    assert select.heuristic_order("ragged_m", ["triton", "reference"], a, 128, b=row) == ["triton", "reference"]
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert select.heuristic_order("ragged_m", names, a, 128, b=row) == names
+
+
 def test_untuned_weight_gradients_try_gluon_before_triton_where_it_runs(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", None)
     names = ["triton", "torch", "gluon", "reference"]

@@ -110,13 +110,21 @@ GLUON_WGRAD_FIRST = True
 
 
 def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups: int,
-                    copy_ms: float = 0.0) -> list[str]:
-    """`names` (the device's candidate order) for a call with no measured entry; a [Bt, R, M].
+                    copy_ms: float = 0.0, b: torch.Tensor | None = None) -> list[str]:
+    """`names` (the device's candidate order) for a call with no measured entry; a [Bt, R, M] (ragged_k) or
+    [Bt, M, K] (ragged_m), b [Bt, G, K, N] (ragged_m; None: the order for a row-major B of 64-byte rows).
 
     Weight gradients (ragged_k): where the gluon backend is usable (sm_90) its default tile goes first, before
     triton and the vendor (`GLUON_WGRAD_FIRST`); with long groups (`VENDOR_WGRAD_ROWS`; CUDA builds, where it
     was measured) the vendor goes before triton (first where gluon is not usable), unless the result must be
-    copied into the caller's buffer (the vendor cannot write there)."""
+    copied into the caller's buffer (the vendor cannot write there). ragged_m: the vendor first where it beat
+    every tile measured (`kernels.configs.vendor_beats_tiles`: narrow outputs of a row-major B whose rows are
+    no 64-byte multiple), on the same terms."""
+    if problem == "ragged_m":
+        vendor = "torch" in names and not copy_ms and torch.version.hip is None and b is not None
+        if vendor and _vendor_beats_tiles(a, b, num_groups):
+            return ["torch", *[n for n in names if n != "torch"]]
+        return names
     if problem != "ragged_k":
         return names
     order = list(names)
@@ -131,6 +139,17 @@ def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups:
         order.remove("torch")
         order.insert(order.index("gluon") + 1 if gluon_first else 0, "torch")
     return order
+
+
+def _vendor_beats_tiles(a: torch.Tensor, b: torch.Tensor, num_groups: int) -> bool:
+    """`kernels.configs.vendor_beats_tiles` for ragged_m operands a [Bt, M, K], b [Bt, G, K, N] (a row-major B
+    taken to have rows of N elements, as the tile heuristic takes it); False where Triton is not installed."""
+    try:
+        from ragdot.kernels.configs import vendor_beats_tiles
+    except ImportError:
+        return False
+    n = b.shape[3]
+    return vendor_beats_tiles(a.shape[1], n, num_groups, b.stride(3) != 1, n * b.element_size())
 
 
 def plan(
@@ -157,5 +176,5 @@ def plan(
         if first in names:  # else the measured winner cannot run here: the device order
             names = [first, *[n for n in names if n != first]]
     else:
-        names = heuristic_order(problem, names, a, num_groups, copy_ms)
+        names = heuristic_order(problem, names, a, num_groups, copy_ms, b)
     return [(name, entry_config(entry, name)) for name in names]
