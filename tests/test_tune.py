@@ -245,6 +245,8 @@ def test_untuned_narrow_outputs_of_misaligned_row_major_weights_try_the_vendor_f
     assert select.heuristic_order("ragged_m", names, a, 128, b=row) == ["torch", "triton", "gluon", "reference"]
     assert select.heuristic_order("ragged_m", names, a, 128, b=col) == names
     assert select.heuristic_order("ragged_m", names, a, 128) == names  # no B given
+    f32 = {"device": "meta", "dtype": torch.float32}  # not measured: the device order
+    assert select.heuristic_order("ragged_m", names, a.float(), 128, b=torch.empty(1, 128, 2880, 360, **f32)) == names
     for n in (352, 384, 720, 2880):
         assert select.heuristic_order("ragged_m", names, a, 128, b=torch.empty(1, 128, 2880, n, **meta)) == names
     assert select.heuristic_order("ragged_m", names, a[:, :16384], 128, b=row) == names  # 128 rows a group
