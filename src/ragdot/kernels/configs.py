@@ -141,7 +141,7 @@ def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool, b_kmajor
         # overlaps the other's main loop; each prefetches its next tile): 1.11-1.38x torch at 80 rows
         return TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
                           tma=True, flat=True)
-    if _narrow(n) and (b_kmajor or b_row_bytes % 64 == 0):
+    if _narrow(n) and _rows_load_whole(b_kmajor, b_row_bytes):
         # long groups where 256-wide tiles would compute over 15% more columns than 128-wide ones (widths in
         # (256, 384] and (512, 640]: gpt-oss-120b's expert width under 8-way tensor parallelism, 360, computes 512
         # columns against 384). Measured on an H100 (benchmarks/results/h100-20261206u, graph and eager clocks):
@@ -163,12 +163,20 @@ def _narrow(n: int) -> bool:
     return _padded_cols(n, 256) > _WIDE_WASTE * _padded_cols(n, 128)
 
 
-def vendor_beats_tiles(m: int, n: int, g: int, b_kmajor: bool, b_row_bytes: int) -> bool:
-    """ragged_m calls (dims as `pick_config`'s) where the vendor grouped GEMM beat every Triton and Gluon tile
-    measured: groups of 256+ rows, a narrow output (`_narrow`) and B row-major with rows of no 64-byte multiple
-    (`b_row_bytes`). bf16 width 360 on an H100, the tuner's clock: the vendor 1.01-1.17x the best other
-    candidate at K 2048, 2880 and 4096 (benchmarks/results/h100-20261206t and h100-20261206u)."""
-    return m >= 256 * max(g, 1) and _narrow(n) and not b_kmajor and b_row_bytes % 64 != 0
+def _rows_load_whole(b_kmajor: bool, b_row_bytes: int) -> bool:
+    """Whether the 128-wide tile reads B well: B column-major, or row-major with rows of 64-byte multiples."""
+    return b_kmajor or b_row_bytes % 64 == 0
+
+
+def vendor_beats_tiles(m: int, n: int, g: int, dtype: torch.dtype, b_kmajor: bool) -> bool:
+    """ragged_m calls (dims, `dtype` and `b_kmajor` as `pick_config`'s) where the vendor grouped GEMM beat every
+    Triton and Gluon tile measured: 16-bit operands, groups of 256+ rows, a narrow output (`_narrow`) and a
+    row-major B whose rows (n elements) are no 64-byte multiple. bf16 width 360 on an H100, the tuner's clock:
+    the vendor 1.01-1.17x the best other candidate at K 2048, 2880 and 4096 (benchmarks/results/h100-20261206t
+    and h100-20261206u)."""
+    size = _dtype_bytes(dtype)
+    return (size == 2 and m >= 256 * max(g, 1) and _narrow(n)
+            and not _rows_load_whole(b_kmajor, n * size))
 
 
 def _padded_cols(n: int, block_n: int) -> int:

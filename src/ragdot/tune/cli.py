@@ -106,8 +106,7 @@ def run(args: argparse.Namespace) -> int:
         a, b = can.a, can.b
         dims = (a.shape[1], a.shape[2], b.shape[3], shape.E) if can.mode == "ragged_m" else (
             a.shape[2], a.shape[1], b.shape[2], shape.E)
-        kmajor = can.mode == "ragged_m" and b.stride(3) != 1
-        cands = candidates_for(can.mode, dims, dtype, args.max_configs, can.a.device, kmajor)
+        cands = candidates_for(can.mode, dims, dtype, args.max_configs, can.a.device, key.b_kmajor)
         times = measure_problem(can.mode, can.a, can.b, shape.E, dtype, cands, warmup=args.warmup,
                                 iters=args.iters)
         entry = entry_from_times(times, cands)

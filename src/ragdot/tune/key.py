@@ -61,6 +61,11 @@ class TuneKey:
     bucket: int
     version: str
 
+    @property
+    def b_kmajor(self) -> bool:
+        """Whether a ragged_m key's B is not row-major (the tile heuristic's `b_kmajor`)."""
+        return self.problem == "ragged_m" and self.layout[3] != "r"
+
     def text(self) -> str:
         sizes = "x".join(str(s) for s in self.sizes)
         return (

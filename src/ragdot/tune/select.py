@@ -27,7 +27,7 @@ import torch
 
 from ragdot.backends import candidates, get_backend
 from ragdot.tune.cache import CACHE
-from ragdot.tune.key import TuneKey, key_for
+from ragdot.tune.key import TuneKey, key_for, layout_of
 
 __all__ = ["plan", "tuned_entry", "entry_config", "config_from_dict", "eager_cost", "heuristic_order"]
 
@@ -143,15 +143,12 @@ def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups:
 
 def _vendor_beats_tiles(a: torch.Tensor, b: torch.Tensor, num_groups: int) -> bool:
     """`kernels.configs.vendor_beats_tiles` for ragged_m operands a [Bt, M, K], b [Bt, G, K, N] (a row-major B
-    taken to have rows of N elements, as the tile heuristic takes it); 16-bit operands only (those measured);
-    False where Triton is not installed."""
+    taken to have rows of N elements, as the tile heuristic takes it); False where Triton is not installed."""
     try:
         from ragdot.kernels.configs import vendor_beats_tiles
     except ImportError:
         return False
-    n = b.shape[3]
-    size = b.element_size()
-    return size == 2 and vendor_beats_tiles(a.shape[1], n, num_groups, b.stride(3) != 1, n * size)
+    return vendor_beats_tiles(a.shape[1], b.shape[3], num_groups, b.dtype, layout_of(b) != "r")
 
 
 def plan(

@@ -199,7 +199,7 @@ def tune_key(
     else:
         return None
     dims = (extent, s1, s2, g) if key.problem == "ragged_m" else (s1, extent, s2, g)
-    cands = candidates_for(key.problem, dims, dtype, max_configs, device, key.problem == "ragged_m" and lb != "r")
+    cands = candidates_for(key.problem, dims, dtype, max_configs, device, key.b_kmajor)
     times = measure_problem(key.problem, a, b, g, out_dtype, cands, warmup=warmup, iters=iters)
     entry = entry_from_times(times, cands)
     if entry is not None:
