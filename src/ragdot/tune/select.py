@@ -120,9 +120,10 @@ def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups:
     copied into the caller's buffer (the vendor cannot write there). ragged_m: the vendor first where it beat
     every tile measured (`kernels.configs.vendor_beats_tiles`: narrow outputs of a row-major B whose rows are
     no 64-byte multiple), on the same terms."""
+    # the vendor may move ahead: it is a candidate, writes its own result, and runs a CUDA build (where measured)
+    vendor_ok = "torch" in names and not copy_ms and torch.version.hip is None
     if problem == "ragged_m":
-        vendor = "torch" in names and not copy_ms and torch.version.hip is None and b is not None
-        if vendor and _vendor_beats_tiles(a, b, num_groups):
+        if vendor_ok and b is not None and _vendor_beats_tiles(a, b, num_groups):
             return ["torch", *[n for n in names if n != "torch"]]
         return names
     if problem != "ragged_k":
@@ -133,7 +134,7 @@ def heuristic_order(problem: str, names: list[str], a: torch.Tensor, num_groups:
         order.remove("gluon")
         order.insert(min(order.index(n) for n in ("triton", "torch") if n in order), "gluon")
     long_groups = num_groups > 0 and a.shape[1] >= VENDOR_WGRAD_ROWS * num_groups
-    if long_groups and not copy_ms and "torch" in order and torch.version.hip is None:  # measured on CUDA only
+    if long_groups and vendor_ok:
         # the vendor before triton: first, or right after gluon's tile (which refuses what it cannot take:
         # dtypes other than bf16/fp16, strided rows; the vendor then runs, as without gluon)
         order.remove("torch")
