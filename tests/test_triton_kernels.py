@@ -269,15 +269,20 @@ def test_tuning_configs_start_with_the_tile_the_device_runs_untuned(monkeypatch)
 def test_long_groups_take_128_wide_tiles_where_256_wide_ones_waste_columns() -> None:
     """Groups of 256+ rows run 256-wide tiles, unless those compute over 15% more output columns than 128-wide
     ones (width 360: 512 columns against 384; 640: 768 against 640) and B's rows load whole: B column-major, or
-    row-major with rows of 64-byte multiples (bf16 width 384 and 640, not 360). 720, 744, 2880 keep 256. The
-    kernel resolves it from B's strides, and the tuner tries that tile first for that layout."""
+    row-major with rows of 64-byte multiples (bf16 width 384 and 640, not 360). 720, 744, 2880 keep 256 from
+    512 rows a group; below 512, B column-major takes the 128-wide tile at any width. The kernel resolves it from
+    B's strides, and the tuner tries that tile first for that layout."""
     bf, dims = torch.bfloat16, (32768, 2880, 360, 128)
     for n, kmajor_width, row_width in ((360, 128, 256), (384, 128, 128), (352, 128, 128), (640, 128, 128),
                                        (720, 256, 256), (744, 256, 256), (2880, 256, 256), (20480, 256, 256)):
-        kmajor = pick_config("ragged_m", 32768, 2880, n, 128, bf, b_kmajor=True)
+        kmajor = pick_config("ragged_m", 65536, 2880, n, 128, bf, b_kmajor=True)  # 512 rows a group
         assert kmajor.block_n == kmajor_width and kmajor.block_m == 128 and kmajor.flat, (n, kmajor)
         assert kmajor in candidate_configs("ragged_m", bf)
-        assert pick_config("ragged_m", 32768, 2880, n, 128, bf).block_n == row_width, n
+        assert pick_config("ragged_m", 65536, 2880, n, 128, bf).block_n == row_width, n
+        # 256 to 511 rows a group: B column-major takes the 128-wide tile at every width, row-major as above
+        for m in (32768, 65535):
+            assert pick_config("ragged_m", m, 2880, n, 128, bf, b_kmajor=True).block_n == 128, (m, n)
+            assert pick_config("ragged_m", m, 2880, n, 128, bf).block_n == row_width, (m, n)
     # 128-row groups take the 128-wide tile whatever B's layout
     assert pick_config("ragged_m", 16384, 2880, 360, 128, bf, b_kmajor=True) == pick_config(
         "ragged_m", 16384, 2880, 360, 128, bf)

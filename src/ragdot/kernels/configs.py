@@ -118,6 +118,12 @@ def _padded_rows(rows: float, block_m: int) -> float:
     return -(-max(rows, 1) // block_m) * block_m
 
 
+# 128x128x64 tiles, two flat persistent programs per SM (one's epilogue overlaps the other's main loop; each
+# prefetches its next tile): ragged-M's tile for short groups and for some long ones (below)
+_FLAT_128 = TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
+                       tma=True, flat=True)
+
+
 def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool, b_kmajor: bool, b_row_bytes: int
                      ) -> TileConfig:
     """`b_row_bytes`: the bytes of one row of a row-major B (n elements)."""
@@ -137,10 +143,15 @@ def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool, b_kmajor
         # (measured 1.13-1.24x torch on qwen3-235b, unflattened 1.10-1.17x)
         return TileConfig(64, 256, 64, group_m=8, num_warps=4, num_stages=4, persistent=True, tma=True, flat=True)
     if rows < 256:
-        # matrix bound with short groups: 128x128 tiles, two flat persistent programs per SM (one's epilogue
-        # overlaps the other's main loop; each prefetches its next tile): 1.11-1.38x torch at 80 rows
-        return TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
-                          tma=True, flat=True)
+        # matrix bound with short groups: 1.11-1.38x torch at 80 rows
+        return _FLAT_128
+    if b_kmajor and rows < 512:
+        # groups of 256 to 511 rows with B column-major (a data gradient's transposed weight): the 128x128 tile,
+        # two flat programs per SM, beat 128x256 in every such key tuned: 1.10-1.11x on an H100 at 256 rows
+        # (gpt-oss-like's layer, 2880 -> 2880 and 5760 -> 2880, benchmarks/results/h100-20261206v) and 1.01-1.07x
+        # on an H200 at deepseek2-16b's anchors; at 512 rows with long contractions it lost (mixtral-8x7b on an
+        # H100: 0.86x), so longer groups keep the rules below
+        return _FLAT_128
     if _narrow(n) and _rows_load_whole(b_kmajor, b_row_bytes):
         # long groups where 256-wide tiles would compute over 15% more columns than 128-wide ones (widths in
         # (256, 384] and (512, 640]: gpt-oss-120b's expert width under 8-way tensor parallelism, 360, computes 512
@@ -149,8 +160,7 @@ def _ragged_m_config(m: int, k: int, n: int, g: int, wide_shared: bool, b_kmajor
         # widths 352, 360, 384 and 640; B row-major 1.06-1.24x at 352, 384 and 640 (the tuner: 1.06-1.29x at
         # 320 too), but 0.84-0.87x at 360 (balanced groups, K 2048 to 4096), whose 720-byte rows are 16-byte
         # aligned only: a row-major B keeps 128x256 unless its rows are 64-byte multiples.
-        return TileConfig(128, 128, 64, group_m=8, num_warps=4, num_stages=3, persistent=True, programs_per_sm=2,
-                          tma=True, flat=True)
+        return _FLAT_128
     # long groups: large wgmma tiles, TMA loads, one flat persistent program per SM
     return TileConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, persistent=True, tma=True, flat=True)
 
