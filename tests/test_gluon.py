@@ -202,7 +202,7 @@ def test_ragged_m_tile_table(sizes, m):
     """Row tiles per group from the raw sizes (clamped, negatives as 0), the tail group G last, unused slots
     after (group -1, themselves as their first slot, one tile); the same table from clamped ends."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    from ragdot.kernels.gluon.ragged_m import tile_table
+    from ragdot.kernels.gluon.ragged_m import table_launch, tile_table
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     raw = torch.tensor(sizes, device=dev)
@@ -212,6 +212,8 @@ def test_ragged_m_tile_table(sizes, m):
     assert table.shape == (5, slots)
     unused = [(-1, 0, 0, t, 1) for t in range(len(want), slots)]
     assert [tuple(col) for col in table.T.tolist()] == want + unused
+    bound = table_launch(m, 64, len(sizes), True, torch.device(dev))  # what a Prepared launches: the same table
+    assert torch.equal(tile_table(raw, m, 64, True, launch=bound).cpu(), table)
     ends = raw.clamp(min=0).cumsum(0).clamp(max=m).to(torch.int32)
     again = [tuple(col) for col in tile_table(ends, m, 64, from_sizes=False).cpu().T.tolist()]
     assert again == want + unused
