@@ -139,7 +139,7 @@ def table_launch(m: int, block_m: int, groups: int, from_sizes: bool, device: to
 
 def _table_grid(slots: int, consts: dict[str, Any]) -> tuple[int]:
     """One program per BLOCK_T slots: each forms the groups' prefix sums itself (one pass over BLOCK_G values),
-    so the table costs one such pass, not one per BLOCK_T slots in a row (48 µs at 385 slots and 129 groups on an
+    so the table costs one such pass, not one per BLOCK_T slots in a row (48 µs at 385 slots and 128 groups on an
     H100, in the MoE layer's profile, where a program walked the slots alone)."""
     return (-(-slots // consts["BLOCK_T"]),)
 
