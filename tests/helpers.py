@@ -47,10 +47,13 @@ def rand(shape, dtype, device, gen, scale=1.0) -> torch.Tensor:
     return (torch.randn(shape, generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
 
 
-def nerr(out: torch.Tensor, ref: torch.Tensor) -> float:
+def nerr(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
+    """||out - ref|| / ||scale|| (scale: ref itself by default). Pass the same product of the operands' absolute
+    values as `scale` where a few random terms may cancel: a rounding error is relative to the sum of the terms'
+    magnitudes, not to what is left after they cancel."""
     out = out.detach().to("cpu", torch.float64)
     ref = ref.detach().to("cpu", torch.float64)
-    denom = ref.norm().item()
+    denom = (ref if scale is None else scale.detach().to("cpu", torch.float64)).norm().item()
     diff = (out - ref).norm().item()
     return diff / denom if denom > 0 else diff
 
