@@ -120,7 +120,7 @@ def tile_table(groups: torch.Tensor, m: int, block_m: int, from_sizes: bool, sca
     """int32 [5, T] row-tile table (see `_m_tile_table_kernel`); one launch, no host sync. `launch`: the kernel
     bound for these arguments (a Prepared's, `table_launch`), else an ordinary launch."""
     g = groups.shape[0]
-    t = -(-m // block_m) + g + 1
+    t = table_slots(m, block_m, g)
     table = scratch((5, t), torch.int32, groups.device)
     if launch is not None:
         launch(groups, table, m, g, scale, t)
@@ -130,10 +130,15 @@ def tile_table(groups: torch.Tensor, m: int, block_m: int, from_sizes: bool, sca
     return table
 
 
+def table_slots(m: int, block_m: int, groups: int) -> int:
+    """The table's slot count T: cdiv(M, BLOCK_M) + G + 1 bounds the row tiles of any routing (the tail group too)."""
+    return -(-m // block_m) + groups + 1
+
+
 def table_launch(m: int, block_m: int, groups: int, from_sizes: bool, device: torch.device) -> BoundLaunch:
     """`_m_tile_table_kernel` bound for one (M, BLOCK_M, G, FROM_SIZES): what `tile_table` takes as `launch`."""
     consts = _table_consts(block_m, groups, from_sizes)
-    return BoundLaunch(_m_tile_table_kernel, _table_grid(-(-m // block_m) + groups + 1, consts), consts,
+    return BoundLaunch(_m_tile_table_kernel, _table_grid(table_slots(m, block_m, groups), consts), consts,
                        {"num_warps": 4}, device)
 
 
@@ -359,7 +364,7 @@ class Prepared:
         self.blocks = ([cfg.block_m, cfg.block_k], b_block, [1, 1, cfg.block_m, cfg.block_n])
         self.layouts = tuple(gl.NVMMASharedLayout.get_default_for(blk, dt)
                              for blk, dt in zip(self.blocks, (in_dt, in_dt, out_dt)))
-        self.t = -(-m // cfg.block_m) + g + 1
+        self.t = table_slots(m, cfg.block_m, g)
         items = bt * self.t * -(-n // cfg.block_n)
         self.grid = (max(1, min(items, num_sms(a.device))),)
         self.consts = (cfg.stages, cfg.group_m, self.kmajor, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
