@@ -358,39 +358,6 @@ def test_output_rows_not_a_multiple_of_the_tile(cfg, epilogue, monkeypatch):
     _check_config(cfg, 800, 200, 328, [300, 0, 129, 64, 5, 0, 250], bt=2, seed=13)
 
 
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("epilogue", ["tma", "blocked"])
-def test_resident_band_matches_the_plain_kernel_bitwise(epilogue, monkeypatch):
-    """The resident kernel (b's band kept in shared memory across a strip of row tiles) on groups that fit its
-    slots, that fill them exactly, and that stream (600 rows > 8 x 32), empty and one-row groups, two strips per band
-    (11 row tiles) and a partial last band, batched and NaN-poisoned past the last group: against float64, and
-    bitwise equal to the plain kernel with the same tile and chunk depth (the same order of accumulation)."""
-    from ragdot.kernels.gluon.ragged_k import ragged_k
-
-    monkeypatch.setattr("ragdot.kernels.gluon.ragged_k.EPILOGUE", epilogue)
-    resident, plain = GluonConfig(128, 256, 32, 4, 8, resident=8), GluonConfig(128, 256, 32, 6, 8)
-    sizes = [256, 0, 1, 31, 600, 32, 0, 255, 257, 100]
-    a, b, ends = _case(1700, 1300, 600, sizes, bt=2, seed=23)
-    out = ragged_k(a, b, ends, config=resident)
-    _check(out, a, b, sizes)
-    assert torch.equal(out, ragged_k(a, b, ends, config=plain)), "resident != plain kernel"
-    assert torch.equal(out, ragged_k(a, b, ends, config=resident)), "not bitwise reproducible"
-
-
-def test_resident_config_rules():
-    """A resident config: one consumer partition, its shared memory counts the a ring and the resident b slots."""
-    cfg = GluonConfig(128, 256, 32, 4, 8, resident=8)
-    assert cfg.short().endswith("k8") and cfg.shared_bytes() <= SHARED_BYTES
-    assert cfg.shared_bytes() == (4 * 128 + 8 * 256) * 32 * 2 + 128 * 256 * 2 + 16 * 12 + 1024
-    assert cfg.shared_bytes(2, 4) > SHARED_BYTES  # a float32 output does not fit beside the band
-    with pytest.raises(ValueError, match="consumers"):
-        GluonConfig(128, 128, 64, 4, 4, consumers=2, resident=4)
-    with pytest.raises(ValueError, match="resident"):
-        GluonConfig(resident=-1)
-    assert cfg in gluon_tuning_configs(2880, 5760) and cfg not in gluon_tuning_configs(2880, 5760, 4)
-
-
 def test_ping_pong_register_plan():
     """The second consumer's registers plus the default partition's 256 and the producer's fit 64 Ki a SM."""
     assert consumer_regs(GluonConfig()) == 0

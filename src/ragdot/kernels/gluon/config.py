@@ -16,9 +16,7 @@ class GluonConfig:
     """One launch of the warp-specialized kernels: tile, ring depth, consumer warps (4 = one warpgroup, 8 = two
     cooperating on the tile), row tiles per band, registers of the producer warp, and consumer partitions
     (1; or 2 = ping-pong: two one-warpgroup consumers on alternate tiles, each with its own epilogue buffer,
-    taking turns at the tensor cores so that one's epilogue runs under the other's main loop).
-    `resident` (ragged_k only; 0: none): b chunks of block_k rows kept in shared memory while a strip of row tiles
-    streams a (`ragged_k_resident`), for groups of up to resident x block_k rows; one consumer partition."""
+    taking turns at the tensor cores so that one's epilogue runs under the other's main loop)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -28,7 +26,6 @@ class GluonConfig:
     group_m: int = 8
     producer_regs: int = 24
     consumers: int = 1
-    resident: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -49,26 +46,17 @@ class GluonConfig:
             raise ValueError(f"producer_regs: expected a multiple of 8 in [24, 256], got {self.producer_regs}")
         if self.consumers not in (1, 2):
             raise ValueError(f"consumers: expected 1 or 2 (ping-pong), got {self.consumers!r}")
-        if not isinstance(self.resident, int) or self.resident < 0:
-            raise ValueError(f"resident: expected an int >= 0 (b chunks kept in shared memory), got {self.resident!r}")
-        if self.resident and self.consumers != 1:
-            raise ValueError(f"consumers: a resident config has one consumer partition, got {self.consumers}")
         if self.consumers == 2 and self.num_warps != 4:
             raise ValueError(f"num_warps: ping-pong consumers are one warpgroup each (4), got {self.num_warps}")
 
     def shared_bytes(self, in_bytes: int = 2, out_bytes: int = 2) -> int:
-        """Shared memory of the ring(s), the epilogue tiles (one per consumer) and the barriers."""
-        if self.resident:
-            ring = (self.stages * self.block_m + self.resident * self.block_n) * self.block_k * in_bytes
-            barriers = 16 * (self.stages + self.resident)
-        else:
-            ring, barriers = self.stages * self.block_k * (self.block_m + self.block_n) * in_bytes, 16 * self.stages
-        return ring + self.consumers * self.block_m * self.block_n * out_bytes + barriers + 1024
+        """Shared memory of the ring, the epilogue tiles (one per consumer) and the barriers."""
+        ring = self.stages * self.block_k * (self.block_m + self.block_n) * in_bytes
+        return ring + self.consumers * self.block_m * self.block_n * out_bytes + 16 * self.stages + 1024
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}s{self.stages}w{self.num_warps}"
-                f"g{self.group_m}r{self.producer_regs}" + ("p2" if self.consumers == 2 else "")
-                + (f"k{self.resident}" if self.resident else ""))
+                f"g{self.group_m}r{self.producer_regs}" + ("p2" if self.consumers == 2 else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,10 +69,8 @@ class GluonConfig:
 # 64x256 at M = 2880 and 704 (measured when tiles had to divide M; since the store clips at M, the 128-row tiles
 # run there too). With a float32 output neither the 128x256 nor the ping-pong tiles fit: 128x128, one consumer.
 _COOPERATIVE_32_DEEP = GluonConfig(128, 256, 32, 6, 8)
-_RESIDENT = GluonConfig(128, 256, 32, 4, 8, resident=8)  # 256 rows of a 256-wide band resident (128 KiB)
 _CANDIDATES = (
     _COOPERATIVE_32_DEEP,
-    _RESIDENT,
     GluonConfig(128, 128, 64, 5, 4, consumers=2),
     GluonConfig(64, 256, 64, 4, 4, consumers=2),
     GluonConfig(128, 128, 64, 4, 4, consumers=2),

@@ -185,6 +185,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G,
     total = G * Bt * gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     C_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], c_desc.dtype)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], C_LAYOUT)
+    ROWS: gl.constexpr = gl.SliceLayout(1, STORE_LAYOUT)
+    COLS: gl.constexpr = gl.SliceLayout(0, STORE_LAYOUT)
     it = 0  # ring position of the item's first chunk (every consumer's chunks counted)
     j = 0  # the item's number among this program's items
     for item in range(pid, total, nprog):
@@ -202,35 +204,23 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G,
             _pass_turn(turn, PARITY, NCONS)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
-            store_tile(acc, c_desc, c_smem, c_ptr, g * Bt + bt, pid_m, pid_n, M, N, stride_cg, stride_cm,
-                       EPILOGUE_CODE, STORE_LAYOUT)
+            if EPILOGUE_CODE == 0:
+                tma.store_wait(pendings=0)  # this consumer's previous tile's store has read c_smem
+                c_smem.store(acc.to(c_desc.dtype))
+                fence_async_shared()  # one slab of c per (group, batch entry): the store clips at M and N
+                tma.async_copy_shared_to_global(c_desc, [g * Bt + bt, pid_m * BLOCK_M, pid_n * BLOCK_N],
+                                                c_smem.reshape([1, BLOCK_M, BLOCK_N]))
+            else:  # rows of 16-byte vectors by pointer stores, masked at M and N of this (group, batch) slab
+                rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROWS)
+                cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=COLS)
+                offs = (gl.expand_dims(rows.to(gl.int64) * stride_cm, 1) + gl.expand_dims(cols, 0)
+                        + (g * Bt + bt).to(gl.int64) * stride_cg)
+                mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
+                gl.store(c_ptr + offs, gl.convert_layout(acc.to(c_ptr.dtype.element_ty), STORE_LAYOUT), mask=mask)
         it += n_k
         j += 1  # noqa: SIM113 (a Gluon loop over a range with a step: no enumerate)
     if EPILOGUE_CODE == 0:
         tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def store_tile(acc, c_desc, c_smem, c_ptr, slab, pid_m, pid_n, M, N, stride_cg, stride_cm,
-               EPILOGUE_CODE: gl.constexpr, STORE_LAYOUT: gl.constexpr):
-    """The epilogue of one [BLOCK_M, BLOCK_N] accumulator tile of c's (group, batch) slab `slab`: through c_smem to
-    a TMA store that is waited for only before the next tile reuses c_smem (EPILOGUE_CODE 0; the store clips at M
-    and N of the slab), or as rows of 16-byte vectors by pointer stores masked at M and N (1)."""
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
-    if EPILOGUE_CODE == 0:
-        tma.store_wait(pendings=0)  # this partition's previous tile's store has read c_smem
-        c_smem.store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [slab, pid_m * BLOCK_M, pid_n * BLOCK_N],
-                                        c_smem.reshape([1, BLOCK_M, BLOCK_N]))
-    else:
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, STORE_LAYOUT))
-        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, STORE_LAYOUT))
-        offs = (gl.expand_dims(rows.to(gl.int64) * stride_cm, 1) + gl.expand_dims(cols, 0)
-                + slab.to(gl.int64) * stride_cg)
-        mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
-        gl.store(c_ptr + offs, gl.convert_layout(acc.to(c_ptr.dtype.element_ty), STORE_LAYOUT), mask=mask)
 
 
 @gluon.jit
@@ -340,22 +330,14 @@ class Prepared:
         self.layouts = (gl.NVMMASharedLayout.get_default_for(blocks[0], in_dt),
                         gl.NVMMASharedLayout.get_default_for(blocks[1], in_dt),
                         gl.NVMMASharedLayout.get_default_for(blocks[2], out_dt))
-        num_m = -(-m // cfg.block_m)
-        epilogue = _EPILOGUES.index(EPILOGUE or ("blocked" if pointer_stores(r, g, BLOCKED_MAX_ROWS) else "tma"))
-        mma, stores = (mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        self.grid = (max(1, min(g * bt * tiles, num_sms(a.device))),)
+        epilogue = EPILOGUE or ("blocked" if pointer_stores(r, g, BLOCKED_MAX_ROWS) else "tma")
+        self.consts = (cfg.stages, cfg.group_m, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
+                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg), _EPILOGUES.index(epilogue),
                        store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes))
-        if cfg.resident:  # items: strips of row tiles of one column band (ragged_k_resident)
-            from ragdot.kernels.gluon.ragged_k_resident import STRIP, ragged_k_resident_kernel as kernel
-
-            items = -(-num_m // STRIP) * -(-n // cfg.block_n)
-            self.consts = (cfg.stages, cfg.resident, STRIP, mma, cfg.producer_regs, epilogue, stores)
-        else:  # items: output tiles
-            kernel, items = ragged_k_ws_kernel, num_m * -(-n // cfg.block_n)
-            self.consts = (cfg.stages, cfg.group_m, mma, cfg.producer_regs, cfg.consumers, consumer_regs(cfg),
-                           epilogue, stores)
-        self.grid = (max(1, min(g * bt * items, num_sms(a.device))),)
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
-        self.launch = BoundLaunch.in_order(kernel, self.grid, self.consts, self.options, a.device)
+        self.launch = BoundLaunch.in_order(ragged_k_ws_kernel, self.grid, self.consts, self.options, a.device)
         from ragdot.kernels.ragged_k import Prepared as TritonPrepared  # for operands TMA cannot address
 
         self.fallback = TritonPrepared(a, b, g, out_dtype, None, from_sizes=from_sizes, scale=scale,
