@@ -508,3 +508,84 @@ def test_wgrad_rows_benchmark_runs_on_the_cpu(tmp_path):
     assert all(r["status"] == "ok" or r["system"] == "vendor" for r in rows), rows
     assert all(r["eager_ms"] > 0 for r in rows if r["status"] == "ok")
 
+
+
+@pytest.fixture
+def tune_cache(tmp_path, monkeypatch):
+    """An empty user tune cache (the shipped files stay) for the test, cleared again after it."""
+    from ragdot.tune.cache import CACHE
+
+    monkeypatch.setenv("RAGDOT_CACHE_DIR", str(tmp_path))
+    CACHE.clear()
+    yield CACHE
+    CACHE.clear()
+
+
+def _whole_product_entry(cache, a, b, groups, dtype, ms: dict[str, float], configs: dict) -> None:
+    """A tune-cache entry for ragged_k of a [1, R, P] x b [1, R, Q]: `ms` per candidate label (both routings)."""
+    from ragdot.tune.key import key_for
+
+    key = key_for("ragged_k", a, b, groups, dtype)
+    best = min(ms, key=ms.__getitem__).split(":")[0]
+    cache.put({key.text(): {"backend": best, "configs": configs,
+                            "ms": {label: {"balanced": t, "skewed": t} for label, t in ms.items()}}})
+
+
+@pytest.mark.parametrize("layout", ["layer", "transposed"])
+def test_chunk_slices_run_the_whole_products_tuned_tile(layout, tune_cache, monkeypatch):
+    """`chunk_tile="tuned"`: every slice of the "chunks" weight gradient runs the tile the tune cache measured
+    best for the whole [D, 2H] product among the kernels that write strided views (a Triton tile here; the
+    vendor's faster time does not count, it cannot write a slice), and the slices, written in place, hold the
+    bits of that tile's product over all of D (the slices' widths are whole tiles)."""
+    import dataclasses
+
+    from ragdot.kernels import ragged_k as rk_mod
+    from ragdot.kernels.configs import TileConfig
+
+    cuda = DEV.type == "cuda"  # there the layer's tile on H100s (two programs per SM, TMA), and more rows
+    d, q, e = 1280, 96 if cuda else 32, 5
+    sizes = torch.tensor([90, 0, 170, 130, 10] if cuda else [9, 0, 17, 13, 1], device=DEV)  # one empty expert
+    rows, dtype = int(sizes.sum()), torch.bfloat16 if cuda else torch.float16
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn((rows // 2, d), generator=gen).to(DEV, dtype)
+    tokens = torch.randint(0, rows // 2, (rows,), generator=gen, dtype=torch.int32).to(DEV)
+    right = torch.randn((rows, q), generator=gen).to(DEV, dtype)
+    shape = (e, q, d) if layout == "transposed" else (e, d, q)
+    w = torch.empty(shape, dtype=dtype, device="meta")
+    w = w.transpose(1, 2) if layout == "transposed" else w
+    cfg = TileConfig(128, 128, 32, 8, 4, 4, True, 2, tma=True, flat=True) if cuda else TileConfig(32, 32, 16, 1, 4, 2)
+    full = fused_mod._k_operands(w, x.index_select(0, tokens), right)
+    _whole_product_entry(tune_cache, full[1], full[2], e, dtype,
+                         {"torch": 0.5, "triton:tile": 0.8, "gluon:128x256x32": 0.9},
+                         {"triton": dataclasses.asdict(cfg), "gluon": None})
+    monkeypatch.setattr(fused_mod, "chunk_tile", "tuned")
+    fused_mod._PREPARED.clear()
+    got = fused_mod._wgrad_chunks(x, tokens, right, sizes, w, dtype)
+    assert [c for k, c in fused_mod._PREPARED.items() if k[0] == "chunks"] and all(
+        isinstance(c, rk_mod.Prepared) and c.cfg == cfg for k, c in fused_mod._PREPARED.items() if k[0] == "chunks")
+    ends = torch.cumsum(sizes, 0).to(torch.int32)
+    want = rk_mod.ragged_k(full[1], full[2], ends, dtype, config=cfg)[:, 0]
+    want = want.transpose(1, 2) if layout == "transposed" else want
+    assert got.shape == w.shape and got.stride() == w.stride()
+    assert torch.equal(got, want)
+    assert not got[1].any()  # the empty expert's gradient is exactly zero
+
+
+def test_chunk_slices_without_a_tuned_whole_product_run_the_gluon_default(tune_cache, monkeypatch):
+    """The whole product's entry decides between the two kernels that write strided views; no entry, an entry
+    of the vendor alone, or `chunk_tile="default"` keep the Gluon kernel's default tile."""
+    a = torch.empty((1, 64, 1024), dtype=torch.float16)
+    b = torch.empty((1, 64, 96), dtype=torch.float16)
+    choice = fused_mod._whole_product_choice
+    assert choice(a[..., :512], b, 4, torch.float16, "a", 1024) == ("gluon", None)
+    _whole_product_entry(tune_cache, a, b, 4, torch.float16, {"torch": 0.5}, {})
+    assert choice(a[..., :512], b, 4, torch.float16, "a", 1024) == ("gluon", None)
+    _whole_product_entry(tune_cache, a, b, 4, torch.float16, {"torch": 0.5, "gluon:64x64": 0.7, "triton:x": 0.6},
+                         {"triton": {"block_m": 64, "block_n": 64, "block_k": 32}, "gluon": None})
+    name, cfg = choice(a[..., :512], b, 4, torch.float16, "a", 1024)
+    assert name == "triton" and (cfg.block_m, cfg.block_n, cfg.block_k) == (64, 64, 32)
+    # the slice on b's side: the key of the whole product has D in b's place
+    assert choice(b, a[..., :512], 4, torch.float16, "b", 1024) == ("gluon", None)
+    monkeypatch.setattr(fused_mod, "chunk_tile", "best")
+    with pytest.raises(ValueError, match="chunk_tile='best': expected one of tuned, default"):
+        fused_mod._slice_kernel(a, b, 4, torch.float16, (1024 * 96, 96), "a", 1024)
