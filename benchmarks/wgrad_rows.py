@@ -10,10 +10,9 @@ Systems:
   what the fused block's backward ran before it read x through the index;
 - `auto`: the same product on rows gathered beforehand (the kernel alone);
 - `vendor`: raw `torch._grouped_mm` on the rows gathered beforehand;
-- `chunks <slices> <tile>`: the fused block's "chunks" mode (`ragdot.moe.fused`): the token rows gathered a slice
-  of D columns at a time (D cut into at most `slices`), each slice of the gradient written in place by the kernel
-  `tile` names (`fused.chunk_tile`: "tuned", the whole product's tuned tile among those that write strided views,
-  or "default", the Gluon kernel's default tile); "(default)" marks the block's own settings;
+- `chunks <slices>`: the fused block's "chunks" mode (`ragdot.moe.fused`): the token rows gathered a slice of D
+  columns at a time (D cut into at most `slices`: `fused.CHUNK_SLICES`, whose value "(default)" marks), each slice
+  of the gradient written in place by the Gluon kernel;
 - `index <tile>`: ragdot's Triton ragged_k reading x through the token index (`a_rows`), no copy, per tile.
 Two clocks per row: graph (median of CUDA-graph replays: device time) and eager (median of CUDA events around
 single calls, host time included). TFLOP/s counts useful work (2 x T*k x D x 2H); % SOL against the device's
@@ -57,10 +56,8 @@ def _systems(x: torch.Tensor, tokens: torch.Tensor, dpre: torch.Tensor, sizes: t
     if fused._gluon_runs(x.device):  # w: the weight's layout ([E, D, 2H] row-major) and dtype, no storage
         w = torch.empty((sizes.shape[0], x.shape[1], dpre.shape[1]), dtype=x.dtype, device="meta")
         for slices in CHUNK_SLICES:
-            for tile in fused.CHUNK_TILES:
-                label = f"chunks {slices} {tile}" + (" (default)" if (slices, tile) == (fused.CHUNK_SLICES,
-                                                                                     fused.chunk_tile) else "")
-                out[label] = lambda slices=slices, tile=tile: _chunks(x, tokens, dpre, sizes, w, slices, tile)
+            label = f"chunks {slices}" + (" (default)" if slices == fused.CHUNK_SLICES else "")
+            out[label] = lambda slices=slices: _chunks(x, tokens, dpre, sizes, w, slices)
     heur = gather_config(tokens.shape[0], x.shape[1], dpre.shape[1], sizes.shape[0], x.dtype, x.device)
     for cfg in [heur, *(t for t in tiles if t != heur)]:
         prep = rk.Prepared(x[None], dpre[None], sizes.shape[0], x.dtype, cfg, from_sizes=True, gather="a")
@@ -72,14 +69,13 @@ def _systems(x: torch.Tensor, tokens: torch.Tensor, dpre: torch.Tensor, sizes: t
 CHUNK_SLICES = (2, 3, 4)  # the "chunks" systems: D cut into at most this many slices
 
 
-def _chunks(x, tokens, dpre, sizes, w, slices: int, tile: str) -> torch.Tensor:
-    """The fused block's "chunks" product with `fused.CHUNK_SLICES` and `fused.chunk_tile` set for the call."""
-    saved = fused.CHUNK_SLICES, fused.chunk_tile
-    fused.CHUNK_SLICES, fused.chunk_tile = slices, tile
+def _chunks(x, tokens, dpre, sizes, w, slices: int) -> torch.Tensor:
+    """The fused block's "chunks" product with `fused.CHUNK_SLICES` set to `slices` for the call."""
+    saved, fused.CHUNK_SLICES = fused.CHUNK_SLICES, slices
     try:
         return fused._wgrad_chunks(x, tokens, dpre, sizes, w, x.dtype)
     finally:
-        fused.CHUNK_SLICES, fused.chunk_tile = saved
+        fused.CHUNK_SLICES = saved
 
 
 TINY = (64, 32, 4, 2)  # --tiny: dim, expert hidden, experts, top-k

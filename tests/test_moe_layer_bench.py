@@ -136,6 +136,9 @@ def test_time_step_medians_and_resets():
     log.clear()  # a time budget shorter than one loop run: one run
     lb.time_step(lambda: (log.append("step"), time.sleep(2e-3)), lambda: None, torch.device("cpu"), 1, 3, 1e-3)
     assert log.count("step") == 1 + 3 + 3
+    log.clear()  # no budget at all (benchmarks/layer_ab.py's): every loop run
+    lb.time_step(lambda: log.append("step"), lambda: None, torch.device("cpu"), 1, 3, float("inf"))
+    assert log.count("step") == 1 + 3 + lb.LOOP_REPEATS * 3
 
 
 def test_speedups_per_config_tokens_and_mode():

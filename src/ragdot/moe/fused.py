@@ -365,13 +365,6 @@ def _prepared(key: tuple, build):
 
 # How many column slices the "chunks" weight gradient cuts D into, at most (`_chunks`).
 CHUNK_SLICES = 4
-# The tile of each slice's product (`_slice_kernel`): "tuned" takes the full product's measured winner among the
-# kernels that write a strided view (the Gluon kernel's and the Triton ragged_k's), where the tune cache has an
-# entry for it; "default" always runs the Gluon kernel's default tile (what every slice ran before).
-CHUNK_TILES = ("tuned", "default")
-chunk_tile = "tuned"
-
-
 def _chunks(d: int) -> list[tuple[int, int]]:
     """Column slices [d0, d1) of D for the "chunks" weight gradient: widths a multiple of 256 (whole tiles of
     the Gluon kernel's either side), at least 512, else D / `CHUNK_SLICES` rounded up; the last takes the rest.
@@ -417,9 +410,12 @@ def _wgrad_index(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
 
 
 def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
-    """The gradient a slice of D at a time: the slice's token rows gathered ([A, width]), a kernel that writes
-    through a strided view (`_slice_kernel`) storing the gradient's matching rows (columns, for weights stored
-    [E, Q, D])."""
+    """The gradient a slice of D at a time: the slice's token rows gathered ([A, width]), the Gluon kernel
+    writing the gradient's matching rows (columns, for weights stored [E, Q, D]) through a strided view. Its
+    default tile: on an H100 the Triton tile that the tune cache picks for gpt-oss-like's whole product (2.47
+    against 2.74 ms there) ran these slices slower than the Gluon default, 3.04 against 2.91 ms for four
+    slices (graph clock, `benchmarks/wgrad_rows.py`; benchmarks/results/h100-20261207c/)."""
+    from ragdot.kernels.gluon.ragged_k import Prepared as GluonPrepared
     from ragdot.kernels.ragged_k import schedule
 
     e, d, q = sizes.shape[0], x.shape[1], right.shape[1]
@@ -431,60 +427,12 @@ def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
         side, a, b = _k_operands(w, rows, right)
         view = (out[:, :, d0:d1] if transposed else out[:, d0:d1])[:, None]
         strides = (view.stride(0), view.stride(2))
-        key = ("chunks", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, dtype, strides,
-               chunk_tile, _ops._state(a))
-        prepared = _prepared(key, lambda a=a, b=b, side=side, strides=strides: _slice_kernel(
-            a, b, e, dtype, strides, side, d))
+        key = ("chunks", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, dtype, strides)
+        prepared = _prepared(key, lambda a=a, b=b, strides=strides: GluonPrepared(
+            a, b, e, dtype, None, from_sizes=True, out_strides=strides))
         _ops.profiled("ragged_k", prepared, a, b, sizes, view, sched)
         del rows, a, b  # before the next slice's copy: one slice alive at a time
     return out.transpose(1, 2) if transposed else out
-
-
-def _slice_kernel(a: torch.Tensor, b: torch.Tensor, e: int, dtype: torch.dtype, strides: tuple[int, int],
-                  side: str, d: int):
-    """The prepared ragged_k of one slice, a [1, A, P] x b [1, A, Q] -> a [E, 1, P, Q] view with `strides`
-    (group, row), P or Q the slice's width of D (`side`: where the slice is, "a" or "b"). With `chunk_tile`
-    "tuned", the tile is the one the tune cache measured best for the whole product (D wide: what `ragdot tune`
-    of the layer's widths measures) among the kernels that write strided views; else, or without an entry, the
-    Gluon kernel's default tile."""
-    from ragdot.kernels.gluon.ragged_k import Prepared as GluonPrepared
-
-    name, config = "gluon", None
-    if chunk_tile not in CHUNK_TILES:
-        raise ValueError(f"ragdot.moe.fused.chunk_tile={chunk_tile!r}: expected one of {', '.join(CHUNK_TILES)}")
-    if chunk_tile == "tuned":
-        name, config = _whole_product_choice(a, b, e, dtype, side, d)
-    if name == "triton":
-        from ragdot.kernels import ragged_k as rk_kernel
-
-        return rk_kernel.Prepared(a, b, e, dtype, config, from_sizes=True, out_strides=strides)
-    return GluonPrepared(a, b, e, dtype, config, from_sizes=True, out_strides=strides)
-
-
-def _whole_product_choice(a: torch.Tensor, b: torch.Tensor, e: int, dtype: torch.dtype, side: str,
-                          d: int) -> tuple[str, object]:
-    """("gluon" or "triton", config or None): the tune cache's best of the two for the whole product of which a
-    and b hold a slice of D (the key of the slice's product with D in place of its width); the eager cost where
-    the call runs eagerly (`tune.select.eager_cost`), the device time under a graph capture."""
-    import dataclasses
-
-    from ragdot.tune.cache import CACHE
-    from ragdot.tune.key import key_for
-    from ragdot.tune.select import eager_cost, entry_config
-
-    key = key_for("ragged_k", a, b, e, dtype)
-    _, p, q, g = key.sizes
-    key = dataclasses.replace(key, sizes=(1, d, q, g) if side == "a" else (1, p, d, g))
-    entry = CACHE.get(key.text(), key.device)
-    if not entry:
-        return "gluon", None
-    eager = not (a.is_cuda and torch.cuda.is_current_stream_capturing())
-    costs = eager_cost(entry, CACHE.host_ms(key.device) if eager else {}, "ragged_k")
-    usable = {n: c for n, c in costs.items() if n in ("gluon", "triton")}
-    if not usable:
-        return "gluon", None
-    name = min(sorted(usable), key=usable.__getitem__)
-    return name, entry_config(entry, name)
 
 
 def _backward_fused(dy, x, order, sizes, weights, w_gate_up, w_down, pre, top_k, need_dx):
