@@ -482,11 +482,15 @@ def test_every_way_of_reading_x_for_the_last_weight_gradient(mode, layout, monke
 
 
 def test_wgrad_row_slices_and_mode_errors(monkeypatch):
-    assert fused_mod._chunks(2048) == [(0, 512), (512, 1024), (1024, 1536), (1536, 2048)]
-    assert fused_mod._chunks(2880) == [(0, 768), (768, 1536), (1536, 2304), (2304, 2880)]
-    assert fused_mod._chunks(7168) == [(d, d + 1792) for d in range(0, 7168, 1792)]
+    assert fused_mod.CHUNK_SLICES == 3
+    assert fused_mod._chunks(2048) == [(0, 768), (768, 1536), (1536, 2048)]
+    assert fused_mod._chunks(2880) == [(0, 1024), (1024, 2048), (2048, 2880)]
+    assert fused_mod._chunks(7168) == [(0, 2560), (2560, 5120), (5120, 7168)]
     assert fused_mod._chunks(1280) == [(0, 512), (512, 1024), (1024, 1280)]
     assert fused_mod._chunks(100) == [(0, 100)]
+    monkeypatch.setattr(fused_mod, "CHUNK_SLICES", 4)
+    assert fused_mod._chunks(2048) == [(0, 512), (512, 1024), (1024, 1536), (1536, 2048)]
+    assert fused_mod._chunks(2880) == [(0, 768), (768, 1536), (1536, 2304), (2304, 2880)]
     monkeypatch.setattr(fused_mod, "backward_kind", "gemms")
     monkeypatch.setattr(fused_mod, "wgrad_rows", "gather")
     x, chosen, weights, wgu, wd = _operands(8, 16, 16, 4, 1, torch.float32)

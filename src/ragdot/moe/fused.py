@@ -273,7 +273,7 @@ backward_kind = "gemms"
 backward_in_place = True
 # How the "gemms" backward's last product, w_gate_up's weight gradient, gets the token rows of x (a [T*k, D] copy
 # of them sat beside dpre and every weight gradient at the backward's peak: `moe-bench --layer`'s act_peak_mib):
-# "chunks" gathers them a slice of D columns at a time (`_chunks`: about a quarter of the copy alive, one slice
+# "chunks" gathers them a slice of D columns at a time (`_chunks`: about a third of the copy alive, one slice
 # at a time) and writes each slice of the gradient in place with the Gluon weight-gradient kernel (sm_90, 16-bit);
 # "index" has ragdot's Triton ragged_k read x through the token index (no copy at all; on an H200 its product ran
 # 1.14-1.32x the copy's time: docs/history.md, 2026-12-04 night); "copy" gathers all rows once and runs ragdot's
@@ -363,8 +363,11 @@ def _prepared(key: tuple, build):
     return found
 
 
-# How many column slices the "chunks" weight gradient cuts D into, at most (`_chunks`).
-CHUNK_SLICES = 4
+# How many column slices the "chunks" weight gradient cuts D into, at most (`_chunks`). Three, not four: on an H100
+# (benchmarks/results/h100-20261207c/) the product took 2.838 against 2.907 ms at gpt-oss-like's widths and 0.874
+# against 0.951 at qwen3-30b-a3b's (graph clock; every slice re-reads dpre), the layer's eager step 0.996x / 0.978x,
+# for a slice a third wider alive at the backward's peak (gpt-oss-like: 474 against 458 MiB, 0.58x `peer`'s).
+CHUNK_SLICES = 3
 def _chunks(d: int) -> list[tuple[int, int]]:
     """Column slices [d0, d1) of D for the "chunks" weight gradient: widths a multiple of 256 (whole tiles of
     the Gluon kernel's either side), at least 512, else D / `CHUNK_SLICES` rounded up; the last takes the rest.
