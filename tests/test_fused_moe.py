@@ -511,5 +511,3 @@ def test_wgrad_rows_benchmark_runs_on_the_cpu(tmp_path):
     assert [r["system"].split()[0] for r in rows] == ["copy+auto", "auto", "vendor", "index"]
     assert all(r["status"] == "ok" or r["system"] == "vendor" for r in rows), rows
     assert all(r["eager_ms"] > 0 for r in rows if r["status"] == "ok")
-
-

@@ -368,6 +368,8 @@ def _prepared(key: tuple, build):
 # against 0.951 at qwen3-30b-a3b's (graph clock; every slice re-reads dpre), the layer's eager step 0.996x / 0.978x,
 # for a slice a third wider alive at the backward's peak (gpt-oss-like: 474 against 458 MiB, 0.58x `peer`'s).
 CHUNK_SLICES = 3
+
+
 def _chunks(d: int) -> list[tuple[int, int]]:
     """Column slices [d0, d1) of D for the "chunks" weight gradient: widths a multiple of 256 (whole tiles of
     the Gluon kernel's either side), at least 512, else D / `CHUNK_SLICES` rounded up; the last takes the rest.
@@ -414,10 +416,10 @@ def _wgrad_index(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
 
 def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
     """The gradient a slice of D at a time: the slice's token rows gathered ([A, width]), the Gluon kernel
-    writing the gradient's matching rows (columns, for weights stored [E, Q, D]) through a strided view. Its
-    default tile: on an H100 the Triton tile that the tune cache picks for gpt-oss-like's whole product (2.47
-    against 2.74 ms there) ran these slices slower than the Gluon default, 3.04 against 2.91 ms for four
-    slices (graph clock, `benchmarks/wgrad_rows.py`; benchmarks/results/h100-20261207c/)."""
+    writing the gradient's matching rows (columns, for weights stored [E, Q, D]) through a strided view, at its
+    default tile. Not the tile the tune cache picks for the whole product: on an H100 gpt-oss-like's (a Triton
+    tile, 2.47 ms for the whole product) ran four slices in 3.04 ms against the Gluon default's 2.91 (graph
+    clock, `benchmarks/wgrad_rows.py`; benchmarks/results/h100-20261207c/)."""
     from ragdot.kernels.gluon.ragged_k import Prepared as GluonPrepared
     from ragdot.kernels.ragged_k import schedule
 
