@@ -138,8 +138,8 @@ def time_step(step, reset, device: torch.device, warmup: int, steps: int, max_se
 
     # as many steps back to back as were timed one by one; as many runs (up to LOOP_REPEATS) as max_seconds holds
     run_s = len(ms) * statistics.median(ms) / 1e3
-    fit = max_seconds / run_s if run_s > 0 else math.inf  # no budget (inf): LOOP_REPEATS
-    repeats = max(1, min(LOOP_REPEATS, int(fit) if math.isfinite(fit) else LOOP_REPEATS))
+    fit = max_seconds / run_s if run_s > 0 else math.inf  # runs the budget holds (inf without one)
+    repeats = max(1, int(min(LOOP_REPEATS, fit)))
     loop = loop_ms(looped, device, len(ms), repeats)
     clock = "event" if device.type == "cuda" else "wall"
     return {"ms": statistics.median(ms), "host_ms": statistics.median(host), "steps": len(ms), "clock": clock,
