@@ -49,7 +49,9 @@ PRODUCER_WARPS = gl.constexpr(4)  # warps of the producer partition
 def _gather_producer(x_ptr, stride_x, idx_ptr, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G,
                      GROUP_M: gl.constexpr, GATHER_LAYOUT: gl.constexpr):
     """Worker partition (PRODUCER_WARPS warps): per chunk, x's token rows by cp.async into the a stage (every
-    thread arrives on `ready` once its copies landed) and dpre's rows by one TMA load into the b stage."""
+    thread arrives on `ready` once its copies landed) and dpre's rows by one TMA load into the b stage. The token
+    indices of the next chunk are loaded before the wait for this chunk's stage, off the copies' critical path
+    (248a094 loaded each chunk's indices after the previous chunk's copies: `benchmarks/results/h100-20261207d/`)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = a_bufs.type.shape[2]
@@ -65,11 +67,13 @@ def _gather_producer(x_ptr, stride_x, idx_ptr, b_desc, a_bufs, b_bufs, ready, em
         size = end - start
         cols = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=COLS)
         col_ok = gl.expand_dims(cols < M, 0)
+        rows = start + gl.arange(0, BLOCK_K, layout=ROWS)
+        tokens = gl.load(idx_ptr + rows, mask=rows < end, other=0)
         for kk in range(gl.cdiv(size, BLOCK_K)):
-            rows = start + kk * BLOCK_K + gl.arange(0, BLOCK_K, layout=ROWS)
             row_ok = rows < end
-            tokens = gl.load(idx_ptr + rows, mask=row_ok, other=0).to(gl.int64)
-            ptrs = x_ptr + gl.expand_dims(tokens * stride_x, 1) + gl.expand_dims(cols, 0)
+            ptrs = x_ptr + gl.expand_dims(tokens.to(gl.int64) * stride_x, 1) + gl.expand_dims(cols, 0)
+            rows += BLOCK_K  # the next chunk's indices, loaded while this chunk waits for its stage
+            tokens = gl.load(idx_ptr + rows, mask=rows < end, other=0)
             s = _free_stage(empty, it, STAGES)
             mbarrier.expect(ready.index(s), b_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(b_desc, [RAGGED_BASE, end, RAGGED_BASE - size + kk * BLOCK_K,
@@ -83,7 +87,8 @@ def _gather_producer(x_ptr, stride_x, idx_ptr, b_desc, a_bufs, b_bufs, ready, em
 @gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, c_desc, sched_ptr, R, M, N, G, GROUP_M: gl.constexpr,
               MMA_LAYOUT: gl.constexpr):
-    """Default partition (one warpgroup): wgmma over each item's chunks, then the tile by TMA store."""
+    """Default partition (one warpgroup, or two cooperating on the tile): wgmma over each item's chunks, then the
+    tile by TMA store."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
@@ -129,7 +134,7 @@ def gather_k_kernel(
     BLOCK_K: gl.constexpr,  # token rows a chunk
     BLOCK_M: gl.constexpr,  # output rows a tile (x's columns)
     GROUP_M: gl.constexpr,  # row tiles walked together
-    MMA_LAYOUT: gl.constexpr,  # wgmma accumulator layout of [BLOCK_M, BLOCK_N] over 4 warps
+    MMA_LAYOUT: gl.constexpr,  # wgmma accumulator layout of [BLOCK_M, BLOCK_N] over the consumer's 4 or 8 warps
     GATHER_LAYOUT: gl.constexpr,  # BlockedLayout of [BLOCK_K, BLOCK_M] over the producer's warps, 16-byte vectors
     PRODUCER_REGS: gl.constexpr,  # registers per thread of the producer partition
 ):
@@ -163,7 +168,7 @@ class GatherK:
     its rows r of x[idx[r]]^T b[r]."""
 
     def __init__(self, x: torch.Tensor, b: torch.Tensor, g: int, block=(128, 128, 64), stages: int = 4,
-                 producer_regs: int = 88):
+                 producer_regs: int = 88, warps: int = 4):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         from ragdot.kernels.configs import num_sms
@@ -172,14 +177,14 @@ class GatherK:
 
         self.TensorDescriptor = TensorDescriptor
         (bm, bn, bk), r, m, n = block, b.shape[0], x.shape[1], b.shape[1]
-        self.shape, self.block, self.stages, self.regs = (g, m, n), block, stages, producer_regs
+        self.shape, self.block, self.stages, self.regs, self.warps = (g, m, n), block, stages, producer_regs, warps
         dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
         self.b_view = ragged_view(n, b.stride(0))
         self.b_layout = gl.NVMMASharedLayout.get_default_for([1, 1, bk, bn], dt)
         self.c_layout = gl.NVMMASharedLayout.get_default_for([1, bm, bn], dt)
         tiles = g * -(-m // bm) * -(-n // bn)
         self.grid = (min(tiles, num_sms(x.device)),)
-        self.consts = dict(STAGES=stages, BLOCK_K=bk, BLOCK_M=bm, GROUP_M=8, MMA_LAYOUT=mma_layout(bm, bn, 4),
+        self.consts = dict(STAGES=stages, BLOCK_K=bk, BLOCK_M=bm, GROUP_M=8, MMA_LAYOUT=mma_layout(bm, bn, warps),
                            GATHER_LAYOUT=gather_layout(bk, bm, PRODUCER_WARPS.value), PRODUCER_REGS=producer_regs)
         self.scalars = (r, m, n, g)
 
@@ -190,7 +195,7 @@ class GatherK:
         c_desc = self.TensorDescriptor(c, list(self.shape), [self.shape[1] * self.shape[2], self.shape[2], 1],
                                        [1, bm, bn], self.c_layout)
         handle = run_kernel(gather_k_kernel, self.grid, x, x.stride(0), idx, b_desc, c_desc, sched, *self.scalars,
-                            **self.consts, num_warps=4, maxnreg=maxnreg_for(4, PRODUCER_WARPS.value))
+                            **self.consts, num_warps=self.warps, maxnreg=maxnreg_for(self.warps, PRODUCER_WARPS.value))
         return handle if c.device.type == "cpu" else c
 
 
@@ -211,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--stages", type=int, nargs="+", default=[4])
     parser.add_argument("--regs", type=int, default=88)
+    parser.add_argument("--tile", default="128,128,64,4", help="BLOCK_M,BLOCK_N,BLOCK_K,consumer warps (4 or 8)")
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -218,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         t, d, q, e, k = (int(v) for v in args.shape.split(","))
     except ValueError:
         parser.error(f"--shape: expected 'T,D,Q,E,K' (five integers), got {args.shape!r}")
+    try:
+        bm, bn, bk, warps = (int(v) for v in args.tile.split(","))
+    except ValueError:
+        parser.error(f"--tile: expected 'BLOCK_M,BLOCK_N,BLOCK_K,WARPS', got {args.tile!r}")
+    args.block, args.warps = (bm, bn, bk), warps
     if args.compile_only:
         return _compile_only(args)
     from ragdot.kernels.gluon.config import GluonConfig
@@ -234,14 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     sched = schedule(sizes, t * k)
     rows = x.index_select(0, tokens)
     systems, checks = {}, {}
-    ref_cfg = GluonConfig(128, 128, 64, 4, 4)
+    ref_cfg = GluonConfig(*args.block, max(args.stages), args.warps)
     ref = Prepared(rows[None], dpre[None], e, torch.bfloat16, ref_cfg, from_sizes=True)
     systems["gluon"] = lambda: ref(rows[None], dpre[None], sizes, None, sched)[0]
     systems["copy+gluon"] = lambda: ref(x.index_select(0, tokens)[None], dpre[None], sizes, None, sched)[0]
     w = torch.empty((e, d, q), dtype=torch.bfloat16, device="meta")
     systems["chunks"] = lambda: fused._wgrad_chunks(x, tokens, dpre, sizes, w, torch.bfloat16)
     for stages in args.stages:
-        probe = GatherK(x, dpre, e, stages=stages, producer_regs=args.regs)
+        probe = GatherK(x, dpre, e, args.block, stages, args.regs, args.warps)
         systems[f"gather s{stages}"] = lambda probe=probe: probe(x, tokens, dpre, sched)
     expected = systems["gluon"]()[:, 0]
     torch.cuda.synchronize()
@@ -279,10 +290,10 @@ def _compile_only(args: argparse.Namespace) -> int:
     from ragdot.kernels.configs import compile_only, resource_usage
 
     with compile_only(90):
-        x, b = torch.empty(64, 256, dtype=torch.bfloat16), torch.empty(256, 256, dtype=torch.bfloat16)
+        x, b = torch.empty(64, 512, dtype=torch.bfloat16), torch.empty(256, 512, dtype=torch.bfloat16)
         idx, sched = torch.empty(256, dtype=torch.int32), torch.empty(4, 4, dtype=torch.int32)
         for stages in args.stages:
-            handle = GatherK(x, b, 4, stages=stages, producer_regs=args.regs)(x, idx, b, sched)
+            handle = GatherK(x, b, 4, args.block, stages, args.regs, args.warps)(x, idx, b, sched)
             print(f"s{stages} r{args.regs}:", resource_usage(handle))
     return 0
 
