@@ -459,7 +459,8 @@ def test_transposed_weight_views_get_gradients_in_their_own_layout():
 @pytest.mark.parametrize("layout", ["layer", "transposed"])
 def test_every_way_of_reading_x_for_the_last_weight_gradient(mode, layout, monkeypatch):
     """`wgrad_rows`: x's token rows read through the index ("index"), gathered a slice of columns at a time
-    ("chunks", Gluon on sm_90, three slices at these widths; elsewhere the index) or all at once ("copy") give
+    ("chunks", Gluon on sm_90, three slices at these widths; elsewhere the index), copied into the Gluon kernel's
+    shared memory by its producer ("gather", sm_90; elsewhere the index) or all at once ("copy") give
     w_gate_up's gradient within rounding of each other, in the weight's own memory order, and every other
     gradient bit for bit."""
     shape = (300, 1280, 96, 8, 2) if DEV.type == "cuda" else (37, 40, 24, 6, 2)
@@ -492,9 +493,9 @@ def test_wgrad_row_slices_and_mode_errors(monkeypatch):
     assert fused_mod._chunks(2048) == [(0, 512), (512, 1024), (1024, 1536), (1536, 2048)]
     assert fused_mod._chunks(2880) == [(0, 768), (768, 1536), (1536, 2304), (2304, 2880)]
     monkeypatch.setattr(fused_mod, "backward_kind", "gemms")
-    monkeypatch.setattr(fused_mod, "wgrad_rows", "gather")
+    monkeypatch.setattr(fused_mod, "wgrad_rows", "slices")
     x, chosen, weights, wgu, wd = _operands(8, 16, 16, 4, 1, torch.float32)
-    with pytest.raises(ValueError, match="wgrad_rows='gather': expected one of chunks, index, copy"):
+    with pytest.raises(ValueError, match="wgrad_rows='slices': expected one of chunks, gather, index, copy"):
         _fused(x, chosen, weights, wgu, wd).sum().backward()
 
 

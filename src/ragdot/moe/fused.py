@@ -277,9 +277,11 @@ backward_in_place = True
 # at a time) and writes each slice of the gradient in place with the Gluon weight-gradient kernel (sm_90, 16-bit);
 # "index" has ragdot's Triton ragged_k read x through the token index (no copy at all; on an H200 its product ran
 # 1.14-1.32x the copy's time: docs/history.md, 2026-12-04 night); "copy" gathers all rows once and runs ragdot's
-# chosen backend (`auto`). "chunks" reads through the index where the Gluon kernel does not run (or refuses the
-# layout).
-WGRAD_ROWS = ("chunks", "index", "copy")
+# chosen backend (`auto`); "gather" has the Gluon weight-gradient kernel copy x's token rows into its shared memory
+# itself (`ragdot.kernels.gluon.ragged_k_gather`: no copy in memory, dpre read once). "chunks" and "gather" read
+# through the index where the Gluon kernel does not run; "gather" takes "chunks" where its kernel refuses the
+# layout (weights stored [E, 2H, D]).
+WGRAD_ROWS = ("chunks", "gather", "index", "copy")
 wgrad_rows = "chunks"
 
 
@@ -388,8 +390,10 @@ def _wgrad_from_rows(x: torch.Tensor, tokens: torch.Tensor, right: torch.Tensor,
         raise ValueError(f"ragdot.moe.fused.wgrad_rows={mode!r}: expected one of {', '.join(WGRAD_ROWS)}")
     if mode == "copy":
         return _ragged_k(_ops.profiled("moe_gather", x.index_select, 0, tokens), right, sizes, w, dtype)
-    if mode == "chunks" and x.dtype in (torch.float16, torch.bfloat16) and _gluon_runs(x.device):
+    if mode in ("chunks", "gather") and x.dtype in (torch.float16, torch.bfloat16) and _gluon_runs(x.device):
         try:
+            if mode == "gather" and not stored_transposed(w):
+                return _wgrad_gather(x, tokens, right, sizes, dtype)
             return _wgrad_chunks(x, tokens, right, sizes, w, dtype)
         except NotImplementedError:  # the Gluon kernel does not take this layout: read through the index
             pass
@@ -412,6 +416,18 @@ def _wgrad_index(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
                                                          gather=side))
     c = _ops.profiled("ragged_k", prepared, a, b, sizes, index=tokens)[0][:, 0]
     return c.transpose(1, 2) if side == "b" else c
+
+
+def _wgrad_gather(x, tokens, right, sizes, dtype) -> torch.Tensor:
+    """[E, D, Q]: the Gluon weight-gradient kernel with x's token rows copied in by its producer (no gathered copy
+    of x, dpre read once), at its default tile."""
+    from ragdot.kernels.gluon.ragged_k_gather import Prepared as GatherPrepared
+
+    e = sizes.shape[0]
+    a, b = x[None], right[None]
+    key = ("gather", a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, dtype)
+    prepared = _prepared(key, lambda: GatherPrepared(a, b, e, dtype, None, from_sizes=True))
+    return _ops.profiled("ragged_k", prepared, a, b, sizes, None, None, tokens)[0][:, 0]
 
 
 def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:

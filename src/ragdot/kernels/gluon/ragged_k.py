@@ -171,11 +171,12 @@ def _pass_turn(turn, PARITY: gl.constexpr, NCONS: gl.constexpr):
 @gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, c_ptr, stride_cg, stride_cm,
               GROUP_M: gl.constexpr, MMA_LAYOUT: gl.constexpr, PARITY: gl.constexpr, NCONS: gl.constexpr,
-              EPILOGUE_CODE: gl.constexpr, STORE_LAYOUT: gl.constexpr):
+              EPILOGUE_CODE: gl.constexpr, STORE_LAYOUT: gl.constexpr, FENCE: gl.constexpr):
     """A consumer partition: wgmma over the chunks of this program's items number PARITY, PARITY + NCONS, ...
     (rows past a group's end arrive as zeros), epilogue by TMA or pointer stores. With two consumers (ping-pong)
     each one counts the other's chunks to keep its place in the shared ring, and the two take turns (`_take_turn`), so
-    a consumer never waits on a stage before every earlier chunk of that stage was loaded."""
+    a consumer never waits on a stage before every earlier chunk of that stage was loaded. FENCE: a stage's a rows
+    were written by threads (cp.async, `ragged_k_gather`), so a proxy fence orders them before wgmma reads them."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[1]
@@ -198,6 +199,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G,
             for kk in range(n_k):
                 pos = it + kk
                 s = _ready_stage(ready, pos, STAGES)
+                if FENCE:
+                    fence_async_shared()
                 acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 _release_before(empty, pos, STAGES, kk > 0)  # chunk pos - 1 retired
@@ -252,17 +255,17 @@ def ragged_k_ws_kernel(
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, c_ptr, stride_cg,
                          stride_cm, GROUP_M, MMA_LAYOUT, 0, NCONS, EPILOGUE_CODE,
-                         STORE_LAYOUT)),
+                         STORE_LAYOUT, False)),
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, c_ptr, stride_cg,
                          stride_cm, GROUP_M, MMA_LAYOUT, 1, NCONS, EPILOGUE_CODE,
-                         STORE_LAYOUT)),
+                         STORE_LAYOUT, False)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, c_ptr, stride_cg,
                          stride_cm, GROUP_M, MMA_LAYOUT, 0, NCONS, EPILOGUE_CODE,
-                         STORE_LAYOUT)),
+                         STORE_LAYOUT, False)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt, GROUP_M)),
         ], [1], [PRODUCER_REGS])
 
