@@ -4,6 +4,8 @@ warp-specialized partitions, beside the portable Triton kernels of ragdot.kernel
     ragged_k.ragged_k(a [Bt,R,M], b [Bt,R,N], group_ends [G]) -> c [G,Bt,M,N]   weight gradient (persistent,
                                                                               TMA producer warp + wgmma
                                                                               consumer warpgroup(s))
+    ragged_k_gather.ragged_k_gather(x [S,M], index [R], b [R,N], ends [G])    the same with a's rows read
+        -> c [G,M,N]                                                          through an index (cp.async producer)
     matmul.matmul(a [M,K], b [K,N]) -> c [M,N]                                 probes of the primitives
 
 `config.GluonConfig` holds the launch configs; `common.unavailable_reason()` says why the kernels cannot
