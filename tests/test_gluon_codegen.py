@@ -33,7 +33,8 @@ _COMPILE_SCRIPT = textwrap.dedent(
         ptx = h.asm["ptx"]
         incs = sorted({int(v) for v in re.findall(r"setmaxnreg\\.inc\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)})
         return dict(resource_usage(h), ws="setmaxnreg" in ptx, tma_store="bulk_group" in ptx,
-                    vector_store="st.global.v4" in ptx, trans_a=", 1, 1, 1, 1;" in ptx, incs=incs)
+                    vector_store="st.global.v4" in ptx, trans_a=", 1, 1, 1, 1;" in ptx, incs=incs,
+                    cp_async="cp.async.mbarrier.arrive.noinc" in ptx and "cp.async.cg.shared.global" in ptx)
 
     with compile_only(90):
         for m, r, n, g in ((2048, 3840, 1408, 64), (2880, 10240, 2880, 16), (512, 5120, 512, 256)):
@@ -43,6 +44,15 @@ _COMPILE_SCRIPT = textwrap.dedent(
                     p = Prepared(a, b, g, out_dtype, cfg)
                     h = p(a, b, None, sched=torch.zeros(3, g, dtype=torch.int32))[1]
                     out[f"ragged_k {m}x{r}x{n}x{g} {out_dtype} {cfg.short()}"] = info(h)
+        from ragdot.kernels.gluon.ragged_k_gather import Prepared as GPrepared
+        for m, r, n, g in ((2880, 32768, 5760, 128), (2048, 3840, 1408, 64)):  # x's rows copied in by cp.async
+            x, b = torch.empty(1, 8192, m, dtype=bf), torch.empty(1, r, n, dtype=bf)
+            idx = torch.empty(r, dtype=torch.int32)
+            for cfg in gluon_tuning_configs(m, n):
+                if cfg.consumers == 1:
+                    p = GPrepared(x, b, g, bf, cfg, from_sizes=True)
+                    h = p(x, b, torch.zeros(g, dtype=torch.int32), None, torch.zeros(4, g, dtype=torch.int32), idx)[1]
+                    out[f"ragged_k_gather {m}x{r}x{n}x{g} {bf} {cfg.short()}"] = info(h)
         for m, k, n, g in ((3840, 2048, 1408, 64), (5120, 512, 512, 256)):
             a = torch.empty(1, m, k, dtype=bf)
             for name, b in (("fwd", torch.empty(1, g, k, n, dtype=bf)),
@@ -76,7 +86,8 @@ def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     stdout = compiled_in_a_subprocess(["-c", _COMPILE_SCRIPT])
     usage = json.loads(stdout.strip().splitlines()[-1])
-    assert sum(k.startswith("ragged_k") for k in usage) >= 12
+    assert sum(k.startswith("ragged_k ") for k in usage) >= 12
+    assert sum(k.startswith("ragged_k_gather") for k in usage) >= 6
     assert sum(k.startswith("ragged_m") for k in usage) >= 12
     assert {info["tma_store"] for k, info in usage.items() if k.startswith("ragged_k")} == {True, False}  # both paths
     picked = _shipped_gluon_picks()
@@ -99,6 +110,7 @@ def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
         assert info["ws"] == (" ws=False" not in name), (name, info)
         if name.startswith("ragged_k"):
             assert info["trans_a"], name
+        assert info["cp_async"] == name.startswith("ragged_k_gather"), (name, info)
         if name.endswith("p2"):  # ping-pong: the three warpgroups' register requests fit the SM's 64 Ki
             regs = consumer_regs(GluonConfig(consumers=2))
             assert regs in info["incs"] and max(info["incs"]) + regs + 24 <= 512, (name, info)
