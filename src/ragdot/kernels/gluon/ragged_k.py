@@ -279,6 +279,23 @@ def _gl_dtype(dtype: torch.dtype):
     return getattr(gl, _GL_DTYPES[str(dtype).removeprefix("torch.")])
 
 
+def checked_config(kernel: str, a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.dtype, m: int, n: int,
+                   config: GluonConfig | None) -> tuple[GluonConfig, int]:
+    """(the config, the output's element size) of a weight-gradient kernel for an [M, N] output, or
+    NotImplementedError naming `kernel` and what it does not serve (dtypes, no config, shared memory)."""
+    if a_dtype not in (torch.bfloat16, torch.float16) or b_dtype != a_dtype:
+        raise NotImplementedError(f"{kernel}: operand dtypes {a_dtype}, {b_dtype} (bf16/fp16 only)")
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise NotImplementedError(f"{kernel}: out_dtype {out_dtype}")
+    out_bytes = torch.empty((), dtype=out_dtype).element_size()
+    cfg = config if config is not None else pick_gluon_config(m, n, out_bytes)
+    if cfg is None:
+        raise NotImplementedError(f"{kernel}: no config fits an output of {m} x {n}")
+    if cfg.shared_bytes(2, out_bytes) > SHARED_BYTES:
+        raise NotImplementedError(f"{kernel}: config {cfg.short()} needs too much shared memory")
+    return cfg, out_bytes
+
+
 class Prepared:
     """The Gluon ragged_k for one static signature: checks, config, layouts, grid and the bound launch
     (`kernels.launch.BoundLaunch`) resolved once; a call ranks the groups (one small Triton launch), builds
@@ -304,16 +321,7 @@ class Prepared:
         self.empty = g * bt * m * n == 0
         self.zero = r == 0
         self.fallback: Any = None
-        if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
-            raise NotImplementedError(f"gluon ragged_k: operand dtypes {a.dtype}, {b.dtype} (bf16/fp16 only)")
-        if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise NotImplementedError(f"gluon ragged_k: out_dtype {out_dtype}")
-        out_bytes = torch.empty((), dtype=out_dtype).element_size()
-        cfg = config if config is not None else pick_gluon_config(m, n, out_bytes)
-        if cfg is None:
-            raise NotImplementedError(f"gluon ragged_k: no config fits an output of {m} x {n}")
-        if cfg.shared_bytes(2, out_bytes) > SHARED_BYTES:
-            raise NotImplementedError(f"gluon ragged_k: config {cfg.short()} needs too much shared memory")
+        cfg, out_bytes = checked_config("gluon ragged_k", a.dtype, b.dtype, out_dtype, m, n, config)
         self.cfg = cfg
         if self.empty or self.zero:
             return

@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from ragdot.kernels.configs import check_group_ends, num_sms, prepared_output
 from ragdot.kernels.gluon import ragged_k as _rk
 from ragdot.kernels.gluon.common import maxnreg_for, mma_layout, store_layout
-from ragdot.kernels.gluon.config import SHARED_BYTES, GluonConfig, pick_gluon_config
+from ragdot.kernels.gluon.config import GluonConfig
 from ragdot.kernels.gluon.ragged_k import _consumer, _descriptor, _free_stage, _gl_dtype, _item
 from ragdot.kernels.launch import BoundLaunch
 from ragdot.kernels.ragged_k import pointer_stores, schedule
@@ -150,16 +150,9 @@ class Prepared:
         self.sizes_extent = r if from_sizes else None
         self.empty = g * m * n == 0
         self.zero = r == 0
-        if x.dtype not in (torch.bfloat16, torch.float16) or b.dtype != x.dtype:
-            raise NotImplementedError(f"gluon ragged_k_gather: operand dtypes {x.dtype}, {b.dtype} (bf16/fp16 only)")
-        if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise NotImplementedError(f"gluon ragged_k_gather: out_dtype {out_dtype}")
-        out_bytes = torch.empty((), dtype=out_dtype).element_size()
-        cfg = config if config is not None else pick_gluon_config(m, n, out_bytes)
-        if cfg is None or cfg.consumers != 1:
-            raise NotImplementedError(f"gluon ragged_k_gather: config {cfg and cfg.short()} (one consumer only)")
-        if cfg.shared_bytes(2, out_bytes) > SHARED_BYTES:
-            raise NotImplementedError(f"gluon ragged_k_gather: config {cfg.short()} needs too much shared memory")
+        cfg, out_bytes = _rk.checked_config("gluon ragged_k_gather", x.dtype, b.dtype, out_dtype, m, n, config)
+        if cfg.consumers != 1:
+            raise NotImplementedError(f"gluon ragged_k_gather: config {cfg.short()} (one consumer only)")
         self.cfg = cfg
         if self.empty or self.zero:
             return
