@@ -609,6 +609,21 @@ def test_gluon_gpu_summary_counts_the_best_config_of_each_cell():
 # ---- the gathering weight gradient (ragged_k_gather) ------------------------------------------------------------
 
 
+def test_weight_gradient_kernels_refuse_what_they_do_not_serve_naming_it():
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from ragdot.kernels.gluon.ragged_k import Prepared, checked_config
+
+    a, b = torch.empty(1, 64, 256, dtype=torch.bfloat16), torch.empty(1, 64, 256, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"gluon ragged_k: operand dtypes torch.float32, .*bf16/fp16 only"):
+        Prepared(a.float(), b.float(), 4, torch.float32)
+    with pytest.raises(NotImplementedError, match="gluon ragged_k: out_dtype torch.float64"):
+        Prepared(a, b, 4, torch.float64)
+    with pytest.raises(NotImplementedError, match="needs too much shared memory"):
+        Prepared(a, b, 4, torch.bfloat16, GluonConfig(128, 256, 64, 8, 8))
+    cfg, out_bytes = checked_config("k", torch.float16, torch.float16, torch.float32, 2880, 2880, None)
+    assert out_bytes == 4 and cfg == pick_gluon_config(2880, 2880, 4)
+
+
 def test_gather_kernel_is_the_same_kernel_with_another_producer():
     """ragged_k_gather's kernel is ragged_k's consumer (fenced) with a cp.async producer: it builds for sm_90
     where Gluon imports, and its host side refuses what it does not serve, naming it."""
