@@ -137,7 +137,7 @@ class Prepared:
     Raises NotImplementedError for what it does not serve: operands other than bf16/fp16 row views with 16-byte
     rows, a two-consumer (ping-pong) config, a config that does not fit shared memory."""
 
-    replayable = False  # its launch takes a raw pointer argument per call (x) beside the descriptors
+    replayable = False  # no backend runs it (the fused block calls it directly): nothing records its calls
 
     def __init__(self, x: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype,
                  config: GluonConfig | None = None, from_sizes: bool = False):
