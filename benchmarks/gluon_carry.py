@@ -90,7 +90,7 @@ def carry_kernel(
     PRODUCER_REGS: gl.constexpr,  # registers per thread of the producer warp
 ):
     bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    ready, empty = ring_barriers(STAGES)
+    ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (bufs, ready, empty, info_ptr, out_ptr, total, LAYOUT)),
         (_producer, (a_desc, bufs, ready, empty, info_ptr, total, CARRY)),

@@ -60,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     args.block, args.warps = (bm, bn, bk), warps
     if args.compile_only:
         return _compile_only(args)
-    from ragdot.kernels.gluon.config import GluonConfig
     from ragdot.kernels.gluon.ragged_k import Prepared
     from ragdot.kernels.gluon.ragged_k_gather import Prepared as GatherPrepared
     from ragdot.kernels.ragged_k import schedule

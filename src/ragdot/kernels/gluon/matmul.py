@@ -40,12 +40,13 @@ def _store_tile(c_desc, acc, off_m, off_n):
 
 
 @gluon.jit
-def ring_barriers(STAGES: gl.constexpr):
-    """The `ready` and `empty` mbarriers (one of each per stage, count 1) of a producer/consumer ring."""
+def ring_barriers(STAGES: gl.constexpr, READY_COUNT: gl.constexpr):
+    """The `ready` and `empty` mbarriers (one of each per stage) of a producer/consumer ring: `empty` counts one
+    arrival, `ready` READY_COUNT (1 for a TMA producer's expect; more where producer threads arrive too)."""
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=READY_COUNT)
         mbarrier.init(empty.index(i), count=1)
     return ready, empty
 
@@ -142,7 +143,7 @@ def matmul_ws_kernel(
     off_n = gl.program_id(1) * BLOCK_N
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready, empty = ring_barriers(STAGES)
+    ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_mm_consumer, (a_bufs, b_bufs, ready, empty, c_desc, off_m, off_n, K, MMA_LAYOUT)),
         (_mm_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, K)),

@@ -139,10 +139,10 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, 
 
 
 @gluon.jit
-def _ring_and_turn_barriers(STAGES: gl.constexpr):
-    """The ring's `ready` / `empty` mbarriers (`matmul.ring_barriers`) and the ping-pong consumers' two `turn`
-    mbarriers (`_take_turn`), each with count 1."""
-    ready, empty = ring_barriers(STAGES)
+def _ring_and_turn_barriers(STAGES: gl.constexpr, READY_COUNT: gl.constexpr):
+    """The ring's `ready` / `empty` mbarriers (`matmul.ring_barriers`, `ready` counting READY_COUNT arrivals) and
+    the ping-pong consumers' two `turn` mbarriers (`_take_turn`), with count 1."""
+    ready, empty = ring_barriers(STAGES, READY_COUNT)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
@@ -250,7 +250,7 @@ def ragged_k_ws_kernel(
                                        gl.NVMMASharedLayout.get_default_for(A_BLOCK, a_desc.dtype))
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + B_BLOCK,
                                        gl.NVMMASharedLayout.get_default_for(B_BLOCK, b_desc.dtype))
-    ready, empty, turn = _ring_and_turn_barriers(STAGES)
+    ready, empty, turn = _ring_and_turn_barriers(STAGES, 1)
     if NCONS == 2:
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, c_ptr, stride_cg,
@@ -294,6 +294,13 @@ def checked_config(kernel: str, a_dtype: torch.dtype, b_dtype: torch.dtype, out_
     if cfg.shared_bytes(2, out_bytes) > SHARED_BYTES:
         raise NotImplementedError(f"{kernel}: config {cfg.short()} needs too much shared memory")
     return cfg, out_bytes
+
+
+def epilogue_code(rows: int, groups: int) -> int:
+    """The consumer's EPILOGUE_CODE for `rows` token rows over `groups` groups: `EPILOGUE` where set, else pointer
+    stores where the mean group is short and the output's writes bound the kernel (`BLOCKED_MAX_ROWS`), else TMA."""
+    epilogue = EPILOGUE or ("blocked" if pointer_stores(rows, groups, BLOCKED_MAX_ROWS) else "tma")
+    return _EPILOGUES.index(epilogue)
 
 
 class Prepared:
@@ -343,9 +350,8 @@ class Prepared:
                         gl.NVMMASharedLayout.get_default_for(blocks[2], out_dt))
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         self.grid = (max(1, min(g * bt * tiles, num_sms(a.device))),)
-        epilogue = EPILOGUE or ("blocked" if pointer_stores(r, g, BLOCKED_MAX_ROWS) else "tma")
         self.consts = (cfg.stages, cfg.group_m, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
-                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg), _EPILOGUES.index(epilogue),
+                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg), epilogue_code(r, g),
                        store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes))
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
         self.launch = BoundLaunch.in_order(ragged_k_ws_kernel, self.grid, self.consts, self.options, a.device)

@@ -30,10 +30,17 @@ from ragdot.kernels.configs import check_group_ends, num_sms, prepared_output
 from ragdot.kernels.gluon import ragged_k as _rk
 from ragdot.kernels.gluon.common import maxnreg_for, mma_layout, store_layout
 from ragdot.kernels.gluon.config import GluonConfig
-from ragdot.kernels.gluon.ragged_k import _consumer, _descriptor, _free_stage, _gl_dtype, _item
+from ragdot.kernels.gluon.ragged_k import (
+    _consumer,
+    _descriptor,
+    _free_stage,
+    _gl_dtype,
+    _item,
+    _ring_and_turn_barriers,
+)
 from ragdot.kernels.launch import BoundLaunch
-from ragdot.kernels.ragged_k import pointer_stores, schedule
-from ragdot.kernels.ragged_view import RAGGED_BASE, check_ragged_rows, ragged_view
+from ragdot.kernels.ragged_k import schedule
+from ragdot.kernels.ragged_view import RAGGED_BASE, check_ragged_rows, ragged_view, rows_view
 
 __all__ = ["GATHER_WARPS", "Prepared", "ragged_k_gather_kernel"]
 
@@ -106,12 +113,8 @@ def ragged_k_gather_kernel(
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_M], b_desc.dtype))
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_K, BLOCK_N],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], b_desc.dtype))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # unused: one consumer
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1 + 32 * GATHER_WARPS)  # TMA's expect, then each thread's copies
-        mbarrier.init(empty.index(i), count=1)
+    # `ready` counts TMA's expect, then each producer thread's copies; `turn` is unused (one consumer)
+    ready, empty, turn = _ring_and_turn_barriers(STAGES, 1 + 32 * GATHER_WARPS)
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, 1, c_ptr, stride_cg,
                      stride_cm, GROUP_M, MMA_LAYOUT, 0, 1, EPILOGUE_CODE, STORE_LAYOUT, True)),
@@ -156,13 +159,12 @@ class Prepared:
         self.cfg = cfg
         if self.empty or self.zero:
             return
-        elem = x.element_size()
-        if s_rows == 0 or x.stride(2) != 1 or b.stride(2) != 1 or any(
-                (v * elem) % 16 for v in (m, n, x.stride(1), b.stride(1))) or (n * out_bytes) % 16:
+        views = (rows_view(x), rows_view(b))  # (rows, row stride) each, None where not a 16-byte row view
+        if s_rows == 0 or None in views or (n * out_bytes) % 16:
             raise NotImplementedError("gluon ragged_k_gather: x and b are not row views with 16-byte aligned rows")
         check_ragged_rows("gluon ragged_k_gather", 1, r)
-        self.b_view = ragged_view(n, b.stride(1))
-        self.stride_x, self.src_rows = x.stride(1), s_rows
+        self.b_view = ragged_view(n, views[1][1])
+        self.stride_x, self.src_rows = views[0][1], s_rows
         self.c_layout = ([g, m, n], [m * n, n, 1])
         in_dt, out_dt = _gl_dtype(x.dtype), _gl_dtype(out_dtype)
         self.blocks = ([1, 1, cfg.block_k, cfg.block_n], [1, cfg.block_m, cfg.block_n])
@@ -170,10 +172,9 @@ class Prepared:
                         gl.NVMMASharedLayout.get_default_for(self.blocks[1], out_dt))
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         self.grid = (max(1, min(g * tiles, num_sms(x.device))),)
-        epilogue = _rk.EPILOGUE or ("blocked" if pointer_stores(r, g, _rk.BLOCKED_MAX_ROWS) else "tma")
         self.consts = (cfg.stages, cfg.block_k, cfg.block_m, cfg.group_m,
                        mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
-                       gather_layout(cfg.block_m, GATHER_WARPS.value), GATHER_REGS, _rk._EPILOGUES.index(epilogue),
+                       gather_layout(cfg.block_m, GATHER_WARPS.value), GATHER_REGS, _rk.epilogue_code(r, g),
                        store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes))
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps, GATHER_WARPS.value)}
         self.launch = BoundLaunch.in_order(ragged_k_gather_kernel, self.grid, self.consts, self.options, x.device)

@@ -275,7 +275,7 @@ def ragged_m_ws_kernel(
 ):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready, empty, turn = _ring_and_turn_barriers(STAGES)
+    ready, empty, turn = _ring_and_turn_barriers(STAGES, 1)
     if NCONS == 2:
         gl.warp_specialize([
             (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
