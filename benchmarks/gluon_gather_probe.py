@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--stages", type=int, nargs="+", default=[4])
     parser.add_argument("--tile", default="128,128,64,4", help="BLOCK_M,BLOCK_N,BLOCK_K,consumer warps (4 or 8)")
+    parser.add_argument("--gather-warps", type=int, nargs="+", default=[4], choices=(4, 8),
+                        help="warps of the gathering producer (8 only with a 4-warp consumer)")
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from ragdot.kernels.gluon.ragged_k import Prepared
     from ragdot.kernels.gluon.ragged_k_gather import Prepared as GatherPrepared
     from ragdot.kernels.ragged_k import schedule
-    from ragdot.measure.timing import capture_graph, event_ms, warm_off_stream
+    from ragdot.measure.timing import capture_graph, interleaved_ms, warm_off_stream
     from ragdot.moe import fused
 
     dev = torch.device("cuda")
@@ -81,9 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     w = torch.empty((e, d, q), dtype=torch.bfloat16, device="meta")
     systems["chunks"] = lambda: fused._wgrad_chunks(x, tokens, dpre, sizes, w, torch.bfloat16)
     for stages in args.stages:
-        probe = GatherPrepared(x[None], dpre[None], e, torch.bfloat16, GluonConfig(*args.block, stages, args.warps),
-                               from_sizes=True)
-        systems[f"gather s{stages}"] = lambda probe=probe: probe(x[None], dpre[None], sizes, None, sched, tokens)[0]
+        for gw in args.gather_warps:
+            probe = GatherPrepared(x[None], dpre[None], e, torch.bfloat16,
+                                   GluonConfig(*args.block, stages, args.warps), from_sizes=True, gather_warps=gw)
+            systems[f"gather s{stages} gw{gw}"] = lambda probe=probe: probe(x[None], dpre[None], sizes, None, sched,
+                                                                           tokens)[0]
     expected = systems["gluon"]()[:, 0]
     torch.cuda.synchronize()
     graphs = {}
@@ -99,10 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # a system that fails here is a row with its error
             checks[name] = f"{type(exc).__name__}: {exc}"[:300]
         print(f"{name}: {checks[name]}", flush=True)
-    times: dict[str, list[float]] = {n: [] for n in graphs}
-    for r in range(args.rounds):
-        for name in (list(graphs) if r % 2 == 0 else list(reversed(graphs))):
-            times[name].append(statistics.median(event_ms(graphs[name], dev) for _ in range(args.reps)))
+    times = interleaved_ms(graphs, dev, args.rounds, args.reps)
     flops = 2 * t * k * d * q
     rows_out = []
     for name, values in times.items():
@@ -124,9 +125,11 @@ def _compile_only(args: argparse.Namespace) -> int:
         x, b = torch.empty(1, 64, 512, dtype=torch.bfloat16), torch.empty(1, 256, 512, dtype=torch.bfloat16)
         idx, sched = torch.empty(256, dtype=torch.int32), torch.zeros(4, 4, dtype=torch.int32)
         for stages in args.stages:
-            prep = Prepared(x, b, 4, torch.bfloat16, GluonConfig(*args.block, stages, args.warps), from_sizes=True)
-            handle = prep(x, b, torch.zeros(4, dtype=torch.int32), None, sched, idx)[1]
-            print(f"{prep.cfg.short()}:", resource_usage(handle))
+            for gw in args.gather_warps:
+                prep = Prepared(x, b, 4, torch.bfloat16, GluonConfig(*args.block, stages, args.warps), from_sizes=True,
+                                gather_warps=gw)
+                handle = prep(x, b, torch.zeros(4, dtype=torch.int32), None, sched, idx)[1]
+                print(f"{prep.cfg.short()} gw{gw}:", resource_usage(handle))
     return 0
 
 

@@ -207,6 +207,8 @@ def memcheck_calls() -> int:
             calls += 1
             if not torch.isfinite(c).all() or (c[1] != 0).any() or (c[5] != 0).any():
                 bad.append(f"ragged_k {out_dtype} {cfg}: NaN or nonzero empty groups")
+    bad += _gather_and_tma2_calls(a, b, ends, gen)
+    calls += 4
     w = torch.randn(1, len(sizes), 192, 136, device="cuda", dtype=torch.bfloat16, generator=gen)
     for cfg in tiles:
         for b4 in (w, w.transpose(2, 3).contiguous().transpose(2, 3)):
@@ -219,6 +221,40 @@ def memcheck_calls() -> int:
         print(f"memcheck calls: {line}", file=sys.stderr)
     print(f"memcheck calls: {calls} Gluon calls, {len(bad)} broke the contract")
     return 1 if bad else 0
+
+
+def _gather_and_tma2_calls(a, b, ends, gen) -> list[str]:
+    """Four more calls for `memcheck_calls`: the weight gradient that gathers x's rows through an index (indices
+    past the groups far out of range, one negative: both clamped into x) at two one-consumer tiles, each checked
+    bitwise against the TMA-fed kernel on the gathered copy; and the two-buffer TMA epilogue ("tma2") against the
+    default epilogue."""
+    import torch
+
+    from ragdot.kernels.gluon import ragged_k as rk
+    from ragdot.kernels.gluon.config import GluonConfig
+    from ragdot.kernels.gluon.ragged_k_gather import ragged_k_gather
+
+    rows = b.shape[1]
+    x = torch.randn(90, a.shape[2], device="cuda", dtype=torch.bfloat16, generator=gen)
+    idx = torch.randint(0, 90, (rows,), device="cuda", dtype=torch.int32, generator=gen)
+    idx[int(ends[-1]):] = 1 << 30
+    idx[3] = -5
+    copy = x[idx.clamp(0, 89).long()][None]
+    bad = []
+    for cfg in (GluonConfig(128, 256, 32, 6, 8), GluonConfig(128, 128, 64, 4, 4)):
+        got = ragged_k_gather(x, idx, b[0], ends, config=cfg)
+        want = rk.ragged_k(copy, b, ends, config=cfg)[:, 0]
+        if not torch.equal(got, want):
+            bad.append(f"ragged_k_gather {cfg.short()}: differs from ragged_k on the gathered rows")
+    cfg = GluonConfig(128, 256, 32, 4, 8)
+    saved, rk.EPILOGUE = rk.EPILOGUE, "tma2"
+    try:
+        two = rk.ragged_k(a, b, ends, config=cfg)
+    finally:
+        rk.EPILOGUE = saved
+    if not torch.equal(two, rk.ragged_k(a, b, ends, config=cfg)):
+        bad.append("ragged_k tma2: differs from the default epilogue")
+    return bad
 
 
 def _sanitizer() -> str | None:

@@ -26,7 +26,7 @@ import torch
 from ragdot.kernels import ragged_k as rk
 from ragdot.kernels.configs import TileConfig
 from ragdot.measure.checks import normalised_error
-from ragdot.measure.timing import capture_graph, event_ms, warm_off_stream
+from ragdot.measure.timing import capture_graph, interleaved_ms, warm_off_stream
 from ragdot.routing import group_sizes
 
 
@@ -92,10 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 timed[name] = capture_graph(fn) if cuda else fn
             except Exception as exc:  # a tile this GPU cannot run (shared memory, registers): its row says why
                 rows.append({"shape": [r, m, n, e], "system": name, "status": f"{type(exc).__name__}: {exc}"[:200]})
-        times: dict[str, list[float]] = {name: [] for name in timed}
-        for k in range(args.rounds):
-            for name in (list(timed) if k % 2 == 0 else list(reversed(timed))):
-                times[name].append(statistics.median(event_ms(timed[name], device) for _ in range(args.reps)))
+        times = interleaved_ms(timed, device, args.rounds, args.reps)
         base = statistics.median(times["vendor"])
         flops = 2 * r * m * n
         print(f"R={r} M={m} N={n} E={e}: graph ms (median of {args.rounds} rounds of {args.reps} replays)")

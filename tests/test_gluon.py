@@ -358,6 +358,57 @@ def test_output_rows_not_a_multiple_of_the_tile(cfg, epilogue, monkeypatch):
     _check_config(cfg, 800, 200, 328, [300, 0, 129, 64, 5, 0, 250], bt=2, seed=13)
 
 
+def _tma2_configs(m: int, n: int) -> list:
+    """The candidate configs of an [M, N] output with room for the two-buffer epilogue, one ring stage fewer where
+    the candidate's ring leaves none (128x256x32 in six stages: in four)."""
+    from dataclasses import replace
+
+    from ragdot.kernels.gluon.config import SHARED_BYTES
+
+    out = []
+    for cfg in gluon_tuning_configs(m, n):
+        extra = cfg.consumers * cfg.block_m * cfg.block_n * 2
+        while cfg.stages > 2 and cfg.shared_bytes() + extra > SHARED_BYTES:
+            cfg = replace(cfg, stages=cfg.stages - 1)
+        if cfg.shared_bytes() + extra <= SHARED_BYTES and cfg not in out:
+            out.append(cfg)
+    return out
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("cfg", _tma2_configs(1024, 1024), ids=lambda c: c.short())
+def test_two_buffer_epilogue_equals_the_one_buffer_one(cfg, monkeypatch):
+    """EPILOGUE "tma2" (a tile's store waits for the store two tiles back): many items a program, long, one-row,
+    empty and chunk-edge groups; against float64, bitwise equal to the one-buffer TMA epilogue."""
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+
+    sizes = [700, 0, 1, 64, 0, 129, 65, 0, 300, 2, 640, 63, 0, 128]
+    a, b, ends = _case(2400, 1024, 1024, sizes, seed=17)
+    monkeypatch.setattr("ragdot.kernels.gluon.ragged_k.EPILOGUE", "tma")
+    one = ragged_k(a, b, ends, config=cfg)
+    monkeypatch.setattr("ragdot.kernels.gluon.ragged_k.EPILOGUE", "tma2")
+    two = ragged_k(a, b, ends, config=cfg)
+    _check(two, a, b, sizes)
+    assert torch.equal(two, one)
+
+
+def test_epilogue_choice_refusals(monkeypatch):
+    """An unknown EPILOGUE and a two-buffer epilogue without the shared memory for it are NotImplementedErrors
+    (so `auto` moves on), named; the default choice follows the mean group length."""
+    from ragdot.kernels.gluon import ragged_k as rk
+
+    monkeypatch.setattr(rk, "EPILOGUE", "fancy")
+    with pytest.raises(NotImplementedError, match="EPILOGUE 'fancy'"):
+        rk.epilogue_code(1000, 10)
+    monkeypatch.setattr(rk, "EPILOGUE", "tma2")
+    with pytest.raises(NotImplementedError, match="second epilogue tile"):
+        rk.epilogue_code(1000, 10, GluonConfig(128, 256, 32, 6, 8))
+    assert rk.epilogue_code(1000, 10, GluonConfig(128, 256, 32, 4, 8)) == 2
+    monkeypatch.setattr(rk, "EPILOGUE", None)
+    assert rk.epilogue_code(32768, 128) in (0, 1)
+
+
 def test_ping_pong_register_plan():
     """The second consumer's registers plus the default partition's 256 and the producer's fit 64 Ki a SM."""
     assert consumer_regs(GluonConfig()) == 0
@@ -637,18 +688,21 @@ def test_gather_kernel_is_the_same_kernel_with_another_producer():
         rkg.Prepared(x.float(), b.float(), 4, torch.float32)
     with pytest.raises(ValueError, match=r"expected \[1, S, M\]"):
         rkg.Prepared(x[0], b, 4, torch.bfloat16)
+    with pytest.raises(ValueError, match="gather_warps: expected 4 or 8"):
+        rkg.Prepared(x, b, 4, torch.bfloat16, gather_warps=2)
     with pytest.raises(ValueError, match="index: expected an int32"):
         rkg.ragged_k_gather(x[0], torch.zeros(128, dtype=torch.int64), b[0], torch.zeros(4, dtype=torch.int32))
 
 
 @hopper
 @pytest.mark.gpu
-@pytest.mark.parametrize("sizes, cfg", [
-    ([40, 0, 300, 7, 0, 96], None),  # skewed, empty groups, tails that straddle chunks
-    ([40, 0, 300, 7, 0, 96], GluonConfig(128, 128, 64, 4, 4)),
-    ([128] * 6, GluonConfig(128, 256, 64, 3, 8)),
+@pytest.mark.parametrize("sizes, cfg, warps", [
+    ([40, 0, 300, 7, 0, 96], None, 4),  # skewed, empty groups, tails that straddle chunks
+    ([40, 0, 300, 7, 0, 96], GluonConfig(128, 128, 64, 4, 4), 4),
+    ([40, 0, 300, 7, 0, 96], GluonConfig(128, 128, 64, 4, 4), 8),  # an eight-warp producer
+    ([128] * 6, GluonConfig(128, 256, 64, 3, 8), 4),
 ])
-def test_gather_kernel_matches_the_copy_and_a_float64_reference(sizes, cfg):
+def test_gather_kernel_matches_the_copy_and_a_float64_reference(sizes, cfg, warps):
     from ragdot.kernels.gluon.ragged_k import Prepared
     from ragdot.kernels.gluon.ragged_k_gather import Prepared as GatherPrepared
 
@@ -662,7 +716,7 @@ def test_gather_kernel_matches_the_copy_and_a_float64_reference(sizes, cfg):
     index[3] = -5  # clamped into [0, S): reads row 0
     b = torch.randn(r, n, generator=gen).to(dev, torch.bfloat16)
     ref_rows = x.index_select(0, index.clamp(0, s_rows - 1).long())
-    prep = GatherPrepared(x[None], b[None], len(sizes), torch.bfloat16, cfg, from_sizes=True)
+    prep = GatherPrepared(x[None], b[None], len(sizes), torch.bfloat16, cfg, from_sizes=True, gather_warps=warps)
     got = prep(x[None], b[None], torch.tensor(sizes, device=dev), index=index)[0]
     assert torch.isfinite(got).all()
     assert all((got[g] == 0).all() for g, size in enumerate(sizes) if size == 0)  # empty groups: exact zeros

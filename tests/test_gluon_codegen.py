@@ -21,7 +21,7 @@ _COMPILE_SCRIPT = textwrap.dedent(
     """
     import json, re, torch
     from ragdot.kernels.configs import compile_only, resource_usage, run_kernel
-    from ragdot.kernels.gluon.config import gluon_m_tuning_configs, gluon_tuning_configs
+    from ragdot.kernels.gluon.config import GluonConfig, gluon_m_tuning_configs, gluon_tuning_configs
     from ragdot.kernels.gluon.ragged_k import Prepared
     from ragdot.kernels.gluon.ragged_m import Prepared as MPrepared
     from ragdot.kernels.gluon import matmul as mm
@@ -53,6 +53,16 @@ _COMPILE_SCRIPT = textwrap.dedent(
                     p = GPrepared(x, b, g, bf, cfg, from_sizes=True)
                     h = p(x, b, torch.zeros(g, dtype=torch.int32), None, torch.zeros(4, g, dtype=torch.int32), idx)[1]
                     out[f"ragged_k_gather {m}x{r}x{n}x{g} {bf} {cfg.short()}"] = info(h)
+            p = GPrepared(x, b, g, bf, GluonConfig(128, 128, 64, 4, 4), from_sizes=True, gather_warps=8)
+            h = p(x, b, torch.zeros(g, dtype=torch.int32), None, torch.zeros(4, g, dtype=torch.int32), idx)[1]
+            out[f"ragged_k_gather {m}x{r}x{n}x{g} gw8 {p.cfg.short()}"] = info(h)
+        from ragdot.kernels.gluon import ragged_k as rk
+        rk.EPILOGUE = "tma2"  # two epilogue buffers where they fit
+        a, b = torch.empty(1, 10240, 2880, dtype=bf), torch.empty(1, 10240, 2880, dtype=bf)
+        for cfg in (GluonConfig(128, 256, 32, 4, 8), GluonConfig(128, 128, 64, 4, 4)):
+            h = Prepared(a, b, 16, bf, cfg)(a, b, None, sched=torch.zeros(3, 16, dtype=torch.int32))[1]
+            out[f"ragged_k 2880x10240x2880x16 tma2 {cfg.short()}"] = info(h)
+        rk.EPILOGUE = None
         for m, k, n, g in ((3840, 2048, 1408, 64), (5120, 512, 512, 256)):
             a = torch.empty(1, m, k, dtype=bf)
             for name, b in (("fwd", torch.empty(1, g, k, n, dtype=bf)),

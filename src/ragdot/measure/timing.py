@@ -556,6 +556,19 @@ def measure_clocks(
     return {(lane.system.name, lane.clock): lane.timing for lane in lanes}
 
 
+def interleaved_ms(calls: dict[str, Callable[[], Any]], device: torch.device, rounds: int, reps: int
+                   ) -> dict[str, list[float]]:
+    """Per name of `calls` (each warmed up and, for the graph clock, a CUDA-graph replay already), one value per
+    round: the median of `reps` timed calls (`event_ms`). Rounds alternate the order, forward then backward, so
+    that no call always runs after the same one (the probes' A/B form)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            times[name].append(statistics.median(event_ms(calls[name], device) for _ in range(reps)))
+    return times
+
+
 def rotated(items: Sequence[Any], r: int) -> list[Any]:
     """`items` starting at index r mod len (round r of interleaved timing visits them in this order, so that
     each one goes first in turn); [] for no items."""

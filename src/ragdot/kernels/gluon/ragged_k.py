@@ -59,9 +59,12 @@ __all__ = ["Prepared", "ragged_k", "ragged_k_ws_kernel"]
 # of 16-byte vectors, then pointer stores) or None: blocked where the mean group has at most BLOCKED_MAX_ROWS token
 # rows and the output's writes bound the kernel (`ragdot.kernels.ragged_k.pointer_stores`). Measured on an H100 with
 # `kernel_ab.py`, two runs: blocked 2-9% faster at 20-80 rows a group, 18-21% at 160, 10-14% slower at 480.
+# Two more, set only by hand: "tma2" (two epilogue buffers, so a tile's store waits for the store of the tile two
+# before it, not one; needs the shared memory of one more output tile) and "none" (no store at all: the main loop
+# alone, for probes such as benchmarks/wgrad_anatomy.py; its output is left unwritten).
 EPILOGUE: str | None = None
 BLOCKED_MAX_ROWS = 256
-_EPILOGUES = ("tma", "blocked")
+_EPILOGUES = ("tma", "blocked", "tma2", "none")
 
 
 
@@ -185,7 +188,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G,
     nprog = gl.num_programs(0)
     total = G * Bt * gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     C_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], c_desc.dtype)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], C_LAYOUT)
+    C_BUFS: gl.constexpr = 2 if EPILOGUE_CODE == 2 else 1
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [C_BUFS, BLOCK_M, BLOCK_N], C_LAYOUT)
     ROWS: gl.constexpr = gl.SliceLayout(1, STORE_LAYOUT)
     COLS: gl.constexpr = gl.SliceLayout(0, STORE_LAYOUT)
     it = 0  # ring position of the item's first chunk (every consumer's chunks counted)
@@ -207,12 +211,16 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G,
             _pass_turn(turn, PARITY, NCONS)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
-            if EPILOGUE_CODE == 0:
-                tma.store_wait(pendings=0)  # this consumer's previous tile's store has read c_smem
+            if EPILOGUE_CODE == 0 or EPILOGUE_CODE == 2:
+                c_smem = c_bufs.index((j // NCONS) % C_BUFS)
+                tma.store_wait(pendings=C_BUFS - 1)  # this buffer's previous store has read it
                 c_smem.store(acc.to(c_desc.dtype))
                 fence_async_shared()  # one slab of c per (group, batch entry): the store clips at M and N
                 tma.async_copy_shared_to_global(c_desc, [g * Bt + bt, pid_m * BLOCK_M, pid_n * BLOCK_N],
                                                 c_smem.reshape([1, BLOCK_M, BLOCK_N]))
+            elif EPILOGUE_CODE == 3:  # no store (a probe of the main loop); `g < 0` never holds but keeps the MMAs
+                if g < 0:
+                    c_bufs.index(0).store(acc.to(c_desc.dtype))
             else:  # rows of 16-byte vectors by pointer stores, masked at M and N of this (group, batch) slab
                 rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROWS)
                 cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=COLS)
@@ -222,7 +230,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G,
                 gl.store(c_ptr + offs, gl.convert_layout(acc.to(c_ptr.dtype.element_ty), STORE_LAYOUT), mask=mask)
         it += n_k
         j += 1  # noqa: SIM113 (a Gluon loop over a range with a step: no enumerate)
-    if EPILOGUE_CODE == 0:
+    if EPILOGUE_CODE == 0 or EPILOGUE_CODE == 2:
         tma.store_wait(pendings=0)
 
 
@@ -241,7 +249,7 @@ def ragged_k_ws_kernel(
     PRODUCER_REGS: gl.constexpr,  # registers per thread of the TMA producer warp
     NCONS: gl.constexpr,  # consumer partitions: 1, or 2 (ping-pong, one warpgroup each, alternate items)
     CONSUMER_REGS: gl.constexpr,  # registers per thread of the second consumer (ping-pong only)
-    EPILOGUE_CODE: gl.constexpr,  # 0: TMA store through c_desc; 1: pointer stores in STORE_LAYOUT
+    EPILOGUE_CODE: gl.constexpr,  # 0: TMA store through c_desc; 1: pointer stores; 2: TMA, two buffers; 3: none
     STORE_LAYOUT: gl.constexpr,  # BlockedLayout of [BLOCK_M, BLOCK_N]: 16-byte vectors along rows (EPILOGUE_CODE 1)
 ):
     A_BLOCK: gl.constexpr = [a_desc.block_type.shape[2], a_desc.block_type.shape[3]]  # [BLOCK_K, BLOCK_M]
@@ -296,10 +304,18 @@ def checked_config(kernel: str, a_dtype: torch.dtype, b_dtype: torch.dtype, out_
     return cfg, out_bytes
 
 
-def epilogue_code(rows: int, groups: int) -> int:
+def epilogue_code(rows: int, groups: int, cfg: GluonConfig | None = None, out_bytes: int = 2) -> int:
     """The consumer's EPILOGUE_CODE for `rows` token rows over `groups` groups: `EPILOGUE` where set, else pointer
-    stores where the mean group is short and the output's writes bound the kernel (`BLOCKED_MAX_ROWS`), else TMA."""
+    stores where the mean group is short and the output's writes bound the kernel (`BLOCKED_MAX_ROWS`), else TMA.
+    NotImplementedError for an `EPILOGUE` ragdot does not know, or "tma2" where `cfg`'s second epilogue buffer
+    does not fit shared memory."""
     epilogue = EPILOGUE or ("blocked" if pointer_stores(rows, groups, BLOCKED_MAX_ROWS) else "tma")
+    if epilogue not in _EPILOGUES:
+        raise NotImplementedError(f"gluon ragged_k: EPILOGUE {epilogue!r} (one of {', '.join(_EPILOGUES)})")
+    if epilogue == "tma2" and cfg is not None:
+        extra = cfg.consumers * cfg.block_m * cfg.block_n * out_bytes
+        if cfg.shared_bytes(2, out_bytes) + extra > SHARED_BYTES:
+            raise NotImplementedError(f"gluon ragged_k: config {cfg.short()} has no room for a second epilogue tile")
     return _EPILOGUES.index(epilogue)
 
 
@@ -351,7 +367,7 @@ class Prepared:
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         self.grid = (max(1, min(g * bt * tiles, num_sms(a.device))),)
         self.consts = (cfg.stages, cfg.group_m, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
-                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg), epilogue_code(r, g),
+                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg), epilogue_code(r, g, cfg, out_bytes),
                        store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes))
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
         self.launch = BoundLaunch.in_order(ragged_k_ws_kernel, self.grid, self.consts, self.options, a.device)

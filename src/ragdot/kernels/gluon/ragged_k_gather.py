@@ -44,14 +44,14 @@ from ragdot.kernels.ragged_view import RAGGED_BASE, check_ragged_rows, ragged_vi
 
 __all__ = ["GATHER_WARPS", "Prepared", "ragged_k_gather_kernel"]
 
-GATHER_WARPS = gl.constexpr(4)  # warps of the producer partition
+GATHER_WARPS = 4  # warps of the producer partition (4 or 8; `Prepared(gather_warps=)`)
 GATHER_REGS = 88  # its registers per thread (sm_90, Triton 3.6: no spills at 128x128x64 and 128x256x32)
 
 
 @gluon.jit
 def _gather_producer(x_ptr, stride_x, idx_ptr, S, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G,
                      GROUP_M: gl.constexpr, GATHER_LAYOUT: gl.constexpr):
-    """Worker partition (GATHER_WARPS warps): every chunk of this program's items into the ring, x's rows by
+    """Worker partition (the GATHER_LAYOUT's warps): every chunk of this program's items into the ring, x's rows by
     cp.async through the index (each thread arrives on `ready` once its copies landed), b's by one TMA load."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
@@ -105,8 +105,9 @@ def ragged_k_gather_kernel(
     MMA_LAYOUT: gl.constexpr,  # NVMMADistributedLayout of the [BLOCK_M, BLOCK_N] accumulator (the consumer's warps)
     GATHER_LAYOUT: gl.constexpr,  # BlockedLayout of [BLOCK_K, BLOCK_M] over GATHER_WARPS warps, 16-byte vectors
     GATHER_REGS_: gl.constexpr,  # registers per thread of the producer partition
-    EPILOGUE_CODE: gl.constexpr,  # 0: TMA store through c_desc; 1: pointer stores in STORE_LAYOUT
+    EPILOGUE_CODE: gl.constexpr,  # ragged_k's: 0 TMA store through c_desc; 1 pointer stores; 2 TMA, two buffers
     STORE_LAYOUT: gl.constexpr,  # BlockedLayout of [BLOCK_M, BLOCK_N] for the pointer stores
+    GATHER_WARPS: gl.constexpr,  # warps of the producer partition (GATHER_LAYOUT's)
 ):
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[3]
     a_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_K, BLOCK_M],
@@ -137,13 +138,15 @@ class Prepared:
     A call `(x, b, sizes_or_ends, out=None, sched=None, index=...)` ranks the groups (one small launch, unless
     `sched` is given), builds the b and c descriptors and launches once -> (c [G, 1, M, N], kernel).
 
+    `gather_warps`: warps of the producer partition that copies x's rows (4 or 8).
+
     Raises NotImplementedError for what it does not serve: operands other than bf16/fp16 row views with 16-byte
     rows, a two-consumer (ping-pong) config, a config that does not fit shared memory."""
 
     replayable = False  # no backend runs it (the fused block calls it directly): nothing records its calls
 
     def __init__(self, x: torch.Tensor, b: torch.Tensor, g: int, out_dtype: torch.dtype,
-                 config: GluonConfig | None = None, from_sizes: bool = False):
+                 config: GluonConfig | None = None, from_sizes: bool = False, gather_warps: int = GATHER_WARPS):
         if x.dim() != 3 or b.dim() != 3 or x.shape[0] != 1 or b.shape[0] != 1:
             raise ValueError(f"x, b: expected [1, S, M] and [1, R, N], got {tuple(x.shape)}, {tuple(b.shape)}")
         s_rows, m = x.shape[1:]
@@ -153,6 +156,8 @@ class Prepared:
         self.sizes_extent = r if from_sizes else None
         self.empty = g * m * n == 0
         self.zero = r == 0
+        if gather_warps not in (4, 8):
+            raise ValueError(f"gather_warps: expected 4 or 8, got {gather_warps!r}")
         cfg, out_bytes = _rk.checked_config("gluon ragged_k_gather", x.dtype, b.dtype, out_dtype, m, n, config)
         if cfg.consumers != 1:
             raise NotImplementedError(f"gluon ragged_k_gather: config {cfg.short()} (one consumer only)")
@@ -174,9 +179,9 @@ class Prepared:
         self.grid = (max(1, min(g * tiles, num_sms(x.device))),)
         self.consts = (cfg.stages, cfg.block_k, cfg.block_m, cfg.group_m,
                        mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
-                       gather_layout(cfg.block_m, GATHER_WARPS.value), GATHER_REGS, _rk.epilogue_code(r, g),
-                       store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes))
-        self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps, GATHER_WARPS.value)}
+                       gather_layout(cfg.block_m, gather_warps), GATHER_REGS, _rk.epilogue_code(r, g, cfg, out_bytes),
+                       store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes), gather_warps)
+        self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps, gather_warps)}
         self.launch = BoundLaunch.in_order(ragged_k_gather_kernel, self.grid, self.consts, self.options, x.device)
         self.scalars = (r, m, n, g)
 
