@@ -74,3 +74,30 @@ def test_wgrad_tiles_smoke_writes_its_rows(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["system"] for r in rows] == ["vendor", mod.TILES[0].short()]
     assert all(r["graph_ms"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("argv", [["--shapes", "1,2,3"], ["--shapes", "64,0,32,4"], ["--rounds", "0"], ["--reps", "0"]])
+def test_wgrad_anatomy_rejects_bad_arguments(argv, capsys):
+    mod = benchmark_script("wgrad_anatomy")
+    with pytest.raises(SystemExit) as exc:
+        mod.main(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_wgrad_anatomy_builds_every_variant_for_sm90():
+    """Its variants compile for sm_90 on any machine: the store-free one keeps its MMAs, the two-buffer epilogue is
+    refused where the ring leaves no room for it, named."""
+    from helpers import BENCHMARKS, bundled_ptxas, compiled_in_a_subprocess
+
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    if not bundled_ptxas():
+        pytest.skip("needs the ptxas bundled with Triton's NVIDIA backend")
+    mod = benchmark_script("wgrad_anatomy")
+    out = compiled_in_a_subprocess([str(BENCHMARKS / "wgrad_anatomy.py"), "--compile-only", "--shapes",
+                                    "1024,256,512,8"])
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    assert "no room for a second epilogue tile" in lines["128x256x32s6w8g8r24 tma2"]
+    for tile in mod.TILES:
+        assert "'wgmma': True" in lines[f"{tile.short()} none"]
+        assert "'spills': 0" in lines[f"{tile.short()} tma"]
