@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from wgrad_tiles import _shape  # the same 'R,M,N,E' shapes
 
 from ragdot.kernels.gluon.config import GluonConfig
 
@@ -50,16 +51,6 @@ def epilogue(name: str) -> Iterator[None]:
         yield
     finally:
         ragged_k.EPILOGUE = saved
-
-
-def _shape(text: str) -> tuple[int, int, int, int]:
-    try:
-        r, m, n, e = (int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'R,M,N,E' (four integers), got {text!r}") from None
-    if min(r, m, n, e) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
-    return r, m, n, e
 
 
 def variants(a: torch.Tensor, b: torch.Tensor, e: int, sizes: torch.Tensor) -> dict[str, object]:
