@@ -53,14 +53,17 @@ def epilogue(name: str) -> Iterator[None]:
         ragged_k.EPILOGUE = saved
 
 
-def variants(a: torch.Tensor, b: torch.Tensor, e: int, sizes: torch.Tensor) -> dict[str, object]:
-    """name -> a call returning c [E, M, N] (or None where the variant does not fit this GPU: its reason)."""
+def variants(a: torch.Tensor, b: torch.Tensor, e: int, sizes: torch.Tensor, tiles=TILES, epilogues=EPILOGUES,
+             parts: bool = True) -> dict[str, object]:
+    """name -> a call returning c [E, M, N] (or, where the variant does not fit this GPU, the reason); `parts`: the
+    main-loop-only and stores-only variants too."""
     from ragdot.kernels.gluon.ragged_k import Prepared
 
     zeros = torch.zeros_like(sizes)
     calls: dict[str, object] = {}
-    for cfg in TILES:
-        for name in (*EPILOGUES, "none", *(f"{ep}-stores" for ep in EPILOGUES)):
+    for cfg in tiles:
+        names = (*epilogues, "none", *(f"{ep}-stores" for ep in epilogues)) if parts else epilogues
+        for name in names:
             mode = name.removesuffix("-stores")
             try:
                 with epilogue(mode):
@@ -79,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
                         default=[(32768, 2880, 5760, 128), (32768, 2880, 2880, 128), (65536, 2048, 1536, 128)])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--tiles", nargs="+", type=int, choices=range(len(TILES)), default=list(range(len(TILES))),
+                        help="indices into TILES (default: all)")
+    parser.add_argument("--epilogues", nargs="+", choices=EPILOGUES, default=list(EPILOGUES))
+    parser.add_argument("--no-parts", action="store_true", help="whole kernels only (no main-loop or stores runs)")
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = group_sizes("balanced", r, e, device=dev).to(torch.int32)
         ends = sizes.cumsum(0).to(torch.int32)
         calls = {"vendor": lambda a=a, b=b, ends=ends: torch._grouped_mm(a.t(), b, offs=ends)}
-        calls.update(variants(a, b, e, sizes))
+        calls.update(variants(a, b, e, sizes, [TILES[i] for i in args.tiles], args.epilogues, not args.no_parts))
         graphs, checks, first = {}, {}, {}
         for name, fn in calls.items():
             if isinstance(fn, str):
