@@ -57,13 +57,15 @@ __all__ = ["Prepared", "ragged_k", "ragged_k_ws_kernel"]
 
 # The epilogue's path: "tma" (the tile through shared memory to a TMA store), "blocked" (the tile converted to rows
 # of 16-byte vectors, then pointer stores) or None: blocked where the mean group has at most BLOCKED_MAX_ROWS token
-# rows and the output's writes bound the kernel (`ragdot.kernels.ragged_k.pointer_stores`). Measured on an H100 with
-# `kernel_ab.py`, two runs: blocked 2-9% faster at 20-80 rows a group, 18-21% at 160, 10-14% slower at 480.
+# rows and the output's writes bound the kernel (`ragdot.kernels.ragged_k.pointer_stores`). Measured on an H100
+# (graph clock): blocked 2-9% faster at 20-80 rows a group (`kernel_ab.py`, the anchor cells), 10-16% faster at 96
+# and 128 rows, even at 192 (-2.5% to +2%), 13-15% slower at 256 and 10-14% at 480 (`wgrad_anatomy.py`, 2880 x 5760
+# and 2048 x 1536 outputs, 128 experts; benchmarks/results/h100-20261207e/).
 # Two more, set only by hand: "tma2" (two epilogue buffers, so a tile's store waits for the store of the tile two
 # before it, not one; needs the shared memory of one more output tile) and "none" (no store at all: the main loop
 # alone, for probes such as benchmarks/wgrad_anatomy.py; its output is left unwritten).
 EPILOGUE: str | None = None
-BLOCKED_MAX_ROWS = 256
+BLOCKED_MAX_ROWS = 192
 _EPILOGUES = ("tma", "blocked", "tma2", "none")
 
 
