@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from wgrad_tiles import _shape  # the same 'R,M,N,E' shapes
 
+from ragdot.cli_common import count
 from ragdot.kernels.gluon.config import GluonConfig
 
 TILES = (GluonConfig(128, 256, 32, 6, 8), GluonConfig(128, 256, 32, 4, 8), GluonConfig(128, 128, 64, 4, 4))
@@ -80,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", type=_shape,
                         default=[(32768, 2880, 5760, 128), (32768, 2880, 2880, 128), (65536, 2048, 1536, 128)])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--rounds", type=count(1), default=5)
+    parser.add_argument("--reps", type=count(1), default=10)
     parser.add_argument("--tiles", nargs="+", type=int, choices=range(len(TILES)), default=list(range(len(TILES))),
                         help="indices into TILES (default: all)")
     parser.add_argument("--epilogues", nargs="+", choices=EPILOGUES, default=list(EPILOGUES))
@@ -89,9 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    for name in ("rounds", "reps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.compile_only:
         return _compile_only(args.shapes[0])
     from ragdot.measure.timing import capture_graph, interleaved_ms, warm_off_stream

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ragdot.cli_common import count
 from ragdot.kernels import ragged_k as rk
 from ragdot.kernels.configs import TileConfig
 from ragdot.measure.checks import normalised_error
@@ -61,14 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", type=_shape, default=[(32768, 2880, 5760, 128),
                                                                      (32768, 2880, 2880, 128)])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--rounds", type=count(1), default=5)
+    parser.add_argument("--reps", type=count(1), default=10)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    for name in ("rounds", "reps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float16
