@@ -363,14 +363,11 @@ def _tma2_configs(m: int, n: int) -> list:
     the candidate's ring leaves none (128x256x32 in six stages: in four)."""
     from dataclasses import replace
 
-    from ragdot.kernels.gluon.config import SHARED_BYTES
-
     out = []
     for cfg in gluon_tuning_configs(m, n):
-        extra = cfg.consumers * cfg.block_m * cfg.block_n * 2
-        while cfg.stages > 2 and cfg.shared_bytes() + extra > SHARED_BYTES:
+        while cfg.stages > 2 and cfg.shared_bytes(epilogue_tiles=2) > SHARED_BYTES:
             cfg = replace(cfg, stages=cfg.stages - 1)
-        if cfg.shared_bytes() + extra <= SHARED_BYTES and cfg not in out:
+        if cfg.shared_bytes(epilogue_tiles=2) <= SHARED_BYTES and cfg not in out:
             out.append(cfg)
     return out
 

@@ -49,10 +49,12 @@ class GluonConfig:
         if self.consumers == 2 and self.num_warps != 4:
             raise ValueError(f"num_warps: ping-pong consumers are one warpgroup each (4), got {self.num_warps}")
 
-    def shared_bytes(self, in_bytes: int = 2, out_bytes: int = 2) -> int:
-        """Shared memory of the ring, the epilogue tiles (one per consumer) and the barriers."""
+    def shared_bytes(self, in_bytes: int = 2, out_bytes: int = 2, epilogue_tiles: int = 1) -> int:
+        """Shared memory of the ring, the epilogue tiles (`epilogue_tiles` per consumer: two for ragged_k's "tma2")
+        and the barriers."""
         ring = self.stages * self.block_k * (self.block_m + self.block_n) * in_bytes
-        return ring + self.consumers * self.block_m * self.block_n * out_bytes + 16 * self.stages + 1024
+        tiles = epilogue_tiles * self.consumers * self.block_m * self.block_n * out_bytes
+        return ring + tiles + 16 * self.stages + 1024
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}s{self.stages}w{self.num_warps}"

@@ -314,10 +314,8 @@ def epilogue_code(rows: int, groups: int, cfg: GluonConfig | None = None, out_by
     epilogue = EPILOGUE or ("blocked" if pointer_stores(rows, groups, BLOCKED_MAX_ROWS) else "tma")
     if epilogue not in _EPILOGUES:
         raise NotImplementedError(f"gluon ragged_k: EPILOGUE {epilogue!r} (one of {', '.join(_EPILOGUES)})")
-    if epilogue == "tma2" and cfg is not None:
-        extra = cfg.consumers * cfg.block_m * cfg.block_n * out_bytes
-        if cfg.shared_bytes(2, out_bytes) + extra > SHARED_BYTES:
-            raise NotImplementedError(f"gluon ragged_k: config {cfg.short()} has no room for a second epilogue tile")
+    if epilogue == "tma2" and cfg is not None and cfg.shared_bytes(2, out_bytes, epilogue_tiles=2) > SHARED_BYTES:
+        raise NotImplementedError(f"gluon ragged_k: config {cfg.short()} has no room for a second epilogue tile")
     return _EPILOGUES.index(epilogue)
 
 
