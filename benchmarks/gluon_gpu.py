@@ -229,6 +229,7 @@ def _gather_and_tma2_calls(a, b, ends, gen) -> list[str]:
     bitwise against the TMA-fed kernel on the gathered copy; and the two-buffer TMA epilogue ("tma2") against the
     default epilogue."""
     import torch
+    from wgrad_anatomy import epilogue  # EPILOGUE set for the calls inside, restored after
 
     from ragdot.kernels.gluon import ragged_k as rk
     from ragdot.kernels.gluon.config import GluonConfig
@@ -247,11 +248,8 @@ def _gather_and_tma2_calls(a, b, ends, gen) -> list[str]:
         if not torch.equal(got, want):
             bad.append(f"ragged_k_gather {cfg.short()}: differs from ragged_k on the gathered rows")
     cfg = GluonConfig(128, 256, 32, 4, 8)
-    saved, rk.EPILOGUE = rk.EPILOGUE, "tma2"
-    try:
+    with epilogue("tma2"):
         two = rk.ragged_k(a, b, ends, config=cfg)
-    finally:
-        rk.EPILOGUE = saved
     if not torch.equal(two, rk.ragged_k(a, b, ends, config=cfg)):
         bad.append("ragged_k tma2: differs from the default epilogue")
     return bad

@@ -54,27 +54,36 @@ def epilogue(name: str) -> Iterator[None]:
         ragged_k.EPILOGUE = saved
 
 
+def prepared(a: torch.Tensor, b: torch.Tensor, e: int, cfg: GluonConfig, mode: str) -> object:
+    """The Gluon ragged_k of a [R, M] x b [R, N] with `cfg` and EPILOGUE `mode`, or why it does not fit (str)."""
+    from ragdot.kernels.gluon.ragged_k import Prepared
+
+    try:
+        with epilogue(mode):
+            return Prepared(a[None], b[None], e, a.dtype, cfg, from_sizes=True)
+    except NotImplementedError as exc:
+        return f"{exc}"
+
+
 def variants(a: torch.Tensor, b: torch.Tensor, e: int, sizes: torch.Tensor, tiles=TILES, epilogues=EPILOGUES,
              parts: bool = True) -> dict[str, object]:
     """name -> a call returning c [E, M, N] (or, where the variant does not fit this GPU, the reason); `parts`: the
     main-loop-only and stores-only variants too."""
-    from ragdot.kernels.gluon.ragged_k import Prepared
-
     zeros = torch.zeros_like(sizes)
     calls: dict[str, object] = {}
     for cfg in tiles:
         names = (*epilogues, "none", *(f"{ep}-stores" for ep in epilogues)) if parts else epilogues
         for name in names:
-            mode = name.removesuffix("-stores")
-            try:
-                with epilogue(mode):
-                    prep = Prepared(a[None], b[None], e, a.dtype, cfg, from_sizes=True)
-            except NotImplementedError as exc:
-                calls[f"{cfg.short()} {name}"] = f"{exc}"
-                continue
+            prep = prepared(a, b, e, cfg, name.removesuffix("-stores"))
             use = zeros if name.endswith("-stores") else sizes
-            calls[f"{cfg.short()} {name}"] = lambda prep=prep, use=use: prep(a[None], b[None], use)[0][:, 0]
+            calls[f"{cfg.short()} {name}"] = prep if isinstance(prep, str) else (
+                lambda prep=prep, use=use: prep(a[None], b[None], use)[0][:, 0])
     return calls
+
+
+def _split(name: str) -> tuple[str, str]:
+    """'<tile> <kind>' -> (tile, kind); ("vendor", "") for the vendor's row."""
+    return (name, "") if name == "vendor" else tuple(name.rsplit(" ", 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(fn, str):
                 checks[name] = f"not run: {fn}"
                 continue
-            tile, kind = name.rsplit(" ", 1) if name != "vendor" else (name, "whole")
+            tile, kind = _split(name)
             try:
                 warm_off_stream(fn, dev)
                 out = fn()
@@ -131,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {"shape": [r, m, n, e], "system": name, "graph_ms": ms, "check": check}
             if ms is not None:
                 row["tflops"] = flops / ms / 1e9
-                tile, kind = name.rsplit(" ", 1) if name != "vendor" else (name, "")
+                tile, kind = _split(name)
                 alone = (times.get(f"{tile} none"), times.get(f"{tile} {kind}-stores"))
                 if kind in EPILOGUES and None not in alone:
                     row["overlap"] = (alone[0] + alone[1] - ms) / min(alone)
@@ -155,15 +164,11 @@ def _compile_only(shape: tuple[int, int, int, int]) -> int:
     with compile_only(90):
         a, b = torch.empty(r, m, dtype=torch.bfloat16), torch.empty(r, n, dtype=torch.bfloat16)
         sched = torch.zeros(3, e, dtype=torch.int32)
-        from ragdot.kernels.gluon.ragged_k import Prepared
-
         for cfg in TILES:
             for name in (*EPILOGUES, "none"):
-                try:
-                    with epilogue(name):
-                        prep = Prepared(a[None], b[None], e, a.dtype, cfg, from_sizes=True)
-                except NotImplementedError as exc:
-                    print(f"{cfg.short()} {name}: not built ({exc})")
+                prep = prepared(a, b, e, cfg, name)
+                if isinstance(prep, str):
+                    print(f"{cfg.short()} {name}: not built ({prep})")
                     continue
                 handle = prep(a[None], b[None], None, sched=sched)[1]
                 print(f"{cfg.short()} {name}:", resource_usage(handle))
