@@ -2,7 +2,8 @@
 
     python benchmarks/gluon_gpu.py --out DIR [--routing balanced] [--budget 345] [--classes ...]
 
-1. runs tests/test_gluon.py (the GPU-marked checks against float64 included) in a subprocess with a timeout;
+1. runs tests/test_gluon.py and test_gluon_gather.py (the GPU-marked checks against float64 included) in a
+   subprocess with a timeout;
 2. times, on the 8 anchor shapes (ragdot.catalog, tag "anchor") and both weight-gradient classes (wgrad_wi:
    [M, K] x [M, N] -> [E, K, N]; wgrad_wo: [M, N] x [M, K] -> [E, N, K]), bf16, three systems:
    `gluon` and `triton` (the backends' prepared ragged_k calls, fed the raw group sizes) and `vendor` (raw
@@ -283,7 +284,8 @@ def run_memcheck(out: Path, timeout: float) -> dict:
 
 
 def run_tests(out: Path, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", str(ROOT / "tests" / "test_gluon.py"), "-p", "no:cacheprovider"]
+    files = [str(ROOT / "tests" / name) for name in ("test_gluon.py", "test_gluon_gather.py")]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", *files, "-p", "no:cacheprovider"]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout, cwd=ROOT)
@@ -403,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.budget
     args.out.mkdir(parents=True, exist_ok=True)
     tests = {"verdict": "skipped"} if args.skip_tests else run_tests(args.out, args.tests_timeout)
-    print(f"tests/test_gluon.py: {tests['verdict']} {tests.get('summary', '')}", flush=True)
+    print(f"tests/test_gluon*.py: {tests['verdict']} {tests.get('summary', '')}", flush=True)
     memcheck = run_memcheck(args.out, 120.0) if args.memcheck else {"verdict": "not run (--memcheck)"}
     if args.memcheck:
         print(f"memcheck: {memcheck['verdict']}", flush=True)

@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import ragdot
+from ragdot.kernels.gluon import unavailable_reason
 
 # Normalised error ||out - ref|| / ||ref|| allowed per input dtype.
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -156,3 +158,20 @@ def needs_fused_block(cpu: bool = True) -> None:
         pytest.skip("the fused block on the CPU needs Triton's interpreter (TRITON_INTERPRET=1, set only where "
                     "there is no CUDA device)")
 
+
+# ---- the Gluon kernels' GPU tests (test_gluon.py, test_gluon_gather.py) ----------------------------------------
+ON_HOPPER = torch.cuda.is_available() and unavailable_reason() is None
+hopper = pytest.mark.skipif(not ON_HOPPER, reason=f"needs an sm_90 GPU with Gluon: {unavailable_reason()}")
+
+
+def ragged_k_reference(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """float64 c [G, Bt, M, N] of a ragged_k (weight-gradient) problem: each group contracts its own rows only
+    (empty -> zeros)."""
+    bt, _, m = a.shape
+    out = torch.zeros(len(sizes), bt, m, b.shape[2], dtype=torch.float64, device=a.device)
+    start = 0
+    for g, size in enumerate(sizes):
+        rows = slice(start, start + size)
+        out[g] = a[:, rows].double().transpose(1, 2) @ b[:, rows].double()
+        start += size
+    return out

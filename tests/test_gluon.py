@@ -13,15 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import benchmark_script
+from helpers import ON_HOPPER, benchmark_script, hopper, ragged_k_reference
 from ragdot.kernels.gluon import GluonConfig, gluon_tuning_configs, pick_gluon_config, unavailable_reason
 from ragdot.kernels.gluon.common import consumer_regs
 from ragdot.kernels.gluon.config import SHARED_BYTES, gluon_m_tuning_configs
 from ragdot.routing import balanced, empty, skewed
-
-ON_HOPPER = torch.cuda.is_available() and unavailable_reason() is None
-hopper = pytest.mark.skipif(not ON_HOPPER, reason=f"needs an sm_90 GPU with Gluon: {unavailable_reason()}")
-
 
 # ---- pure Python ---------------------------------------------------------------------------------------------
 
@@ -176,13 +172,13 @@ def test_misaligned_operands_run_the_triton_kernel():
     a[:, 27:] = float("nan")
     prepared = Prepared(a, b, len(sizes), torch.float32, from_sizes=True)
     out = prepared(a, b, torch.tensor(sizes, device=dev))[0]
-    ref = _reference(a.nan_to_num(0), b, sizes)
+    ref = ragged_k_reference(a.nan_to_num(0), b, sizes)
     assert prepared.fallback is not None and out.dtype == torch.float32
     assert torch.isfinite(out).all() and (out[1] == 0).all()
     assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
 
 
-def _table_reference(sizes: list[int], m: int, block_m: int) -> list[tuple[int, int, int, int, int]]:
+def _tableragged_k_reference(sizes: list[int], m: int, block_m: int) -> list[tuple[int, int, int, int, int]]:
     """Per slot: group, first row, end row, the group's first slot and tile count."""
     out, start = [], 0
     for g, end in enumerate([*torch.tensor(sizes).clamp(min=0).cumsum(0).clamp(max=m).tolist(), m]):
@@ -207,7 +203,7 @@ def test_ragged_m_tile_table(sizes, m):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     raw = torch.tensor(sizes, device=dev)
     table = tile_table(raw, m, 64, from_sizes=True).cpu()
-    want = _table_reference(sizes, m, 64)
+    want = _tableragged_k_reference(sizes, m, 64)
     slots = -(-m // 64) + len(sizes) + 1
     assert table.shape == (5, slots)
     unused = [(-1, 0, 0, t, 1) for t in range(len(want), slots)]
@@ -220,7 +216,7 @@ def test_ragged_m_tile_table(sizes, m):
     ends[len(sizes) // 2] = 0  # ends that fall back are held at the running maximum, as the rows' order is
     sizes_held = [max(e - s, 0) for s, e in zip([0, *ends.cummax(0).values.tolist()], ends.cummax(0).values.tolist())]
     held = [tuple(col) for col in tile_table(ends, m, 64, from_sizes=False).cpu().T.tolist()]
-    assert held[: len(_table_reference(sizes_held, m, 64))] == _table_reference(sizes_held, m, 64)
+    assert held[: len(_tableragged_k_reference(sizes_held, m, 64))] == _tableragged_k_reference(sizes_held, m, 64)
 
 
 def test_ragged_m_misaligned_operands_run_the_triton_kernel():
@@ -241,18 +237,6 @@ def test_ragged_m_misaligned_operands_run_the_triton_kernel():
 
 
 # ---- GPU: against a float64 reference -----------------------------------------------------------------------
-
-
-def _reference(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    """float64 c [G, Bt, M, N] of the contract: each group contracts its own rows only (empty -> zeros)."""
-    bt, _, m = a.shape
-    out = torch.zeros(len(sizes), bt, m, b.shape[2], dtype=torch.float64, device=a.device)
-    start = 0
-    for g, size in enumerate(sizes):
-        rows = slice(start, start + size)
-        out[g] = a[:, rows].double().transpose(1, 2) @ b[:, rows].double()
-        start += size
-    return out
 
 
 def _reference_m(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -280,7 +264,7 @@ def _case(r, m, n, sizes, bt=1, dtype=torch.bfloat16, seed=0, poison=True):
 def _check(out, a, b, sizes, dtype=torch.bfloat16):
     from ragdot.measure.checks import normalised_error
 
-    ref = _reference(a.nan_to_num(0, 0, 0), b.nan_to_num(0, 0, 0), sizes)
+    ref = ragged_k_reference(a.nan_to_num(0, 0, 0), b.nan_to_num(0, 0, 0), sizes)
     assert torch.isfinite(out).all()
     err = normalised_error(out, ref)
     assert err <= {torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype], err
@@ -445,7 +429,7 @@ def test_chunks_that_straddle_a_group_end_never_read_the_next_group(cfg):
     a[:, 37:87], b[:, 37:87] = float("nan"), float("inf")
     out = ragged_k(a, b, ends, config=cfg)
     assert torch.isnan(out[1]).any()  # the poisoned group's own product
-    ref = _reference(a.nan_to_num(0, 0, 0), b.nan_to_num(0, 0, 0), sizes)
+    ref = ragged_k_reference(a.nan_to_num(0, 0, 0), b.nan_to_num(0, 0, 0), sizes)
     keep = [0, 2, 3, 4]
     assert torch.isfinite(out[keep]).all()
     assert torch.allclose(out[keep].double(), ref[keep], atol=0.1, rtol=2e-2)
@@ -654,9 +638,6 @@ def test_gluon_gpu_summary_counts_the_best_config_of_each_cell():
     assert "wgrad vendor graph" not in summary
 
 
-# ---- the gathering weight gradient (ragged_k_gather) ------------------------------------------------------------
-
-
 def test_weight_gradient_kernels_refuse_what_they_do_not_serve_naming_it():
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from ragdot.kernels.gluon.ragged_k import Prepared, checked_config
@@ -670,57 +651,3 @@ def test_weight_gradient_kernels_refuse_what_they_do_not_serve_naming_it():
         Prepared(a, b, 4, torch.bfloat16, GluonConfig(128, 256, 64, 8, 8))
     cfg, out_bytes = checked_config("k", torch.float16, torch.float16, torch.float32, 2880, 2880, None)
     assert out_bytes == 4 and cfg == pick_gluon_config(2880, 2880, 4)
-
-
-def test_gather_kernel_is_the_same_kernel_with_another_producer():
-    """ragged_k_gather's kernel is ragged_k's consumer (fenced) with a cp.async producer: it builds for sm_90
-    where Gluon imports, and its host side refuses what it does not serve, naming it."""
-    pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
-    from ragdot.kernels.gluon import ragged_k_gather as rkg
-
-    x, b = torch.empty(1, 64, 256, dtype=torch.bfloat16), torch.empty(1, 128, 256, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="one consumer only"):
-        rkg.Prepared(x, b, 4, torch.bfloat16, GluonConfig(128, 128, 64, 4, 4, consumers=2))
-    with pytest.raises(NotImplementedError, match="bf16/fp16 only"):
-        rkg.Prepared(x.float(), b.float(), 4, torch.float32)
-    with pytest.raises(ValueError, match=r"expected \[1, S, M\]"):
-        rkg.Prepared(x[0], b, 4, torch.bfloat16)
-    with pytest.raises(ValueError, match="gather_warps: expected 4 or 8"):
-        rkg.Prepared(x, b, 4, torch.bfloat16, gather_warps=2)
-    with pytest.raises(ValueError, match="index: expected an int32"):
-        rkg.ragged_k_gather(x[0], torch.zeros(128, dtype=torch.int64), b[0], torch.zeros(4, dtype=torch.int32))
-
-
-@hopper
-@pytest.mark.gpu
-@pytest.mark.parametrize("sizes, cfg, warps", [
-    ([40, 0, 300, 7, 0, 96], None, 4),  # skewed, empty groups, tails that straddle chunks
-    ([40, 0, 300, 7, 0, 96], GluonConfig(128, 128, 64, 4, 4), 4),
-    ([40, 0, 300, 7, 0, 96], GluonConfig(128, 128, 64, 4, 4), 8),  # an eight-warp producer
-    ([128] * 6, GluonConfig(128, 256, 64, 3, 8), 4),
-])
-def test_gather_kernel_matches_the_copy_and_a_float64_reference(sizes, cfg, warps):
-    from ragdot.kernels.gluon.ragged_k import Prepared
-    from ragdot.kernels.gluon.ragged_k_gather import Prepared as GatherPrepared
-
-    dev, gen = torch.device("cuda"), torch.Generator().manual_seed(11)
-    s_rows, m, n, r = 200, 2880, 320, sum(sizes) + 24  # 24 rows past the last group
-    x = torch.randn(s_rows, m, generator=gen).to(dev, torch.bfloat16)
-    x[7] = float("nan")  # a token only the rows past the last group name
-    index = torch.randint(0, s_rows, (r,), generator=gen).to(dev, torch.int32)
-    index[index == 7] = 8
-    index[sum(sizes):] = 7
-    index[3] = -5  # clamped into [0, S): reads row 0
-    b = torch.randn(r, n, generator=gen).to(dev, torch.bfloat16)
-    ref_rows = x.index_select(0, index.clamp(0, s_rows - 1).long())
-    prep = GatherPrepared(x[None], b[None], len(sizes), torch.bfloat16, cfg, from_sizes=True, gather_warps=warps)
-    got = prep(x[None], b[None], torch.tensor(sizes, device=dev), index=index)[0]
-    assert torch.isfinite(got).all()
-    assert all((got[g] == 0).all() for g, size in enumerate(sizes) if size == 0)  # empty groups: exact zeros
-    copy = Prepared(ref_rows[None].nan_to_num(0), b[None], len(sizes), torch.bfloat16, prep.cfg, from_sizes=True)
-    want = copy(ref_rows[None].nan_to_num(0), b[None], torch.tensor(sizes, device=dev))[0]
-    assert torch.equal(got, want)  # the same chunks in the same order: the same bits
-    ref = _reference(ref_rows[None].nan_to_num(0), b[None], sizes)
-    assert torch.allclose(got.double(), ref, atol=0.5, rtol=2e-2)
-    again = prep(x[None], b[None], torch.tensor(sizes, device=dev), index=index)[0]
-    assert torch.equal(again, got)
