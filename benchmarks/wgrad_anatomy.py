@@ -38,7 +38,8 @@ from wgrad_tiles import _shape  # the same 'R,M,N,E' shapes
 from ragdot.cli_common import count
 from ragdot.kernels.gluon.config import GluonConfig
 
-TILES = (GluonConfig(128, 256, 32, 6, 8), GluonConfig(128, 256, 32, 4, 8), GluonConfig(128, 128, 64, 4, 4))
+TILES = (GluonConfig(128, 256, 32, 6, 8), GluonConfig(128, 256, 32, 4, 8), GluonConfig(128, 128, 64, 4, 4),
+         GluonConfig(128, 128, 64, 5, 4, consumers=2), GluonConfig(64, 256, 64, 4, 4, consumers=2))
 EPILOGUES = ("blocked", "tma", "tma2")
 
 
