@@ -12,9 +12,7 @@ here, 248a094-75a3bf5).
 Shape 'T,D,Q,E,K': tokens, x's width, dpre's width, experts, top-k (one random routing, as `moe-bench --layer`
 routes). Systems, graph clock (median over interleaved rounds of the median of --reps CUDA-graph replays):
 `gather` (this kernel), `copy+gluon` (the rows gathered into a [T*k, D] copy, then ragdot's Gluon ragged_k with the
-same tile), `gluon` (the same kernel on rows gathered beforehand: the rate to match), `chunks` (the block's path at
-the kernel's default tile) and `chunks tuned` (at the tune cache's Gluon tile for the whole product:
-`fused.CHUNK_TILE`).
+same tile), `gluon` (the same kernel on rows gathered beforehand: the rate to match), `chunks` (the block's path).
 `gather` is checked bitwise against `gluon` (same chunks, same order of accumulation).
 """
 
@@ -39,17 +37,6 @@ def _routing(t: int, e: int, k: int, device: torch.device) -> tuple[torch.Tensor
     experts = torch.rand(t, e, generator=gen).topk(k, dim=1).indices.to(device)
     sizes, order = sort_order(experts, e, "torch")
     return sizes.to(torch.int32), torch.div(order, k, rounding_mode="floor").to(torch.int32)
-
-
-def _chunks(fused, tile: str, x, tokens, dpre, sizes, w):
-    """The block's chunks product with `fused.CHUNK_TILE` set to `tile` for the call."""
-    def run() -> torch.Tensor:
-        saved, fused.CHUNK_TILE = fused.CHUNK_TILE, tile
-        try:
-            return fused._wgrad_chunks(x, tokens, dpre, sizes, w, torch.bfloat16)
-        finally:
-            fused.CHUNK_TILE = saved
-    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     systems["gluon"] = lambda: ref(rows[None], dpre[None], sizes, None, sched)[0]
     systems["copy+gluon"] = lambda: ref(x.index_select(0, tokens)[None], dpre[None], sizes, None, sched)[0]
     w = torch.empty((e, d, q), dtype=torch.bfloat16, device="meta")
-    for tile in ("default", "tuned"):  # fused.CHUNK_TILE: the kernel's default tile, the tune cache's Gluon one
-        systems["chunks" if tile == "default" else "chunks tuned"] = _chunks(fused, tile, x, tokens, dpre, sizes, w)
+    systems["chunks"] = lambda: fused._wgrad_chunks(x, tokens, dpre, sizes, w, torch.bfloat16)
     for stages in args.stages:
         for gw in args.gather_warps:
             probe = GatherPrepared(x[None], dpre[None], e, torch.bfloat16,

@@ -18,7 +18,7 @@ from fused_cases import (
     _value_and_grads,
     backward_kinds,  # noqa: F401 (the fixture `backward`)
 )
-from helpers import benchmark_script, hopper, nerr
+from helpers import benchmark_script, nerr
 from ragdot.moe import MoELayer
 from ragdot.moe import fused as fused_mod
 from ragdot.moe import routing_kernels as rk
@@ -497,51 +497,6 @@ def test_wgrad_row_slices_and_mode_errors(monkeypatch):
     x, chosen, weights, wgu, wd = _operands(8, 16, 16, 4, 1, torch.float32)
     with pytest.raises(ValueError, match="wgrad_rows='slices': expected one of chunks, gather, index, copy"):
         _fused(x, chosen, weights, wgu, wd).sum().backward()
-
-
-def test_chunk_tile_names(monkeypatch):
-    """`CHUNK_TILE`: "default" is the kernel's default tile (None), "tuned" the tune cache's Gluon config for the
-    whole product (none off CUDA, where no Gluon entry applies), anything else a ValueError naming it."""
-    assert fused_mod.CHUNK_TILE == "tuned"
-    x, right = torch.zeros(16, 64, dtype=torch.float16), torch.zeros(32, 48, dtype=torch.float16)
-    w = torch.empty((4, 64, 48), dtype=torch.float16, device="meta")
-    assert fused_mod._chunk_config(x, right, w, 4, torch.float16) is None
-    monkeypatch.setattr(fused_mod, "CHUNK_TILE", "default")
-    assert fused_mod._chunk_config(x, right, w, 4, torch.float16) is None
-    monkeypatch.setattr(fused_mod, "CHUNK_TILE", "fastest")
-    with pytest.raises(ValueError, match="CHUNK_TILE='fastest': expected one of tuned, default"):
-        fused_mod._chunk_config(x, right, w, 4, torch.float16)
-
-
-@hopper
-@pytest.mark.gpu
-@pytest.mark.parametrize("transposed", [False, True], ids=["in-out", "out-in"])
-def test_chunks_on_a_given_tile_and_on_one_that_does_not_fit(transposed, monkeypatch):
-    """The chunks' launches on the tile `_chunk_config` names (a ping-pong one here), and on the default tile where
-    the named one does not fit shared memory: w_gate_up's gradient within rounding of the one-copy product, in the
-    weight's memory order, every other gradient bit for bit."""
-    from ragdot.kernels.gluon.config import GluonConfig, pick_gluon_config
-
-    x, chosen, weights, wgu, wd = _operands(300, 1280, 96, 8, 2, torch.bfloat16)
-    if transposed:
-        stored = [w.detach().transpose(1, 2).contiguous().requires_grad_(True) for w in (wgu, wd)]
-        wgu, wd = (w.transpose(1, 2) for w in stored)
-    cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(DEV, torch.bfloat16)
-    inputs = (x, weights, wgu, wd)
-    monkeypatch.setattr(fused_mod, "backward_kind", "gemms")
-    monkeypatch.setattr(fused_mod, "wgrad_rows", "copy")
-    refs = torch.autograd.grad(_fused(x, chosen, weights, wgu, wd), inputs, cot)
-    monkeypatch.setattr(fused_mod, "wgrad_rows", "chunks")
-    for cfg in (GluonConfig(128, 128, 64, 4, 4, consumers=2), GluonConfig(128, 256, 64, 8, 8)):
-        monkeypatch.setattr(fused_mod, "_chunk_config", lambda *args, cfg=cfg: cfg)
-        monkeypatch.setattr(fused_mod, "_PREPARED", {})
-        grads = torch.autograd.grad(_fused(x, chosen, weights, wgu, wd), inputs, cot)
-        for name, got, want in zip(("x", "weights", "w_gate_up", "w_down"), grads, refs):
-            assert got.shape == want.shape and got.stride() == want.stride(), name
-            assert torch.equal(got, want) if name != "w_gate_up" else nerr(got, want) <= TOL[torch.bfloat16], name
-        kernels = [p for k, p in fused_mod._PREPARED.items() if k[0] == "chunks"]
-        fits = cfg.stages == 4
-        assert kernels and all(p.cfg == (cfg if fits else pick_gluon_config(*p.shape[2:])) for p in kernels)
 
 
 @pytest.mark.skipif(DEV.type == "cuda", reason="CPU tensors through Triton's interpreter: CPU-only hosts")

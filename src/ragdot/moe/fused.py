@@ -32,8 +32,6 @@ has none).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ragdot import amp
@@ -432,45 +430,13 @@ def _wgrad_gather(x, tokens, right, sizes, dtype) -> torch.Tensor:
     return _ops.profiled("ragged_k", prepared, a, b, sizes, None, None, tokens)[0][:, 0]
 
 
-# The Gluon tile of the "chunks" weight gradient's launches: "tuned" (the Gluon config the tune cache measured
-# fastest for the whole product, where it has an entry; else the kernel's default) or "default". The Gluon entries
-# were measured on the whole product, not on slices; benchmarks/results/h100-20261207f/ has the chunks' A/B.
-CHUNK_TILE = "tuned"
-_CHUNK_TILES = ("tuned", "default")
-
-
-def _chunk_config(x: torch.Tensor, right: torch.Tensor, w: torch.Tensor, e: int, dtype: torch.dtype) -> Any:
-    """The GluonConfig for the chunks of the product x[token]^T right (`CHUNK_TILE`; None: the default tile)."""
-    if CHUNK_TILE not in _CHUNK_TILES:
-        raise ValueError(f"ragdot.moe.fused.CHUNK_TILE={CHUNK_TILE!r}: expected one of {', '.join(_CHUNK_TILES)}")
-    if CHUNK_TILE == "default":
-        return None
-    from ragdot.tune.select import plan
-
-    whole = x.new_empty((1, x.shape[1])).expand(right.shape[0], x.shape[1])  # the gathered rows' layout, no memory
-    _, a, b = _k_operands(w, whole, right)
-    return plan("ragged_k", "gluon", a, b, e, dtype)[0][1]
-
-
-def _chunk_kernel(a: torch.Tensor, b: torch.Tensor, e: int, dtype: torch.dtype, strides: tuple[int, int],
-                  config: Any) -> Any:
-    """The Gluon ragged_k of one slice with `config`, or its default tile where `config` does not take the slice."""
-    from ragdot.kernels.gluon.ragged_k import Prepared as GluonPrepared
-
-    if config is not None:
-        try:
-            return GluonPrepared(a, b, e, dtype, config, from_sizes=True, out_strides=strides)
-        except NotImplementedError:
-            pass
-    return GluonPrepared(a, b, e, dtype, None, from_sizes=True, out_strides=strides)
-
-
 def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
     """The gradient a slice of D at a time: the slice's token rows gathered ([A, width]), the Gluon kernel
-    writing the gradient's matching rows (columns, for weights stored [E, Q, D]) through a strided view, at the
-    tile `CHUNK_TILE` names. Not the backend the tune cache picks for the whole product: on an H100 gpt-oss-like's
-    (then a Triton tile, 2.47 ms for the whole product) ran four slices in 3.04 ms against the Gluon default's 2.91
-    (graph clock, `benchmarks/wgrad_rows.py`; benchmarks/results/h100-20261207c/)."""
+    writing the gradient's matching rows (columns, for weights stored [E, Q, D]) through a strided view, at its
+    default tile. Not the tile the tune cache picks for the whole product: on an H100 gpt-oss-like's (a Triton
+    tile, 2.47 ms for the whole product) ran four slices in 3.04 ms against the Gluon default's 2.91 (graph
+    clock, `benchmarks/wgrad_rows.py`; benchmarks/results/h100-20261207c/)."""
+    from ragdot.kernels.gluon.ragged_k import Prepared as GluonPrepared
     from ragdot.kernels.ragged_k import schedule
 
     e, d, q = sizes.shape[0], x.shape[1], right.shape[1]
@@ -482,10 +448,9 @@ def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
         side, a, b = _k_operands(w, rows, right)
         view = (out[:, :, d0:d1] if transposed else out[:, d0:d1])[:, None]
         strides = (view.stride(0), view.stride(2))
-        key = ("chunks", CHUNK_TILE, side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, dtype,
-               strides)
-        prepared = _prepared(key, lambda a=a, b=b, strides=strides: _chunk_kernel(
-            a, b, e, dtype, strides, _chunk_config(x, right, w, e, dtype)))
+        key = ("chunks", side, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, dtype, strides)
+        prepared = _prepared(key, lambda a=a, b=b, strides=strides: GluonPrepared(
+            a, b, e, dtype, None, from_sizes=True, out_strides=strides))
         _ops.profiled("ragged_k", prepared, a, b, sizes, view, sched)
         del rows, a, b  # before the next slice's copy: one slice alive at a time
     return out.transpose(1, 2) if transposed else out
