@@ -83,11 +83,6 @@ _CANDIDATES = (
     GluonConfig(128, 64, 64, 6, 4),
     GluonConfig(64, 256, 64, 4, 4),
     GluonConfig(64, 128, 64, 6, 4, consumers=2),
-    # 32-deep ping-pong tiles, measured only with `ragdot tune --max-configs 13` (the weight-gradient candidates
-    # after the first eight): a group whose rows are no multiple of the chunk depth computes its last chunk
-    # whole, on zeros, and that is up to 63 rows a group for the 64-deep tiles
-    GluonConfig(128, 128, 32, 9, 4, consumers=2),
-    GluonConfig(64, 256, 32, 8, 4, consumers=2),
 )
 
 
