@@ -178,7 +178,7 @@ def test_misaligned_operands_run_the_triton_kernel():
     assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
 
 
-def _tableragged_k_reference(sizes: list[int], m: int, block_m: int) -> list[tuple[int, int, int, int, int]]:
+def _table_reference(sizes: list[int], m: int, block_m: int) -> list[tuple[int, int, int, int, int]]:
     """Per slot: group, first row, end row, the group's first slot and tile count."""
     out, start = [], 0
     for g, end in enumerate([*torch.tensor(sizes).clamp(min=0).cumsum(0).clamp(max=m).tolist(), m]):
@@ -203,7 +203,7 @@ def test_ragged_m_tile_table(sizes, m):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     raw = torch.tensor(sizes, device=dev)
     table = tile_table(raw, m, 64, from_sizes=True).cpu()
-    want = _tableragged_k_reference(sizes, m, 64)
+    want = _table_reference(sizes, m, 64)
     slots = -(-m // 64) + len(sizes) + 1
     assert table.shape == (5, slots)
     unused = [(-1, 0, 0, t, 1) for t in range(len(want), slots)]
@@ -216,7 +216,7 @@ def test_ragged_m_tile_table(sizes, m):
     ends[len(sizes) // 2] = 0  # ends that fall back are held at the running maximum, as the rows' order is
     sizes_held = [max(e - s, 0) for s, e in zip([0, *ends.cummax(0).values.tolist()], ends.cummax(0).values.tolist())]
     held = [tuple(col) for col in tile_table(ends, m, 64, from_sizes=False).cpu().T.tolist()]
-    assert held[: len(_tableragged_k_reference(sizes_held, m, 64))] == _tableragged_k_reference(sizes_held, m, 64)
+    assert held[: len(_table_reference(sizes_held, m, 64))] == _table_reference(sizes_held, m, 64)
 
 
 def test_ragged_m_misaligned_operands_run_the_triton_kernel():
