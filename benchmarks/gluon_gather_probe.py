@@ -1,6 +1,7 @@
 """Probe: the Gluon weight gradient with one operand's rows gathered through a token index (cp.async), not copied.
 
     python benchmarks/gluon_gather_probe.py [--shape 8192,2880,5760,128,4] [--rounds 5] [--out FILE]
+    python benchmarks/gluon_gather_probe.py --tile 128,128,64,4 --consumers 2 --stages 4 5   # ping-pong consumers
     python benchmarks/gluon_gather_probe.py --compile-only      # build the kernel for sm_90 on any machine
 
 The fused MoE block's last weight gradient is, per expert, x[token(r)]^T dpre[r] over the expert's rows r. Today it
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--stages", type=int, nargs="+", default=[4])
     parser.add_argument("--tile", default="128,128,64,4", help="BLOCK_M,BLOCK_N,BLOCK_K,consumer warps (4 or 8)")
+    parser.add_argument("--consumers", type=int, default=1, choices=(1, 2),
+                        help="consumer partitions: 1, or 2 (ping-pong, 4 warps each, a four-warp producer)")
     parser.add_argument("--gather-warps", type=int, nargs="+", default=[4], choices=(4, 8),
                         help="warps of the gathering producer (8 only with a 4-warp consumer)")
     parser.add_argument("--compile-only", action="store_true")
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     sched = schedule(sizes, t * k)
     rows = x.index_select(0, tokens)
     systems, checks = {}, {}
-    ref_cfg = GluonConfig(*args.block, max(args.stages), args.warps)
+    ref_cfg = GluonConfig(*args.block, max(args.stages), args.warps, consumers=args.consumers)
     ref = Prepared(rows[None], dpre[None], e, torch.bfloat16, ref_cfg, from_sizes=True)
     systems["gluon"] = lambda: ref(rows[None], dpre[None], sizes, None, sched)[0]
     systems["copy+gluon"] = lambda: ref(x.index_select(0, tokens)[None], dpre[None], sizes, None, sched)[0]
@@ -84,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     systems["chunks"] = lambda: fused._wgrad_chunks(x, tokens, dpre, sizes, w, torch.bfloat16)
     for stages in args.stages:
         for gw in args.gather_warps:
-            probe = GatherPrepared(x[None], dpre[None], e, torch.bfloat16,
-                                   GluonConfig(*args.block, stages, args.warps), from_sizes=True, gather_warps=gw)
+            cfg = GluonConfig(*args.block, stages, args.warps, consumers=args.consumers)
+            probe = GatherPrepared(x[None], dpre[None], e, torch.bfloat16, cfg, from_sizes=True, gather_warps=gw)
             systems[f"gather s{stages} gw{gw}"] = lambda probe=probe: probe(x[None], dpre[None], sizes, None, sched,
                                                                            tokens)[0]
     expected = systems["gluon"]()[:, 0]
@@ -126,8 +129,8 @@ def _compile_only(args: argparse.Namespace) -> int:
         idx, sched = torch.empty(256, dtype=torch.int32), torch.zeros(4, 4, dtype=torch.int32)
         for stages in args.stages:
             for gw in args.gather_warps:
-                prep = Prepared(x, b, 4, torch.bfloat16, GluonConfig(*args.block, stages, args.warps), from_sizes=True,
-                                gather_warps=gw)
+                cfg = GluonConfig(*args.block, stages, args.warps, consumers=args.consumers)
+                prep = Prepared(x, b, 4, torch.bfloat16, cfg, from_sizes=True, gather_warps=gw)
                 handle = prep(x, b, torch.zeros(4, dtype=torch.int32), None, sched, idx)[1]
                 print(f"{prep.cfg.short()} gw{gw}:", resource_usage(handle))
     return 0

@@ -2,7 +2,7 @@
 
 CPU: its host side's refusals. GPU (`gpu` marker, sm_90 only): bitwise equal to the TMA-fed Gluon ragged_k on a
 gathered copy and close to a float64 reference, with empty groups, a NaN row named only past the last group, negative
-indices clamped, four- and eight-warp producers.
+indices clamped, four- and eight-warp producers, one consumer or two (ping-pong).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ def test_gather_kernel_is_the_same_kernel_with_another_producer():
     from ragdot.kernels.gluon import ragged_k_gather as rkg
 
     x, b = torch.empty(1, 64, 256, dtype=torch.bfloat16), torch.empty(1, 128, 256, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="one consumer only"):
-        rkg.Prepared(x, b, 4, torch.bfloat16, GluonConfig(128, 128, 64, 4, 4, consumers=2))
+    with pytest.raises(NotImplementedError, match="ping-pong takes a four-warp producer"):
+        rkg.Prepared(x, b, 4, torch.bfloat16, GluonConfig(128, 128, 64, 4, 4, consumers=2), gather_warps=8)
     with pytest.raises(NotImplementedError, match="bf16/fp16 only"):
         rkg.Prepared(x.float(), b.float(), 4, torch.float32)
     with pytest.raises(ValueError, match=r"expected \[1, S, M\]"):
@@ -40,6 +40,8 @@ def test_gather_kernel_is_the_same_kernel_with_another_producer():
     ([40, 0, 300, 7, 0, 96], GluonConfig(128, 128, 64, 4, 4), 4),
     ([40, 0, 300, 7, 0, 96], GluonConfig(128, 128, 64, 4, 4), 8),  # an eight-warp producer
     ([128] * 6, GluonConfig(128, 256, 64, 3, 8), 4),
+    ([40, 0, 300, 7, 0, 96], GluonConfig(128, 128, 64, 4, 4, consumers=2), 4),  # ping-pong consumers
+    ([256, 0, 130, 255, 1, 64, 0, 320], GluonConfig(64, 256, 64, 4, 4, consumers=2), 4),  # odd and even items
 ])
 def test_gather_kernel_matches_the_copy_and_a_float64ragged_k_reference(sizes, cfg, warps):
     from ragdot.kernels.gluon.ragged_k import Prepared

@@ -32,6 +32,8 @@ has none).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ragdot import amp
@@ -420,14 +422,30 @@ def _wgrad_index(x, tokens, right, sizes, w, dtype) -> torch.Tensor:
 
 def _wgrad_gather(x, tokens, right, sizes, dtype) -> torch.Tensor:
     """[E, D, Q]: the Gluon weight-gradient kernel with x's token rows copied in by its producer (no gathered copy
-    of x, dpre read once), at its default tile."""
+    of x, dpre read once), at the Gluon tile the tune cache holds for the whole product on gathered rows (its
+    ping-pong tiles included), else at the kernel's default tile."""
     from ragdot.kernels.gluon.ragged_k_gather import Prepared as GatherPrepared
 
     e = sizes.shape[0]
     a, b = x[None], right[None]
     key = ("gather", a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, e, dtype)
-    prepared = _prepared(key, lambda: GatherPrepared(a, b, e, dtype, None, from_sizes=True))
+    prepared = _prepared(key, lambda: _gather_kernel(a, b, e, dtype, GatherPrepared))
     return _ops.profiled("ragged_k", prepared, a, b, sizes, None, None, tokens)[0][:, 0]
+
+
+def _gather_kernel(a: torch.Tensor, b: torch.Tensor, e: int, dtype: torch.dtype, kernel: Any) -> Any:
+    """`kernel` (the gathering Prepared) for x a [1, T, D] and right b [1, A, Q] at the tune cache's Gluon config
+    for the product on a gathered [1, A, D] copy, or at its default tile where there is none or it refuses it."""
+    from ragdot.tune.select import plan
+
+    rows = a.new_empty((1, 1, a.shape[2])).expand(1, b.shape[1], a.shape[2])  # the copy's shape, no memory
+    config = plan("ragged_k", "gluon", rows, b, e, dtype)[0][1]
+    if config is not None:
+        try:
+            return kernel(a, b, e, dtype, config, from_sizes=True)
+        except NotImplementedError:
+            pass
+    return kernel(a, b, e, dtype, None, from_sizes=True)
 
 
 def _wgrad_chunks(x, tokens, right, sizes, w, dtype) -> torch.Tensor:

@@ -4,16 +4,18 @@
 
 The MoE block's weight gradient of w_gate_up (x [T, D], the token of each routed row, dpre [T*k, 2H]) without a
 gathered copy of x. It is `ragged_k`'s persistent warp-specialized kernel (same items, longest group first, same
-consumer and epilogues, so the same bits as that kernel on a gathered copy, config for config) with another
-producer: a partition of GATHER_WARPS warps that, per chunk of BLOCK_K rows, loads the rows' indices (the next
-chunk's while it waits for this chunk's stage), copies those rows' BLOCK_M columns of x into the stage with cp.async
-(16 bytes a copy; rows past the group's end are zero-filled, so the next group's tokens never reach the MMA) and
-loads b's rows by TMA through the ragged view. A stage is ready when TMA's bytes and every producer thread's copies
-have landed (`cp.async.mbarrier.arrive.noinc` per thread: the barrier counts 1 + 32 * GATHER_WARPS arrivals);
-the consumer fences before its wgmma reads rows written by threads.
+consumer and epilogues, one consumer or two in ping-pong, so the same bits as that kernel on a gathered copy,
+config for config) with another producer: a partition of GATHER_WARPS warps that, per chunk of BLOCK_K rows,
+loads the rows' indices (the next chunk's while it waits for this chunk's stage), copies those rows' BLOCK_M columns
+of x into the stage with cp.async (16 bytes a copy; rows past the group's end are zero-filled, so the next group's
+tokens never reach the MMA) and loads b's rows by TMA through the ragged view. A stage is ready when TMA's bytes
+and every producer thread's copies have landed (`cp.async.mbarrier.arrive.noinc` per thread: the barrier counts
+1 + 32 * GATHER_WARPS arrivals); the consumer fences before its wgmma reads rows written by threads.
 
 Layout requirements (checked by the host side): x [S, M] and b [R, N] with the last dim contiguous and 16-byte
-aligned rows and bases, M and N 16-byte multiples of the element, one consumer partition (4 warps, or 8 cooperating).
+aligned rows and bases, M and N 16-byte multiples of the element; one consumer partition (4 warps, or 8 cooperating)
+or two ping-pong consumers of 4 warps each with a 4-warp producer (the three warpgroups' registers: 256 for the
+default consumer, `PINGPONG_CONSUMER_REGS` for the other, `GATHER_REGS` for the producer).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ __all__ = ["GATHER_WARPS", "Prepared", "ragged_k_gather_kernel"]
 
 GATHER_WARPS = 4  # warps of the producer partition (4 or 8; `Prepared(gather_warps=)`)
 GATHER_REGS = 88  # its registers per thread (sm_90, Triton 3.6: no spills at 128x128x64 and 128x256x32)
+# the second ping-pong consumer's registers: what the SM's 64 Ki leave after the default partition's 256 (Triton
+# raises it there) and the four-warp producer's GATHER_REGS (a larger request would wait forever)
+PINGPONG_CONSUMER_REGS = (65536 // 128 - 256 - GATHER_REGS) // 8 * 8
 
 
 @gluon.jit
@@ -108,6 +113,8 @@ def ragged_k_gather_kernel(
     EPILOGUE_CODE: gl.constexpr,  # ragged_k's: 0 TMA store through c_desc; 1 pointer stores; 2 TMA, two buffers
     STORE_LAYOUT: gl.constexpr,  # BlockedLayout of [BLOCK_M, BLOCK_N] for the pointer stores
     GATHER_WARPS: gl.constexpr,  # warps of the producer partition (GATHER_LAYOUT's)
+    NCONS: gl.constexpr,  # consumer partitions: 1, or 2 (ping-pong, one warpgroup each, alternate items)
+    CONSUMER_REGS: gl.constexpr,  # registers per thread of the second consumer (ping-pong only)
 ):
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[3]
     a_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_K, BLOCK_M],
@@ -116,12 +123,22 @@ def ragged_k_gather_kernel(
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], b_desc.dtype))
     # `ready` counts TMA's expect, then each producer thread's copies; `turn` is unused (one consumer)
     ready, empty, turn = _ring_and_turn_barriers(STAGES, 1 + 32 * GATHER_WARPS)
-    gl.warp_specialize([
-        (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, 1, c_ptr, stride_cg,
-                     stride_cm, GROUP_M, MMA_LAYOUT, 0, 1, EPILOGUE_CODE, STORE_LAYOUT, True)),
-        (_gather_producer, (x_ptr, stride_x, idx_ptr, S, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N,
-                            G, GROUP_M, GATHER_LAYOUT)),
-    ], [GATHER_WARPS], [GATHER_REGS_])
+    if NCONS == 2:
+        gl.warp_specialize([
+            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, 1, c_ptr, stride_cg,
+                         stride_cm, GROUP_M, MMA_LAYOUT, 0, NCONS, EPILOGUE_CODE, STORE_LAYOUT, True)),
+            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, 1, c_ptr, stride_cg,
+                         stride_cm, GROUP_M, MMA_LAYOUT, 1, NCONS, EPILOGUE_CODE, STORE_LAYOUT, True)),
+            (_gather_producer, (x_ptr, stride_x, idx_ptr, S, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M,
+                                N, G, GROUP_M, GATHER_LAYOUT)),
+        ], [4, GATHER_WARPS], [CONSUMER_REGS, GATHER_REGS_])
+    else:
+        gl.warp_specialize([
+            (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, 1, c_ptr, stride_cg,
+                         stride_cm, GROUP_M, MMA_LAYOUT, 0, 1, EPILOGUE_CODE, STORE_LAYOUT, True)),
+            (_gather_producer, (x_ptr, stride_x, idx_ptr, S, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M,
+                                N, G, GROUP_M, GATHER_LAYOUT)),
+        ], [GATHER_WARPS], [GATHER_REGS_])
 
 
 def gather_layout(block_m: int, warps: int) -> Any:
@@ -138,10 +155,11 @@ class Prepared:
     A call `(x, b, sizes_or_ends, out=None, sched=None, index=...)` ranks the groups (one small launch, unless
     `sched` is given), builds the b and c descriptors and launches once -> (c [G, 1, M, N], kernel).
 
-    `gather_warps`: warps of the producer partition that copies x's rows (4 or 8).
+    `gather_warps`: warps of the producer partition that copies x's rows (4 or 8; 4 with a ping-pong config).
 
     Raises NotImplementedError for what it does not serve: operands other than bf16/fp16 row views with 16-byte
-    rows, a two-consumer (ping-pong) config, a config that does not fit shared memory."""
+    rows, a ping-pong config with an eight-warp producer (no registers left for the second consumer), a config
+    that does not fit shared memory."""
 
     replayable = False  # no backend runs it (the fused block calls it directly): nothing records its calls
 
@@ -159,8 +177,9 @@ class Prepared:
         if gather_warps not in (4, 8):
             raise ValueError(f"gather_warps: expected 4 or 8, got {gather_warps!r}")
         cfg, out_bytes = _rk.checked_config("gluon ragged_k_gather", x.dtype, b.dtype, out_dtype, m, n, config)
-        if cfg.consumers != 1:
-            raise NotImplementedError(f"gluon ragged_k_gather: config {cfg.short()} (one consumer only)")
+        if cfg.consumers == 2 and gather_warps != 4:
+            raise NotImplementedError(f"gluon ragged_k_gather: config {cfg.short()} with {gather_warps} producer "
+                                      "warps (ping-pong takes a four-warp producer)")
         self.cfg = cfg
         if self.empty or self.zero:
             return
@@ -180,8 +199,10 @@ class Prepared:
         self.consts = (cfg.stages, cfg.block_k, cfg.block_m, cfg.group_m,
                        mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
                        gather_layout(cfg.block_m, gather_warps), GATHER_REGS, _rk.epilogue_code(r, g, cfg, out_bytes),
-                       store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes), gather_warps)
-        self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps, gather_warps)}
+                       store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes), gather_warps,
+                       cfg.consumers, PINGPONG_CONSUMER_REGS if cfg.consumers == 2 else 0)
+        self.options = {"num_warps": cfg.num_warps,
+                        "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers, gather_warps)}
         self.launch = BoundLaunch.in_order(ragged_k_gather_kernel, self.grid, self.consts, self.options, x.device)
         self.scalars = (r, m, n, g)
 
