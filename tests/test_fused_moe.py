@@ -482,6 +482,33 @@ def test_every_way_of_reading_x_for_the_last_weight_gradient(mode, layout, monke
     assert grads[2].stride() == wgu.stride()
 
 
+def test_gather_mode_runs_at_the_tuned_gluon_tile_of_the_whole_product(monkeypatch):
+    """"gather" asks the tune cache for the Gluon config of the product on a gathered [1, A, D] copy (the key the
+    tuner measured) and builds its kernel at that tile; where there is none, or the kernel refuses it, the
+    kernel's default tile."""
+    import ragdot.tune.select as select
+
+    x, right = torch.empty(1, 10, 64), torch.empty(1, 40, 96)  # x [1, T, D], dpre [1, A, Q]
+    asked, built = [], []
+
+    def plan(problem, backend, a, b, e, dtype):
+        asked.append((problem, backend, tuple(a.shape), tuple(b.shape), e, dtype))
+        return [("gluon", tuned)]
+
+    def kernel(a, b, e, dtype, config, from_sizes):
+        built.append(config)
+        if config == "refused":
+            raise NotImplementedError("not this tile")
+        return "kernel"
+
+    monkeypatch.setattr(select, "plan", plan)
+    for tuned, want in (("pingpong", ["pingpong"]), (None, [None]), ("refused", ["refused", None])):
+        built.clear()
+        assert fused_mod._gather_kernel(x, right, 4, torch.float16, kernel) == "kernel"
+        assert built == want
+    assert asked[0] == ("ragged_k", "gluon", (1, 40, 64), (1, 40, 96), 4, torch.float16)
+
+
 def test_wgrad_row_slices_and_mode_errors(monkeypatch):
     assert fused_mod.CHUNK_SLICES == 3
     assert fused_mod._chunks(2048) == [(0, 768), (768, 1536), (1536, 2048)]
