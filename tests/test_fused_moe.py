@@ -489,11 +489,11 @@ def test_gather_mode_runs_at_the_tuned_gluon_tile_of_the_whole_product(monkeypat
     import ragdot.tune.select as select
 
     x, right = torch.empty(1, 10, 64), torch.empty(1, 40, 96)  # x [1, T, D], dpre [1, A, Q]
-    asked, built = [], []
+    asked, built, tuned = [], [], {}
 
     def plan(problem, backend, a, b, e, dtype):
         asked.append((problem, backend, tuple(a.shape), tuple(b.shape), e, dtype))
-        return [("gluon", tuned)]
+        return [("gluon", tuned["config"])]
 
     def kernel(a, b, e, dtype, config, from_sizes):
         built.append(config)
@@ -502,7 +502,8 @@ def test_gather_mode_runs_at_the_tuned_gluon_tile_of_the_whole_product(monkeypat
         return "kernel"
 
     monkeypatch.setattr(select, "plan", plan)
-    for tuned, want in (("pingpong", ["pingpong"]), (None, [None]), ("refused", ["refused", None])):
+    for config, want in (("pingpong", ["pingpong"]), (None, [None]), ("refused", ["refused", None])):
+        tuned["config"] = config
         built.clear()
         assert fused_mod._gather_kernel(x, right, 4, torch.float16, kernel) == "kernel"
         assert built == want
