@@ -123,6 +123,17 @@ def test_round_to_keeps_multiples_and_the_sum(kind):
         routing.group_sizes(kind, 1000, 8, round_to=256)
 
 
+def test_routed_sizes_are_one_seeded_draw_that_scatters_about_the_mean():
+    """`routed`: the same sizes on every call, spread about the mean as a uniform router's (not the exact
+    multiples of `balanced`), whole blocks with round_to."""
+    first, again = routing.routed(32768, 128), routing.routed(32768, 128)
+    assert torch.equal(first, again) and int(first.sum()) == 32768
+    spread = first.double().std().item()
+    assert 8 < spread < 32  # sqrt(256) = 16 for a uniform draw of 32768 rows over 128 experts
+    assert sum(int(v) % 64 == 0 for v in first) < 16  # balanced: every one of them
+    assert all(int(v) % 64 == 0 for v in routing.routed(32768, 128, round_to=64))
+
+
 def test_routing_rejects_bad_arguments():
     with pytest.raises(ValueError, match="routing"):
         routing.group_sizes("zipf", 10, 2)

@@ -53,6 +53,7 @@ def _misuses() -> list:
         pytest.param("moe-bench", ["--layer", "--configs", "no-such-model"], "--configs", id="moe-layer-config"),
         pytest.param("bench-mxfp8", ["--shapes", "100,64,64,4"], "multiple of 256", id="mxfp8-shape-align"),
         pytest.param("bench-mxfp8", ["--routings", "zipf"], "--routings", id="mxfp8-routing"),
+        pytest.param("tune", ["--routings", "zipf"], "--routings", id="tune-routing"),
     ]
     return cases
 

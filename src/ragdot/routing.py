@@ -6,7 +6,10 @@ Every generator returns an int32 tensor of E sizes that sum to exactly M:
 - ``skewed``: a linear ramp, the busiest expert at 1.5x the mean and the least busy at 0.5x, rounded so
   the sum stays exact (largest remainders get the leftover tokens);
 - ``empty``: every eighth expert (indices 7, 15, ...) gets no tokens, the others the skewed ramp, the
-  busiest at 1.5x the mean of the non-empty experts.
+  busiest at 1.5x the mean of the non-empty experts;
+- ``routed``: one seeded draw of a uniform router (each token row to an expert drawn at random), so the sizes
+  scatter about the mean by about its square root and are rarely multiples of a kernel's chunk, as a trained
+  router's are; ``balanced`` sizes are exact multiples of every chunk depth wherever M / E is one.
 
 ``round_to=r`` makes every size a multiple of r (M must then be one too): the rule is applied to M / r
 blocks of r tokens. Real routing is never balanced: benchmark more than ``balanced``.
@@ -18,14 +21,16 @@ import math
 
 import torch
 
-__all__ = ["ROUTINGS", "balanced", "skewed", "empty", "group_sizes"]
+__all__ = ["ROUTINGS", "balanced", "skewed", "empty", "routed", "group_sizes"]
 
-ROUTINGS: tuple[str, ...] = ("balanced", "skewed", "empty")
+ROUTINGS: tuple[str, ...] = ("balanced", "skewed", "empty", "routed")
 
 #: the busiest expert's load over the mean load in the ramped routings
 RAMP_PEAK = 1.5
 #: one expert in this many is empty in the ``empty`` routing
 EMPTY_EVERY = 8
+#: the seed of the ``routed`` draw
+ROUTED_SEED = 0
 
 
 def _check(m: int, e: int, round_to: int) -> int:
@@ -84,7 +89,14 @@ def empty(m: int, e: int, *, device: torch.device | str | None = None, round_to:
     return _finish(sizes, round_to, device)
 
 
-_GENERATORS = {"balanced": balanced, "skewed": skewed, "empty": empty}
+def routed(m: int, e: int, *, device: torch.device | str | None = None, round_to: int = 1) -> torch.Tensor:
+    """One seeded draw of a uniform router: each of the M / round_to blocks goes to an expert drawn at random."""
+    units = _check(m, e, round_to)
+    picks = torch.randint(0, e, (units,), generator=torch.Generator().manual_seed(ROUTED_SEED))
+    return _finish(torch.bincount(picks, minlength=e).tolist(), round_to, device)
+
+
+_GENERATORS = {"balanced": balanced, "skewed": skewed, "empty": empty, "routed": routed}
 
 
 def group_sizes(

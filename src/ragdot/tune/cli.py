@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device(p, "cuda; tune measures CUDA kernels only")
     p.add_argument("--max-configs", type=count(1), default=8,
                    help="tile configs tried per backend and problem (Triton, Gluon)")
+    p.add_argument("--routings", nargs="+", default=None, metavar="ROUTING",
+                   help="seeded group sizes to time each candidate on; the winner sums its times over them "
+                   "(default: balanced skewed; ragdot.routing names the others, e.g. routed: a uniform router's draw)")
     p.add_argument("--warmup", type=count(0), default=5)
     p.add_argument("--iters", type=count(1), default=20)
     p.add_argument("--ship", action="store_true",
@@ -75,10 +78,16 @@ def _out_path(args: argparse.Namespace, device: torch.device) -> Path:
 def run(args: argparse.Namespace) -> int:
     from ragdot.dimension_numbers import canonicalize
     from ragdot.measure.console import Console, Table, track
+    from ragdot.routing import ROUTINGS
     from ragdot.tune.cache import CACHE
     from ragdot.tune.key import device_name, key_for
+    from ragdot.tune.tuner import ROUTINGS as TUNED_ROUTINGS
     from ragdot.tune.tuner import candidates_for, entry_from_times, measure_problem
 
+    routings = tuple(args.routings or TUNED_ROUTINGS)
+    unknown = [r for r in routings if r not in ROUTINGS]
+    if unknown:
+        raise UsageError(f"--routings: {unknown[0]!r} is unknown; expected some of {', '.join(ROUTINGS)}")
     console = Console(quiet=args.quiet)
     dtype = parse_dtype(args.dtype, "bf16")
     shapes = _expand(args.shapes or ["seed"])
@@ -92,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     path = _out_path(args, device)
     entries: dict[str, dict] = {}
     table = Table(title=f"ragdot tune on {device_name(device)} ({str(dtype).removeprefix('torch.')})")
-    for col in ("shape", "class", "problem", "winner", "ms (bal/skew)", "torch ms (bal/skew)"):
+    order = "/".join(sorted(routings))
+    for col in ("shape", "class", "problem", "winner", f"ms ({order})", f"torch ms ({order})"):
         table.add_column(col)
     jobs = [(s, c) for s in shapes for c in classes]
     for shape, cls in track(jobs, description="tuning", console=console):
@@ -107,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
         dims = (a.shape[1], a.shape[2], b.shape[3], shape.E) if can.mode == "ragged_m" else (
             a.shape[2], a.shape[1], b.shape[2], shape.E)
         cands = candidates_for(can.mode, dims, dtype, args.max_configs, can.a.device, key.b_kmajor)
-        times = measure_problem(can.mode, can.a, can.b, shape.E, dtype, cands, warmup=args.warmup,
-                                iters=args.iters)
+        times = measure_problem(can.mode, can.a, can.b, shape.E, dtype, cands, routings=routings,
+                                warmup=args.warmup, iters=args.iters)
         entry = entry_from_times(times, cands)
         del lhs, rhs, can
         torch.cuda.empty_cache()
