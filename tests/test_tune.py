@@ -360,7 +360,8 @@ def test_tune_key_measures_what_the_key_describes_and_stores_it(problem, layout)
     key = dataclasses.replace(key, version=__import__("ragdot").__version__)
     entry = tune_key(key, max_configs=1, device=torch.device("cpu"), warmup=1, iters=2)
     assert entry is not None and entry["backend"] in ("torch", "triton")
-    assert set(entry["ms"]) >= {"torch"} and all(set(t) == {"balanced", "skewed"} for t in entry["ms"].values())
+    routings = {"balanced", "skewed", "routed"}
+    assert set(entry["ms"]) >= {"torch"} and all(set(t) == routings for t in entry["ms"].values())
     cache_mod.CACHE.clear()
     assert cache_mod.CACHE.get(key.text(), "cpu") == entry
 

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tile configs tried per backend and problem (Triton, Gluon)")
     p.add_argument("--routings", nargs="+", default=None, metavar="ROUTING",
                    help="seeded group sizes to time each candidate on; the winner sums its times over them "
-                   "(default: balanced skewed; ragdot.routing names the others, e.g. routed: a uniform router's draw)")
+                   "(default: balanced skewed routed; routed is one seeded draw of a uniform router)")
     p.add_argument("--warmup", type=count(0), default=5)
     p.add_argument("--iters", type=count(1), default=20)
     p.add_argument("--ship", action="store_true",

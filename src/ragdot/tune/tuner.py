@@ -1,8 +1,11 @@
 """Measuring candidates on seeded group sizes and picking winners.
 
-Group sizes are seeded: balanced with the sum exactly equal to the ragged
-extent (every pointer in bounds, every output written), and skewed routing as a second measurement. The
-winner minimises the summed median time over both, so it does not win on balanced routing alone. On CUDA
+Group sizes are seeded (`ragdot.routing`), each set summing exactly to the ragged extent (every pointer in
+bounds, every output written): balanced, skewed, and routed (one seeded draw of a uniform router). The winner
+minimises the summed median time over the three, so it does not win on balanced routing alone: balanced sizes
+are exact multiples of every chunk depth wherever M / E is one, and a router's never are (on an H100 a 64-deep
+ping-pong tile led gpt-oss-like's weight gradient by 10% on balanced sizes and trailed by 16% on routed ones,
+benchmarks/results/h100-20261207g/c/). On CUDA
 the candidates are timed as CUDA-graph replays (device time), so Python dispatch cost cannot pick a kernel. Every
 candidate's result is checked against the reference before it is timed; a wrong one is never chosen. The
 candidates within `FINALIST_MARGIN` of the best summed time are then timed again among themselves, and those
@@ -25,7 +28,7 @@ from ragdot.tune.key import TuneKey, key_for
 
 __all__ = ["Candidate", "candidates_for", "pick_winner", "measure_problem", "tune_key", "ROUTINGS"]
 
-ROUTINGS: tuple[str, ...] = ("balanced", "skewed")
+ROUTINGS: tuple[str, ...] = ("balanced", "skewed", "routed")
 # Candidates whose summed time is within 10% of the best are timed again, among themselves: in the H200's
 # weight-gradient tunes the tile that won beside two others read up to 7.7% over the best in the full pass.
 FINALIST_MARGIN = 0.10
