@@ -280,9 +280,11 @@ backward_in_place = True
 # "index" has ragdot's Triton ragged_k read x through the token index (no copy at all; on an H200 its product ran
 # 1.14-1.32x the copy's time: docs/history.md, 2026-12-04 night); "copy" gathers all rows once and runs ragdot's
 # chosen backend (`auto`); "gather" has the Gluon weight-gradient kernel copy x's token rows into its shared memory
-# itself (`ragdot.kernels.gluon.ragged_k_gather`: no copy in memory, dpre read once). "chunks" and "gather" read
-# through the index where the Gluon kernel does not run; "gather" takes "chunks" where its kernel refuses the
-# layout (weights stored [E, 2H, D]).
+# itself (`ragdot.kernels.gluon.ragged_k_gather`: no copy in memory, dpre read once; at the tune cache's Gluon
+# tile, ping-pong included, its layer step took 1.004-1.046x "chunks"' on four layers, H100, eager clock,
+# benchmarks/results/h100-20261207g/, for an activation peak of 0.50x `peer`'s against 0.58x). "chunks" and
+# "gather" read through the index where the Gluon kernel does not run; "gather" takes "chunks" where its kernel
+# refuses the layout (weights stored [E, 2H, D]).
 WGRAD_ROWS = ("chunks", "gather", "index", "copy")
 wgrad_rows = "chunks"
 
