@@ -122,9 +122,9 @@ def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
         assert info["cp_async"] == name.startswith("ragged_k_gather"), (name, info)
         if name.endswith("p2"):  # ping-pong: the three warpgroups' register requests fit the SM's 64 Ki
             if name.startswith("ragged_k_gather"):  # the second consumer beside a four-warp cp.async producer
-                from ragdot.kernels.gluon.ragged_k_gather import GATHER_REGS, PINGPONG_CONSUMER_REGS
+                from ragdot.kernels.gluon.ragged_k_gather import GATHER_REGS
 
-                regs, producer = PINGPONG_CONSUMER_REGS, GATHER_REGS
+                regs, producer = consumer_regs(GluonConfig(consumers=2), GATHER_REGS), GATHER_REGS
             else:
                 regs, producer = consumer_regs(GluonConfig(consumers=2)), 24
             assert regs in info["incs"] and max(info["incs"]) + regs + producer <= 512, (name, info)

@@ -51,14 +51,16 @@ def maxnreg_for(consumer_warps: int, worker_warps: int = 1) -> int:
     return min(256, (65536 // (groups * 128)) // 8 * 8)
 
 
-def consumer_regs(cfg: Any) -> int:
+def consumer_regs(cfg: Any, producer_regs: int | None = None) -> int:
     """Registers per thread of the second (worker) consumer of a ping-pong config (0: no second consumer).
     `setmaxnreg` moves registers by warpgroup and Triton raises the default partition to 256, so the worker
     consumer gets what is left of the SM's 64 Ki registers after that and the producer's warpgroup (232 with
-    a 24-register producer): a larger request would wait forever for registers no warp gives back."""
+    a 24-register producer): a larger request would wait forever for registers no warp gives back.
+    `producer_regs`: the producer's registers where they are not the config's (a four-warp producer's)."""
     if cfg.consumers == 1:
         return 0
-    return (65536 // 128 - 256 - cfg.producer_regs) // 8 * 8
+    producer = cfg.producer_regs if producer_regs is None else producer_regs
+    return (65536 // 128 - 256 - producer) // 8 * 8
 
 
 def descriptor(t: torch.Tensor, block: list[int]) -> Any:

@@ -15,7 +15,7 @@ and every producer thread's copies have landed (`cp.async.mbarrier.arrive.noinc`
 Layout requirements (checked by the host side): x [S, M] and b [R, N] with the last dim contiguous and 16-byte
 aligned rows and bases, M and N 16-byte multiples of the element; one consumer partition (4 warps, or 8 cooperating)
 or two ping-pong consumers of 4 warps each with a 4-warp producer (the three warpgroups' registers: 256 for the
-default consumer, `PINGPONG_CONSUMER_REGS` for the other, `GATHER_REGS` for the producer).
+default consumer, what is left for the other (`common.consumer_regs`), `GATHER_REGS` for the producer).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ragdot.kernels.configs import check_group_ends, num_sms, prepared_output
 from ragdot.kernels.gluon import ragged_k as _rk
-from ragdot.kernels.gluon.common import maxnreg_for, mma_layout, store_layout
+from ragdot.kernels.gluon.common import consumer_regs, maxnreg_for, mma_layout, store_layout
 from ragdot.kernels.gluon.config import GluonConfig
 from ragdot.kernels.gluon.ragged_k import (
     _consumer,
@@ -48,9 +48,6 @@ __all__ = ["GATHER_WARPS", "Prepared", "ragged_k_gather_kernel"]
 
 GATHER_WARPS = 4  # warps of the producer partition (4 or 8; `Prepared(gather_warps=)`)
 GATHER_REGS = 88  # its registers per thread (sm_90, Triton 3.6: no spills at 128x128x64 and 128x256x32)
-# the second ping-pong consumer's registers: what the SM's 64 Ki leave after the default partition's 256 (Triton
-# raises it there) and the four-warp producer's GATHER_REGS (a larger request would wait forever)
-PINGPONG_CONSUMER_REGS = (65536 // 128 - 256 - GATHER_REGS) // 8 * 8
 
 
 @gluon.jit
@@ -200,7 +197,7 @@ class Prepared:
                        mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
                        gather_layout(cfg.block_m, gather_warps), GATHER_REGS, _rk.epilogue_code(r, g, cfg, out_bytes),
                        store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes), gather_warps,
-                       cfg.consumers, PINGPONG_CONSUMER_REGS if cfg.consumers == 2 else 0)
+                       cfg.consumers, consumer_regs(cfg, GATHER_REGS))
         self.options = {"num_warps": cfg.num_warps,
                         "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers, gather_warps)}
         self.launch = BoundLaunch.in_order(ragged_k_gather_kernel, self.grid, self.consts, self.options, x.device)
