@@ -26,13 +26,15 @@ HELP = "measure backends and their tile configs (Triton, Gluon) on seeded group 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ragdot.routing import ROUTINGS
+
     add_shapes(p, "tag:seed; a bare tag name such as seed means the same")
     p.add_argument("--classes", nargs="+", default=None, help="ragged-dot classes (default: all six)")
     add_dtype(p, "bf16")
     add_device(p, "cuda; tune measures CUDA kernels only")
     p.add_argument("--max-configs", type=count(1), default=8,
                    help="tile configs tried per backend and problem (Triton, Gluon)")
-    p.add_argument("--routings", nargs="+", default=None, metavar="ROUTING",
+    p.add_argument("--routings", nargs="+", choices=ROUTINGS, default=None, metavar="ROUTING",
                    help="seeded group sizes to time each candidate on; the winner sums its times over them "
                    "(default: balanced skewed routed; routed is one seeded draw of a uniform router)")
     p.add_argument("--warmup", type=count(0), default=5)
@@ -78,16 +80,11 @@ def _out_path(args: argparse.Namespace, device: torch.device) -> Path:
 def run(args: argparse.Namespace) -> int:
     from ragdot.dimension_numbers import canonicalize
     from ragdot.measure.console import Console, Table, track
-    from ragdot.routing import ROUTINGS
     from ragdot.tune.cache import CACHE
     from ragdot.tune.key import device_name, key_for
-    from ragdot.tune.tuner import ROUTINGS as TUNED_ROUTINGS
-    from ragdot.tune.tuner import candidates_for, entry_from_times, measure_problem
+    from ragdot.tune.tuner import ROUTINGS, candidates_for, entry_from_times, measure_problem
 
-    routings = tuple(args.routings or TUNED_ROUTINGS)
-    unknown = [r for r in routings if r not in ROUTINGS]
-    if unknown:
-        raise UsageError(f"--routings: {unknown[0]!r} is unknown; expected some of {', '.join(ROUTINGS)}")
+    routings = tuple(args.routings or ROUTINGS)
     console = Console(quiet=args.quiet)
     dtype = parse_dtype(args.dtype, "bf16")
     shapes = _expand(args.shapes or ["seed"])
