@@ -261,6 +261,8 @@ def ragged_k_ws_kernel(
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + B_BLOCK,
                                        gl.NVMMASharedLayout.get_default_for(B_BLOCK, b_desc.dtype))
     ready, empty, turn = _ring_and_turn_barriers(STAGES, 1)
+    # The argument tuples are spelled out in each branch: Triton 3.6's Gluon frontend does not take a tuple built
+    # beforehand (or concatenated) that holds a layout or a function, so the branches cannot share one.
     if NCONS == 2:
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, c_ptr, stride_cg,

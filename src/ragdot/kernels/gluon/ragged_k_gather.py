@@ -120,6 +120,7 @@ def ragged_k_gather_kernel(
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], b_desc.dtype))
     # `ready` counts TMA's expect, then each producer thread's copies; `turn` is unused (one consumer)
     ready, empty, turn = _ring_and_turn_barriers(STAGES, 1 + 32 * GATHER_WARPS)
+    # argument tuples spelled out per branch, as in ragged_k_ws_kernel (the frontend takes no prebuilt tuple of them)
     if NCONS == 2:
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, 1, c_ptr, stride_cg,
