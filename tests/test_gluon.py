@@ -374,6 +374,27 @@ def test_two_buffer_epilogue_equals_the_one_buffer_one(cfg, monkeypatch):
     assert torch.equal(two, one)
 
 
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("cfg", [GluonConfig(128, 256, 32, 6, 8), GluonConfig(128, 128, 64, 4, 4, consumers=2),
+                                 GluonConfig(128, 256, 64, 3, 8)], ids=lambda c: c.short())
+def test_trimmed_last_chunk_equals_the_whole_chunk(cfg, monkeypatch):
+    """TRIM_LAST_CHUNK (a last chunk at most half full multiplied on its first half alone): groups whose last
+    chunk holds 1, half, half + 1 and all of its rows, empty groups, NaN past the last group; against float64,
+    equal to the untrimmed kernel (the skipped products are exact zeros; compared as values, so -0 == +0)."""
+    from ragdot.kernels.gluon.ragged_k import ragged_k
+
+    k = cfg.block_k
+    sizes = [k + 1, 0, k // 2, k // 2 + 1, 3 * k, 2 * k + k // 2, 1, 0, 5 * k - 3, k // 2 - 1]
+    a, b, ends = _case(sum(sizes) + 40, 256, 512, sizes, seed=23)
+    whole = ragged_k(a, b, ends, config=cfg)
+    monkeypatch.setattr("ragdot.kernels.gluon.ragged_k.TRIM_LAST_CHUNK", True)
+    trimmed = ragged_k(a, b, ends, config=cfg)
+    _check(trimmed, a, b, sizes)
+    assert (trimmed == whole).all()
+    assert torch.equal(ragged_k(a, b, ends, config=cfg), trimmed), "not bitwise reproducible"
+
+
 def test_epilogue_choice_refusals(monkeypatch):
     """An unknown EPILOGUE and a two-buffer epilogue without the shared memory for it are NotImplementedErrors
     (so `auto` moves on), named; the default choice follows the mean group length."""

@@ -66,6 +66,9 @@ __all__ = ["Prepared", "ragged_k", "ragged_k_ws_kernel"]
 # alone, for probes such as benchmarks/wgrad_anatomy.py; its output is left unwritten).
 EPILOGUE: str | None = None
 BLOCKED_MAX_ROWS = 192
+# Whether a group's last chunk, where at most half its rows are the group's, runs its MMAs on that half alone (the
+# other half holds the zero rows past the group's end: TMA's clipped load). Read when a kernel is prepared.
+TRIM_LAST_CHUNK = False
 _EPILOGUES = ("tma", "blocked", "tma2", "none")
 
 
@@ -176,12 +179,14 @@ def _pass_turn(turn, PARITY: gl.constexpr, NCONS: gl.constexpr):
 @gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, c_ptr, stride_cg, stride_cm,
               GROUP_M: gl.constexpr, MMA_LAYOUT: gl.constexpr, PARITY: gl.constexpr, NCONS: gl.constexpr,
-              EPILOGUE_CODE: gl.constexpr, STORE_LAYOUT: gl.constexpr, FENCE: gl.constexpr):
+              EPILOGUE_CODE: gl.constexpr, STORE_LAYOUT: gl.constexpr, FENCE: gl.constexpr, TRIM: gl.constexpr):
     """A consumer partition: wgmma over the chunks of this program's items number PARITY, PARITY + NCONS, ...
     (rows past a group's end arrive as zeros), epilogue by TMA or pointer stores. With two consumers (ping-pong)
     each one counts the other's chunks to keep its place in the shared ring, and the two take turns (`_take_turn`), so
     a consumer never waits on a stage before every earlier chunk of that stage was loaded. FENCE: a stage's a rows
-    were written by threads (cp.async, `ragged_k_gather`), so a proxy fence orders them before wgmma reads them."""
+    were written by threads (cp.async, `ragged_k_gather`), so a proxy fence orders them before wgmma reads them.
+    TRIM: the item's last chunk, where at most BLOCK_K // 2 of its rows are the group's, multiplies only that
+    first half of the stage (`TRIM_LAST_CHUNK`)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[1]
@@ -202,13 +207,19 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G,
         if j % NCONS == PARITY:
             _take_turn(turn, j // NCONS, PARITY, NCONS)
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
+            half_last = (end - start) - (n_k - 1) * BLOCK_K <= BLOCK_K // 2  # the last chunk at most half full
             for kk in range(n_k):
                 pos = it + kk
                 s = _ready_stage(ready, pos, STAGES)
                 if FENCE:
                     fence_async_shared()
-                acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if TRIM and half_last and kk == n_k - 1:  # (the wait in each branch: an if yields tensors only)
+                    acc = warpgroup_mma(a_bufs.index(s).slice(0, BLOCK_K // 2).permute((1, 0)),
+                                        b_bufs.index(s).slice(0, BLOCK_K // 2), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                else:
+                    acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 _release_before(empty, pos, STAGES, kk > 0)  # chunk pos - 1 retired
             _pass_turn(turn, PARITY, NCONS)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -253,6 +264,7 @@ def ragged_k_ws_kernel(
     CONSUMER_REGS: gl.constexpr,  # registers per thread of the second consumer (ping-pong only)
     EPILOGUE_CODE: gl.constexpr,  # 0: TMA store through c_desc; 1: pointer stores; 2: TMA, two buffers; 3: none
     STORE_LAYOUT: gl.constexpr,  # BlockedLayout of [BLOCK_M, BLOCK_N]: 16-byte vectors along rows (EPILOGUE_CODE 1)
+    TRIM: gl.constexpr,  # a group's last chunk, where at most half full, multiplied on its first half alone
 ):
     A_BLOCK: gl.constexpr = [a_desc.block_type.shape[2], a_desc.block_type.shape[3]]  # [BLOCK_K, BLOCK_M]
     B_BLOCK: gl.constexpr = [b_desc.block_type.shape[2], b_desc.block_type.shape[3]]  # [BLOCK_K, BLOCK_N]
@@ -267,17 +279,17 @@ def ragged_k_ws_kernel(
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, c_ptr, stride_cg,
                          stride_cm, GROUP_M, MMA_LAYOUT, 0, NCONS, EPILOGUE_CODE,
-                         STORE_LAYOUT, False)),
+                         STORE_LAYOUT, False, TRIM)),
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, c_ptr, stride_cg,
                          stride_cm, GROUP_M, MMA_LAYOUT, 1, NCONS, EPILOGUE_CODE,
-                         STORE_LAYOUT, False)),
+                         STORE_LAYOUT, False, TRIM)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, Bt, c_ptr, stride_cg,
                          stride_cm, GROUP_M, MMA_LAYOUT, 0, NCONS, EPILOGUE_CODE,
-                         STORE_LAYOUT, False)),
+                         STORE_LAYOUT, False, TRIM)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M, N, G, Bt, GROUP_M)),
         ], [1], [PRODUCER_REGS])
 
@@ -370,7 +382,7 @@ class Prepared:
         self.grid = (max(1, min(g * bt * tiles, num_sms(a.device))),)
         self.consts = (cfg.stages, cfg.group_m, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
                        cfg.producer_regs, cfg.consumers, consumer_regs(cfg), epilogue_code(r, g, cfg, out_bytes),
-                       store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes))
+                       store_layout(cfg.block_m, cfg.block_n, cfg.num_warps, out_bytes), TRIM_LAST_CHUNK)
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
         self.launch = BoundLaunch.in_order(ragged_k_ws_kernel, self.grid, self.consts, self.options, a.device)
         from ragdot.kernels.ragged_k import Prepared as TritonPrepared  # for operands TMA cannot address

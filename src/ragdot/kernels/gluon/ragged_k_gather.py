@@ -124,16 +124,16 @@ def ragged_k_gather_kernel(
     if NCONS == 2:
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, 1, c_ptr, stride_cg,
-                         stride_cm, GROUP_M, MMA_LAYOUT, 0, NCONS, EPILOGUE_CODE, STORE_LAYOUT, True)),
+                         stride_cm, GROUP_M, MMA_LAYOUT, 0, NCONS, EPILOGUE_CODE, STORE_LAYOUT, True, False)),
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, 1, c_ptr, stride_cg,
-                         stride_cm, GROUP_M, MMA_LAYOUT, 1, NCONS, EPILOGUE_CODE, STORE_LAYOUT, True)),
+                         stride_cm, GROUP_M, MMA_LAYOUT, 1, NCONS, EPILOGUE_CODE, STORE_LAYOUT, True, False)),
             (_gather_producer, (x_ptr, stride_x, idx_ptr, S, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M,
                                 N, G, GROUP_M, GATHER_LAYOUT)),
         ], [4, GATHER_WARPS], [CONSUMER_REGS, GATHER_REGS_])
     else:
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, sched_ptr, R, M, N, G, 1, c_ptr, stride_cg,
-                         stride_cm, GROUP_M, MMA_LAYOUT, 0, 1, EPILOGUE_CODE, STORE_LAYOUT, True)),
+                         stride_cm, GROUP_M, MMA_LAYOUT, 0, 1, EPILOGUE_CODE, STORE_LAYOUT, True, False)),
             (_gather_producer, (x_ptr, stride_x, idx_ptr, S, b_desc, a_bufs, b_bufs, ready, empty, sched_ptr, R, M,
                                 N, G, GROUP_M, GATHER_LAYOUT)),
         ], [GATHER_WARPS], [GATHER_REGS_])
