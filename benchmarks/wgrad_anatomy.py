@@ -46,15 +46,21 @@ EPILOGUES = ("blocked", "tma", "tma2")
 
 
 @contextlib.contextmanager
-def epilogue(name: str) -> Iterator[None]:
-    """`ragdot.kernels.gluon.ragged_k.EPILOGUE` set to `name` while kernels are prepared."""
+def switch(name: str, value: object) -> Iterator[None]:
+    """The module switch `ragdot.kernels.gluon.ragged_k.<name>` set to `value` while kernels are prepared."""
     from ragdot.kernels.gluon import ragged_k
 
-    saved, ragged_k.EPILOGUE = ragged_k.EPILOGUE, name
+    saved = getattr(ragged_k, name)
+    setattr(ragged_k, name, value)
     try:
         yield
     finally:
-        ragged_k.EPILOGUE = saved
+        setattr(ragged_k, name, saved)
+
+
+def epilogue(name: str) -> contextlib.AbstractContextManager[None]:
+    """`ragdot.kernels.gluon.ragged_k.EPILOGUE` set to `name` while kernels are prepared."""
+    return switch("EPILOGUE", name)
 
 
 def prepared(a: torch.Tensor, b: torch.Tensor, e: int, cfg: GluonConfig, mode: str) -> object:

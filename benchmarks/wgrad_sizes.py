@@ -26,14 +26,13 @@ median of `--reps` CUDA-graph replays; every Gluon result is compared with the v
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from wgrad_anatomy import switch
 from wgrad_tiles import _shape  # the same 'R,M,N,E' shapes
 
 from ragdot.cli_common import count
@@ -68,18 +67,6 @@ def pattern_sizes(name: str, r: int, e: int) -> list[int]:
     return sizes
 
 
-@contextlib.contextmanager
-def last_chunk_trimmed(on: bool) -> Iterator[None]:
-    """`ragdot.kernels.gluon.ragged_k.TRIM_LAST_CHUNK` set to `on` while kernels are prepared."""
-    from ragdot.kernels.gluon import ragged_k
-
-    saved, ragged_k.TRIM_LAST_CHUNK = ragged_k.TRIM_LAST_CHUNK, on
-    try:
-        yield
-    finally:
-        ragged_k.TRIM_LAST_CHUNK = saved
-
-
 def run_shape(r: int, m: int, n: int, e: int, patterns: list[str], rounds: int, reps: int) -> list[dict]:
     """Time every system on every pattern of one shape (interleaved rounds); print the table; its rows."""
     from ragdot.kernels.gluon.ragged_k import Prepared
@@ -93,7 +80,7 @@ def run_shape(r: int, m: int, n: int, e: int, patterns: list[str], rounds: int, 
     preps = {}
     for cfg in TILES:
         for trim in (False, True):  # `trim`: ragged_k.TRIM_LAST_CHUNK, read when the kernel is prepared
-            with last_chunk_trimmed(trim):
+            with switch("TRIM_LAST_CHUNK", trim):
                 preps[cfg.short() + (" trim" if trim else "")] = Prepared(a[None], b[None], e, a.dtype, cfg,
                                                                           from_sizes=True)
     c = torch.empty((e, 1, m, n), dtype=a.dtype, device=dev)  # one output for every Gluon graph (4 GB each)
