@@ -9,14 +9,17 @@ routing of random logits: binomial spread about the mean, as `moe-bench --layer`
 `torch._grouped_mm` (vendor), the Triton kernel with the heuristic's tile and with a few others, and the Gluon
 kernel's candidate tiles (`--gluon-tiles` picks some by label). Graph clock (median of CUDA-graph replays, the
 systems interleaved over `--rounds`). TFLOP/s counts useful work only (2 x rows x K x N); `pad` = the rows the tiles
-compute over the rows routed, per tile height.
+compute over the rows routed, per tile height. `--half` times each Gluon tile of 128 rows or more also with
+`ragdot.kernels.gluon.ragged_m.HALF_TAIL_TILES` (a group's last tile, at most half full, multiplies its own rows
+alone), suffix " half".
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +53,7 @@ def _pad(sizes: torch.Tensor, block_m: int) -> float:
 
 
 def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool,
-             tiles: list[str] | None = None) -> dict[str, Callable[[], Any]]:
+             tiles: list[str] | None = None, half: bool = False) -> dict[str, Callable[[], Any]]:
     out: dict[str, Callable[[], Any]] = {"vendor": lambda: torch._grouped_mm(a[0], b[0], offs=ends)}
     k, n, g = a.shape[2], b.shape[3], b.shape[1]
     heur = pick_config("ragged_m", a.shape[1], k, n, g, a.dtype, a.device)
@@ -60,12 +63,24 @@ def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool,
     for cfg in gluon_m_tuning_configs(k, n) if gluon else ():
         if tiles and cfg.short() not in tiles:
             continue
-        try:
-            prep = gluon_m.Prepared(a, b, a.dtype, cfg)
-        except NotImplementedError:
-            continue
-        out[f"gluon {cfg.short()}"] = lambda prep=prep: prep(a, b, ends)
+        for halves in (False, True) if half and cfg.block_m >= 128 else (False,):
+            try:
+                with _half_tail_tiles(halves):
+                    prep = gluon_m.Prepared(a, b, a.dtype, cfg)
+            except NotImplementedError:
+                continue
+            out[f"gluon {cfg.short()}" + (" half" if halves else "")] = lambda prep=prep: prep(a, b, ends)
     return out
+
+
+@contextlib.contextmanager
+def _half_tail_tiles(on: bool) -> Iterator[None]:
+    """`ragdot.kernels.gluon.ragged_m.HALF_TAIL_TILES` set to `on` while a kernel is prepared."""
+    saved, gluon_m.HALF_TAIL_TILES = gluon_m.HALF_TAIL_TILES, on
+    try:
+        yield
+    finally:
+        gluon_m.HALF_TAIL_TILES = saved
 
 
 def _interleaved(systems: dict[str, Callable[[], Any]], dev: torch.device, rounds: int, reps: int
@@ -87,7 +102,10 @@ def main() -> None:
     p.add_argument("--no-gluon", action="store_true", help="leave the Gluon tiles out")
     p.add_argument("--gluon-tiles", nargs="+", default=None, metavar="LABEL",
                    help="only these Gluon tiles (labels as printed, e.g. 128x256x64s3w8g8r24)")
-    p.add_argument("--problems", nargs="+", default=["up", "down", "dgrad_up"], choices=["up", "down", "dgrad_up"])
+    p.add_argument("--problems", nargs="+", default=["up", "down", "dgrad_up"],
+                   choices=["up", "down", "dgrad_up", "dgrad_down"])
+    p.add_argument("--half", action="store_true",
+                   help="each Gluon tile of 128+ rows also with HALF_TAIL_TILES (suffix ' half')")
     args = p.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     rows = []
@@ -101,7 +119,8 @@ def main() -> None:
             x = torch.randn((1, m, d), device=dev, dtype=dt)
             act = torch.randn((1, m, h), device=dev, dtype=dt)
             dpre = torch.randn((1, m, 2 * h), device=dev, dtype=dt)
-            problems = {"up": (x, w_up), "down": (act, w_down), "dgrad_up": (dpre, w_up.transpose(2, 3))}
+            problems = {"up": (x, w_up), "down": (act, w_down), "dgrad_up": (dpre, w_up.transpose(2, 3)),
+                        "dgrad_down": (x, w_down.transpose(2, 3))}  # dy's rows: x's shape
             problems = {k: v for k, v in problems.items() if k in args.problems}
             for routing in ("balanced", "routed"):
                 sizes = _sizes(routing, t, e, k, dev)
@@ -109,7 +128,7 @@ def main() -> None:
                 pads = {bm: round(_pad(sizes, bm), 3) for bm in (64, 128)}
                 for prob, (a, b) in problems.items():
                     flops = 2 * m * a.shape[2] * b.shape[3]
-                    systems = _systems(a, b, ends, not args.no_gluon, args.gluon_tiles)
+                    systems = _systems(a, b, ends, not args.no_gluon, args.gluon_tiles, args.half)
                     for system, ms in _interleaved(systems, dev, args.rounds, args.reps).items():
                         row = {"layer": name, "tokens": t, "routing": routing, "problem": prob, "system": system,
                                "ms": ms, "tflops": flops / ms / 1e9, "pad64": pads[64], "pad128": pads[128]}

@@ -84,10 +84,11 @@ def run_shape(r: int, m: int, n: int, e: int, patterns: list[str], rounds: int, 
                 preps[cfg.short() + (" trim" if trim else "")] = Prepared(a[None], b[None], e, a.dtype, cfg,
                                                                           from_sizes=True)
     c = torch.empty((e, 1, m, n), dtype=a.dtype, device=dev)  # one output for every Gluon graph (4 GB each)
-    graphs, errors, same = {}, {}, {}
+    graphs, errors, same, inputs = {}, {}, {}, []
     for pattern in patterns:
         sizes = torch.tensor(pattern_sizes(pattern, r, e), dtype=torch.int32, device=dev)
         ends = sizes.cumsum(0).to(torch.int32)
+        inputs.append((sizes, ends))  # the graphs read them at their addresses: alive until every replay is done
         calls = {"vendor": lambda ends=ends: torch._grouped_mm(a.t(), b, offs=ends)}
         for name, prep in preps.items():
             calls[name] = lambda prep=prep, sizes=sizes: prep(a[None], b[None], sizes, c)[0][:, 0]

@@ -588,6 +588,37 @@ def test_ragged_m_every_candidate_config_batch_and_dtypes(cfg):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("layout", ["fwd", "dgrad"])
+@pytest.mark.parametrize("cfg", [GluonConfig(128, 256, 32, 6, 8), GluonConfig(128, 128, 64, 4, 4, consumers=2),
+                                 GluonConfig(128, 256, 64, 3, 8)], ids=lambda c: c.short())
+def test_ragged_m_half_tail_tiles_equal_whole_tiles(cfg, layout, monkeypatch):
+    """HALF_TAIL_TILES (a group's last tile holding at most 64 of its 128 rows multiplies those rows alone):
+    tails of 1, 63, 64, 65 and 127 rows, whole tiles, empty and one-row groups, a NaN tail of rows past the last
+    group (its zeros stored by half tiles too); against float64, tail rows exactly zero, bitwise equal to
+    whole tiles (each output element sums the same products in the same order)."""
+    from ragdot.kernels.gluon.ragged_m import ragged_m
+    from ragdot.measure.checks import normalised_error
+
+    sizes = [129, 0, 1, 191, 192, 193, 128, 255, 64, 0, 300, 2, 383]
+    used = sum(sizes)
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    a = torch.randn(1, used + 40, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if layout == "fwd":
+        b = torch.randn(1, len(sizes), 256, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+    else:
+        b = torch.randn(1, len(sizes), 512, 256, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(2, 3)
+    a[:, used:] = float("nan")
+    ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
+    whole = ragged_m(a, b, ends, config=cfg)
+    monkeypatch.setattr("ragdot.kernels.gluon.ragged_m.HALF_TAIL_TILES", True)
+    half = ragged_m(a, b, ends, config=cfg)
+    assert torch.isfinite(half).all() and (half[:, used:] == 0).all()
+    assert normalised_error(half, _reference_m(a.nan_to_num(0), b, sizes)) <= 2e-2
+    assert torch.equal(half, whole)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("layout", ["fwd", "dgrad"])
 @pytest.mark.parametrize(
     "cfg", [c for c in gluon_m_tuning_configs(256, 1024) if c.consumers == 2], ids=lambda c: c.short()
 )

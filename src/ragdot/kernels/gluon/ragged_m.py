@@ -61,6 +61,10 @@ from ragdot.kernels.record import scratch
 
 __all__ = ["Prepared", "ragged_m", "ragged_m_ws_kernel", "tile_table"]
 
+# Whether a group's last row tile, where it holds at most half of BLOCK_M rows of its group, runs the MMAs of that
+# half alone (its own accumulator layout; tiles of 128 rows and more). Read when a kernel is prepared.
+HALF_TAIL_TILES = False
+
 
 @triton.jit
 def _max_combine(x, y):
@@ -211,12 +215,49 @@ def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N
 
 
 @gluon.jit
+def _m_main_loop(a_bufs, b_bufs, ready, empty, it, n_k, acc, B_KMAJOR: gl.constexpr):
+    """wgmma over an item's n_k chunks from ring position `it` into acc, each stage released once its MMA
+    retired; acc's rows are the first acc.shape[0] rows of each a stage (all of them, or a half tile's)."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    ROWS: gl.constexpr = acc.type.shape[0]
+    for kk in range(n_k):
+        pos = it + kk
+        s = _ready_stage(ready, pos, STAGES)
+        if B_KMAJOR:
+            b_op = b_bufs.index(s).permute((1, 0))
+        else:
+            b_op = b_bufs.index(s)
+        acc = warpgroup_mma(a_bufs.index(s).slice(0, ROWS), b_op, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        _release_before(empty, pos, STAGES, kk > 0)  # chunk pos - 1 retired
+    return acc
+
+
+@gluon.jit
+def _m_store(acc, dst, c_smem, c_desc, g, row0, end, bt, pid_n, M):
+    """A tile's epilogue: acc into `dst` (c_smem, or its first rows for a half tile), then c_smem by TMA into
+    the ragged view of c, whose row bound is the tile's group end: the box is clipped there, so rows of c_smem
+    past the tile's own (a half tile's stale lower half) are never written. Nothing for an unused slot."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[3]
+    if g >= 0:
+        stop = bt * M + end
+        tma.store_wait(pendings=0)  # this consumer's previous tile's store has read c_smem
+        dst.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [RAGGED_BASE, stop, RAGGED_BASE - (end - row0), pid_n * BLOCK_N],
+                                        c_smem.reshape([1, 1, BLOCK_M, BLOCK_N]))
+
+
+@gluon.jit
 def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt,
                 GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, MMA_LAYOUT: gl.constexpr,
-                PARITY: gl.constexpr, NCONS: gl.constexpr):
+                PARITY: gl.constexpr, NCONS: gl.constexpr, HALF_LAYOUT: gl.constexpr, HALF: gl.constexpr):
     """A consumer partition: wgmma over the K chunks of this program's items number PARITY, PARITY + NCONS, ...,
     then the tile's own rows stored. With two consumers (ping-pong) each counts the other's chunks to keep its
-    place in the shared ring and they take turns at the ring (gluon/ragged_k.py's `_take_turn`)."""
+    place in the shared ring and they take turns at the ring (gluon/ragged_k.py's `_take_turn`). HALF: a tile
+    with at most BLOCK_M / 2 rows of its group (a group's last tile) multiplies those rows alone, into a
+    [BLOCK_M / 2, BLOCK_N] accumulator of HALF_LAYOUT (half the MMAs; the loads are the whole tile's)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[2]
@@ -232,27 +273,20 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, 
         n_k = gl.where((g >= 0) & (g < G), gl.cdiv(K, BLOCK_K), 0)
         if j % NCONS == PARITY:
             _take_turn(turn, j // NCONS, PARITY, NCONS)
-            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
-            for kk in range(n_k):
-                pos = it + kk
-                s = _ready_stage(ready, pos, STAGES)
-                if B_KMAJOR:
-                    b_op = b_bufs.index(s).permute((1, 0))
-                else:
-                    b_op = b_bufs.index(s)
-                acc = warpgroup_mma(a_bufs.index(s), b_op, acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                _release_before(empty, pos, STAGES, kk > 0)  # chunk pos - 1 retired
-            _pass_turn(turn, PARITY, NCONS)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
-            if g >= 0:  # the ragged view clips the store at the group's end row (stop)
-                stop = bt * M + end
-                tma.store_wait(pendings=0)  # this consumer's previous tile's store has read c_smem
-                c_smem.store(acc.to(c_desc.dtype))
-                fence_async_shared()
-                tma.async_copy_shared_to_global(c_desc, [RAGGED_BASE, stop, RAGGED_BASE - (end - row0),
-                                                         pid_n * BLOCK_N], c_smem.reshape([1, 1, BLOCK_M, BLOCK_N]))
+            if HALF and end - row0 <= BLOCK_M // 2:
+                acc_h = gl.zeros((BLOCK_M // 2, BLOCK_N), dtype=gl.float32, layout=HALF_LAYOUT)
+                acc_h = _m_main_loop(a_bufs, b_bufs, ready, empty, it, n_k, acc_h, B_KMAJOR)
+                _pass_turn(turn, PARITY, NCONS)
+                acc_h = warpgroup_mma_wait(num_outstanding=0, deps=(acc_h,))
+                _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
+                _m_store(acc_h, c_smem.slice(0, BLOCK_M // 2), c_smem, c_desc, g, row0, end, bt, pid_n, M)
+            else:
+                acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
+                acc = _m_main_loop(a_bufs, b_bufs, ready, empty, it, n_k, acc, B_KMAJOR)
+                _pass_turn(turn, PARITY, NCONS)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
+                _m_store(acc, c_smem, c_smem, c_desc, g, row0, end, bt, pid_n, M)
         it += n_k
         j += 1  # noqa: SIM113 (a Gluon loop over a range with a step: no enumerate)
     tma.store_wait(pendings=0)
@@ -272,6 +306,8 @@ def ragged_m_ws_kernel(
     PRODUCER_REGS: gl.constexpr,  # registers per thread of the TMA producer warp
     NCONS: gl.constexpr,  # consumer partitions: 1, or 2 (ping-pong, one warpgroup each, alternate items)
     CONSUMER_REGS: gl.constexpr,  # registers per thread of the second consumer (ping-pong only)
+    HALF_LAYOUT: gl.constexpr,  # NVMMADistributedLayout of a half tile's [BLOCK_M / 2, BLOCK_N] accumulator
+    HALF: gl.constexpr,  # a group's last tile, where at most half full, multiplies its own half alone
 ):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -279,16 +315,16 @@ def ragged_m_ws_kernel(
     if NCONS == 2:
         gl.warp_specialize([
             (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
-                           B_KMAJOR, MMA_LAYOUT, 0, NCONS)),
+                           B_KMAJOR, MMA_LAYOUT, 0, NCONS, HALF_LAYOUT, HALF)),
             (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
-                           B_KMAJOR, MMA_LAYOUT, 1, NCONS)),
+                           B_KMAJOR, MMA_LAYOUT, 1, NCONS, HALF_LAYOUT, HALF)),
             (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt, GROUP_M,
                            B_KMAJOR)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_m_consumer, (a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, K, G, Bt, GROUP_M,
-                           B_KMAJOR, MMA_LAYOUT, 0, NCONS)),
+                           B_KMAJOR, MMA_LAYOUT, 0, NCONS, HALF_LAYOUT, HALF)),
             (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N, K, G, Bt, GROUP_M,
                            B_KMAJOR)),
         ], [1], [PRODUCER_REGS])
@@ -367,8 +403,10 @@ class Prepared:
         self.t = table_slots(m, cfg.block_m, g)
         items = bt * self.t * -(-n // cfg.block_n)
         self.grid = (max(1, min(items, num_sms(a.device))),)
+        half = HALF_TAIL_TILES and cfg.block_m >= 128  # wgmma's rows: 64 a warpgroup at least
         self.consts = (cfg.stages, cfg.group_m, self.kmajor, mma_layout(cfg.block_m, cfg.block_n, cfg.num_warps),
-                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg))
+                       cfg.producer_regs, cfg.consumers, consumer_regs(cfg),
+                       mma_layout(cfg.block_m // 2, cfg.block_n, cfg.num_warps), half)
         self.options = {"num_warps": cfg.num_warps, "maxnreg": maxnreg_for(cfg.num_warps * cfg.consumers)}
         self.launch = BoundLaunch.in_order(ragged_m_ws_kernel, self.grid, self.consts, self.options, a.device)
         self.table_launch = table_launch(m, cfg.block_m, g, from_sizes, a.device)
