@@ -69,6 +69,15 @@ _COMPILE_SCRIPT = textwrap.dedent(
                 for cfg in gluon_m_tuning_configs(k, n):
                     h = MPrepared(a, b, bf, cfg)(a, b, torch.zeros(g, dtype=torch.int32))[1]
                     out[f"ragged_m {name} {m}x{k}x{n}x{g} {cfg.short()}"] = info(h)
+        import ragdot.kernels.gluon.ragged_m as rm
+        rm.HALF_TAIL_TILES = True  # half tail tiles: a second accumulator layout in the same consumer
+        a = torch.empty(1, 3840, 2048, dtype=bf)
+        for name, b in (("fwd", torch.empty(1, 64, 2048, 1408, dtype=bf)),
+                        ("dgrad", torch.empty(1, 64, 1408, 2048, dtype=bf).transpose(-1, -2))):
+            for cfg in [c for c in gluon_m_tuning_configs(2048, 1408) if c.block_m >= 128][:3]:
+                h = MPrepared(a, b, bf, cfg)(a, b, torch.zeros(64, dtype=torch.int32))[1]
+                out[f"ragged_m half {name} 3840x2048x1408x64 {cfg.short()}"] = info(h)
+        rm.HALF_TAIL_TILES = False
         x, y, z = torch.empty(1024, 512, dtype=bf), torch.empty(512, 1024, dtype=bf), torch.empty(1024, 1024, dtype=bf)
         for ws, bn, nw, st in ((False, 128, 4, 4), (True, 128, 4, 4), (True, 256, 8, 3)):
             d = (descriptor(x, [128, 64]), descriptor(y, [64, bn]), descriptor(z, [128, bn]))
@@ -98,6 +107,7 @@ def test_sm90_gluon_code_is_warp_specialized_wgmma_without_spills():
     assert sum(k.startswith("ragged_k ") for k in usage) >= 12
     assert sum(k.startswith("ragged_k_gather") for k in usage) >= 6
     assert sum(k.startswith("ragged_m") for k in usage) >= 12
+    assert sum(k.startswith("ragged_m half") for k in usage) >= 4
     assert {info["tma_store"] for k, info in usage.items() if k.startswith("ragged_k")} == {True, False}  # both paths
     picked = _shipped_gluon_picks()
     assert picked  # the shipped tune files pick Gluon somewhere
