@@ -53,11 +53,12 @@ def _pad(sizes: torch.Tensor, block_m: int) -> float:
 
 
 def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool,
-             tiles: list[str] | None = None, half: bool = False) -> dict[str, Callable[[], Any]]:
+             tiles: list[str] | None = None, half: bool = False, triton: bool = True
+             ) -> dict[str, Callable[[], Any]]:
     out: dict[str, Callable[[], Any]] = {"vendor": lambda: torch._grouped_mm(a[0], b[0], offs=ends)}
     k, n, g = a.shape[2], b.shape[3], b.shape[1]
     heur = pick_config("ragged_m", a.shape[1], k, n, g, a.dtype, a.device)
-    for label, cfg in {"triton-heuristic": heur, **TRITON_TILES}.items():
+    for label, cfg in {"triton-heuristic": heur, **TRITON_TILES}.items() if triton else ():
         prep = triton_m.Prepared(a, b, a.dtype, cfg)
         out[f"{label} ({cfg.short()})"] = lambda prep=prep: prep(a, b, ends)
     for cfg in gluon_m_tuning_configs(k, n) if gluon else ():
@@ -100,6 +101,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds the samples are spread over")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--no-gluon", action="store_true", help="leave the Gluon tiles out")
+    p.add_argument("--no-triton", action="store_true", help="leave the Triton tiles out")
     p.add_argument("--gluon-tiles", nargs="+", default=None, metavar="LABEL",
                    help="only these Gluon tiles (labels as printed, e.g. 128x256x64s3w8g8r24)")
     p.add_argument("--problems", nargs="+", default=["up", "down", "dgrad_up"],
@@ -128,7 +130,8 @@ def main() -> None:
                 pads = {bm: round(_pad(sizes, bm), 3) for bm in (64, 128)}
                 for prob, (a, b) in problems.items():
                     flops = 2 * m * a.shape[2] * b.shape[3]
-                    systems = _systems(a, b, ends, not args.no_gluon, args.gluon_tiles, args.half)
+                    systems = _systems(a, b, ends, not args.no_gluon, args.gluon_tiles, args.half,
+                                       not args.no_triton)
                     for system, ms in _interleaved(systems, dev, args.rounds, args.reps).items():
                         row = {"layer": name, "tokens": t, "routing": routing, "problem": prob, "system": system,
                                "ms": ms, "tflops": flops / ms / 1e9, "pad64": pads[64], "pad128": pads[128]}
