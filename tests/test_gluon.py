@@ -585,6 +585,21 @@ def test_ragged_m_every_candidate_config_batch_and_dtypes(cfg):
     assert normalised_error(out, _reference_m(a.nan_to_num(0), b1, [sum(sizes)])) <= 3e-3
 
 
+def _m_case(sizes: list[int], extra: int, k: int, n: int, layout: str, seed: int):
+    """(a [1, sum + extra, K] with NaN rows past the groups, b [1, G, K, N] (the "dgrad" layout: each matrix stored
+    [N, K]), int32 ends, rows used) for a Gluon ragged_m test on the GPU."""
+    used = sum(sizes)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(1, used + extra, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if layout == "fwd":
+        b = torch.randn(1, len(sizes), k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+    else:
+        b = torch.randn(1, len(sizes), n, k, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(2, 3)
+    a[:, used:] = float("nan")
+    ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
+    return a, b, ends, used
+
+
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("layout", ["fwd", "dgrad"])
@@ -599,15 +614,7 @@ def test_ragged_m_half_tail_tiles_equal_whole_tiles(cfg, layout, monkeypatch):
     from ragdot.measure.checks import normalised_error
 
     sizes = [129, 0, 1, 191, 192, 193, 128, 255, 64, 0, 300, 2, 383]
-    used = sum(sizes)
-    gen = torch.Generator(device="cuda").manual_seed(29)
-    a = torch.randn(1, used + 40, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
-    if layout == "fwd":
-        b = torch.randn(1, len(sizes), 256, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
-    else:
-        b = torch.randn(1, len(sizes), 512, 256, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(2, 3)
-    a[:, used:] = float("nan")
-    ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
+    a, b, ends, used = _m_case(sizes, 40, 256, 512, layout, seed=29)
     whole = ragged_m(a, b, ends, config=cfg)
     monkeypatch.setattr("ragdot.kernels.gluon.ragged_m.HALF_TAIL_TILES", True)
     half = ragged_m(a, b, ends, config=cfg)
@@ -631,15 +638,7 @@ def test_ragged_m_ping_pong_over_many_items_per_program(cfg, layout):
 
     base = [700, 0, 1, 64, 0, 129, 65, 0, 300, 2, 640, 63, 0, 128, 17, 255, 256, 3, 90, 0]
     sizes = base + base[::-1]
-    used = sum(sizes)
-    gen = torch.Generator(device="cuda").manual_seed(19)
-    a = torch.randn(1, used + 300, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
-    if layout == "fwd":
-        b = torch.randn(1, len(sizes), 256, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
-    else:
-        b = torch.randn(1, len(sizes), 1024, 256, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(2, 3)
-    a[:, used:] = float("nan")
-    ends = torch.tensor(sizes).cumsum(0).to(device="cuda", dtype=torch.int32)
+    a, b, ends, used = _m_case(sizes, 300, 256, 1024, layout, seed=19)
     out = ragged_m(a, b, ends, config=cfg)
     assert torch.isfinite(out).all() and (out[:, used:] == 0).all()
     assert normalised_error(out, _reference_m(a.nan_to_num(0), b, sizes)) <= 2e-2
