@@ -215,6 +215,19 @@ def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, table_ptr, T, M, N
 
 
 @gluon.jit
+def _m_tile(acc, dst, a_bufs, b_bufs, ready, empty, turn, c_smem, c_desc, it, n_k, g, row0, end, bt, pid_n, M,
+            B_KMAJOR: gl.constexpr, PARITY: gl.constexpr, NCONS: gl.constexpr):
+    """One item of a consumer: its main loop into the zeroed acc (a whole tile's accumulator, or a half tile's),
+    the turn passed on, the last MMA waited for and its stage released, then the epilogue through `dst`."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    acc = _m_main_loop(a_bufs, b_bufs, ready, empty, it, n_k, acc, B_KMAJOR)
+    _pass_turn(turn, PARITY, NCONS)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
+    _m_store(acc, dst, c_smem, c_desc, g, row0, end, bt, pid_n, M)
+
+
+@gluon.jit
 def _m_main_loop(a_bufs, b_bufs, ready, empty, it, n_k, acc, B_KMAJOR: gl.constexpr):
     """wgmma over an item's n_k chunks from ring position `it` into acc, each stage released once its MMA
     retired; acc's rows are the first acc.shape[0] rows of each a stage (all of them, or a half tile's)."""
@@ -258,7 +271,6 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, 
     place in the shared ring and they take turns at the ring (gluon/ragged_k.py's `_take_turn`). HALF: a tile
     with at most BLOCK_M / 2 rows of its group (a group's last tile) multiplies those rows alone, into a
     [BLOCK_M / 2, BLOCK_N] accumulator of HALF_LAYOUT (half the MMAs; the loads are the whole tile's)."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[3]
@@ -274,19 +286,13 @@ def _m_consumer(a_bufs, b_bufs, ready, empty, turn, c_desc, table_ptr, T, M, N, 
         if j % NCONS == PARITY:
             _take_turn(turn, j // NCONS, PARITY, NCONS)
             if HALF and end - row0 <= BLOCK_M // 2:
-                acc_h = gl.zeros((BLOCK_M // 2, BLOCK_N), dtype=gl.float32, layout=HALF_LAYOUT)
-                acc_h = _m_main_loop(a_bufs, b_bufs, ready, empty, it, n_k, acc_h, B_KMAJOR)
-                _pass_turn(turn, PARITY, NCONS)
-                acc_h = warpgroup_mma_wait(num_outstanding=0, deps=(acc_h,))
-                _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
-                _m_store(acc_h, c_smem.slice(0, BLOCK_M // 2), c_smem, c_desc, g, row0, end, bt, pid_n, M)
+                _m_tile(gl.zeros((BLOCK_M // 2, BLOCK_N), dtype=gl.float32, layout=HALF_LAYOUT),
+                        c_smem.slice(0, BLOCK_M // 2), a_bufs, b_bufs, ready, empty, turn, c_smem, c_desc, it, n_k,
+                        g, row0, end, bt, pid_n, M, B_KMAJOR, PARITY, NCONS)
             else:
-                acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT)
-                acc = _m_main_loop(a_bufs, b_bufs, ready, empty, it, n_k, acc, B_KMAJOR)
-                _pass_turn(turn, PARITY, NCONS)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                _release_before(empty, it + n_k, STAGES, n_k > 0)  # the item's last chunk
-                _m_store(acc, c_smem, c_smem, c_desc, g, row0, end, bt, pid_n, M)
+                _m_tile(gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=MMA_LAYOUT), c_smem, a_bufs, b_bufs,
+                        ready, empty, turn, c_smem, c_desc, it, n_k, g, row0, end, bt, pid_n, M, B_KMAJOR, PARITY,
+                        NCONS)
         it += n_k
         j += 1  # noqa: SIM113 (a Gluon loop over a range with a step: no enumerate)
     tma.store_wait(pendings=0)
