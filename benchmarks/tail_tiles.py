@@ -17,13 +17,13 @@ alone), suffix " half".
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from wgrad_anatomy import switch  # the module switches' setter
 
 from ragdot.kernels import ragged_m as triton_m
 from ragdot.kernels.configs import TileConfig, pick_config
@@ -66,22 +66,13 @@ def _systems(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, gluon: bool,
             continue
         for halves in (False, True) if half and cfg.block_m >= 128 else (False,):
             try:
-                with _half_tail_tiles(halves):
+                with switch("HALF_TAIL_TILES", halves, gluon_m):
                     prep = gluon_m.Prepared(a, b, a.dtype, cfg)
             except NotImplementedError:
                 continue
             out[f"gluon {cfg.short()}" + (" half" if halves else "")] = lambda prep=prep: prep(a, b, ends)
     return out
 
-
-@contextlib.contextmanager
-def _half_tail_tiles(on: bool) -> Iterator[None]:
-    """`ragdot.kernels.gluon.ragged_m.HALF_TAIL_TILES` set to `on` while a kernel is prepared."""
-    saved, gluon_m.HALF_TAIL_TILES = gluon_m.HALF_TAIL_TILES, on
-    try:
-        yield
-    finally:
-        gluon_m.HALF_TAIL_TILES = saved
 
 
 def _interleaved(systems: dict[str, Callable[[], Any]], dev: torch.device, rounds: int, reps: int

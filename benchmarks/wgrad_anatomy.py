@@ -46,16 +46,18 @@ EPILOGUES = ("blocked", "tma", "tma2")
 
 
 @contextlib.contextmanager
-def switch(name: str, value: object) -> Iterator[None]:
-    """The module switch `ragdot.kernels.gluon.ragged_k.<name>` set to `value` while kernels are prepared."""
-    from ragdot.kernels.gluon import ragged_k
+def switch(name: str, value: object, module: object = None) -> Iterator[None]:
+    """The module switch `module.<name>` (default module: `ragdot.kernels.gluon.ragged_k`) set to `value` while
+    kernels are prepared."""
+    if module is None:
+        from ragdot.kernels.gluon import ragged_k as module
 
-    saved = getattr(ragged_k, name)
-    setattr(ragged_k, name, value)
+    saved = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        setattr(ragged_k, name, saved)
+        setattr(module, name, saved)
 
 
 def epilogue(name: str) -> contextlib.AbstractContextManager[None]:
