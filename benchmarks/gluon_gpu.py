@@ -2,8 +2,8 @@
 
     python benchmarks/gluon_gpu.py --out DIR [--routing balanced] [--budget 345] [--classes ...]
 
-1. runs tests/test_gluon.py and test_gluon_gather.py (the GPU-marked checks against float64 included) in a
-   subprocess with a timeout;
+1. runs tests/test_gluon.py, test_gluon_ragged_m.py and test_gluon_gather.py (the GPU-marked checks against
+   float64 included) in a subprocess with a timeout;
 2. times, on the 8 anchor shapes (ragdot.catalog, tag "anchor") and both weight-gradient classes (wgrad_wi:
    [M, K] x [M, N] -> [E, K, N]; wgrad_wo: [M, N] x [M, K] -> [E, N, K]), bf16, three systems:
    `gluon` and `triton` (the backends' prepared ragged_k calls, fed the raw group sizes) and `vendor` (raw
@@ -284,7 +284,8 @@ def run_memcheck(out: Path, timeout: float) -> dict:
 
 
 def run_tests(out: Path, timeout: float) -> dict:
-    files = [str(ROOT / "tests" / name) for name in ("test_gluon.py", "test_gluon_gather.py")]
+    files = [str(ROOT / "tests" / name)
+             for name in ("test_gluon.py", "test_gluon_ragged_m.py", "test_gluon_gather.py")]
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", *files, "-p", "no:cacheprovider"]
     t0 = time.perf_counter()
     try:

@@ -14,6 +14,7 @@ import torch
 
 import ragdot
 from ragdot.kernels.gluon import unavailable_reason
+from ragdot.routing import balanced, empty, skewed
 
 # Normalised error ||out - ref|| / ||ref|| allowed per input dtype.
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -159,9 +160,16 @@ def needs_fused_block(cpu: bool = True) -> None:
                     "there is no CUDA device)")
 
 
-# ---- the Gluon kernels' GPU tests (test_gluon.py, test_gluon_gather.py) ----------------------------------------
+# ---- the Gluon kernels' GPU tests (test_gluon.py, test_gluon_ragged_m.py, test_gluon_gather.py) -------------
 ON_HOPPER = torch.cuda.is_available() and unavailable_reason() is None
 hopper = pytest.mark.skipif(not ON_HOPPER, reason=f"needs an sm_90 GPU with Gluon: {unavailable_reason()}")
+
+
+SIZES_BY_ROUTING = {  # the group sizes the Gluon kernels' GPU tests run, per routing
+    "balanced": lambda r, e: balanced(r, e).tolist(),
+    "skewed": lambda r, e: skewed(r, e).tolist(),
+    "empty": lambda r, e: empty(r, e).tolist(),
+}
 
 
 def ragged_k_reference(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tensor:
