@@ -7,7 +7,7 @@ mkdir -p $OUT/c
 timeout 60 python3 -c "
 import sys, pytest, ragdot.kernels.gluon.ragged_m as m
 m.HALF_TAIL_TILES = True
-sys.exit(pytest.main(['-m', 'gpu', '-q', '-p', 'no:cacheprovider', 'tests/test_gluon.py', '-k', 'half_tail or ragged_m_matches']))" 2>&1 \
+sys.exit(pytest.main(['-m', 'gpu', '-q', '-p', 'no:cacheprovider', 'tests/test_gluon_ragged_m.py', '-k', 'half_tail or matches']))" 2>&1 \
   | tail -3 | tee $OUT/c/tests.txt
 timeout 90 python3 benchmarks/tail_tiles.py --layers gpt-oss-like --tokens 8192 --half --no-triton \
   --gluon-tiles 128x256x32s6w8g8r24 128x256x64s3w8g8r24 \
