@@ -5,7 +5,8 @@
 Per config and variant (8192 tokens, bf16, the step of `ragdot moe-bench --layer`: gradients unset, then
 ``fn(x).backward(dy)``):
 - ``loop_ms``: CUDA events around ``--steps`` eager steps issued back to back, per step (as a training loop issues
-  them); ``graph_ms``: the same around as many replays of the step captured in a CUDA graph (device time);
+  them); ``host_ms``: the host's wall time to issue such a loop, per step (below ``loop_ms``: the host kept
+  ahead); ``graph_ms``: the same around as many replays of the step captured in a CUDA graph (device time);
 - a profile of as many eager steps and as many replays with CUDA activity only (no CPU ops recorded, so the host
   keeps its pace): per step, the first step left out (it starts from an idle device), the GPU's span, busy and idle
   time, and the kernels whose summed time per step differs most between the eager steps and the replays.
@@ -23,6 +24,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -96,6 +98,11 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
         for _ in range(3):
             step()
         loop_ms = sorted(event_ms(loop, device) for _ in range(3))[1] / steps
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loop()  # the host's issue time: returns before the device is done if the host keeps ahead
+        host_ms = (time.perf_counter() - t0) * 1e3 / steps
+        torch.cuda.synchronize()
         eager = steady_steps(_cuda_trace(loop), steps)
         layer.aux_loss = layer.z_loss = None
         graph_ms, graph = float("nan"), None
@@ -118,7 +125,7 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
         layer.aux_loss = layer.z_loss = None
         free_memory(device)
         rows.append({"config": cfg_name, "variant": name, "tokens": tokens, "steps": steps, "loop_ms": loop_ms,
-                     "graph_ms": graph_ms, "eager": eager, "graph": graph})
+                     "host_ms": host_ms, "graph_ms": graph_ms, "eager": eager, "graph": graph})
         print(summary(rows[-1]), flush=True)
     return rows
 
@@ -126,7 +133,8 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
 def summary(row: dict, top: int = 12) -> str:
     e, g = row["eager"], row["graph"]
     lines = [f"{row['config']} {row['variant']} T={row['tokens']}: loop {row['loop_ms']:.3f} ms/step, graph "
-             f"{row['graph_ms']:.3f} (events); profiled, steps 2-{row['steps']}, per step (device clock):"]
+             f"{row['graph_ms']:.3f} (events), host issues a step in {row['host_ms']:.3f} (host clock); profiled, "
+             f"steps 2-{row['steps']}, per step (device clock):"]
     for label, s in (("eager", e), ("graph", g)):
         if s is not None:
             lines.append(f"  {label}: span {s['span_ms']:.3f} ms, busy {s['busy_ms']:.3f}, idle {s['idle_ms']:.3f}, "
