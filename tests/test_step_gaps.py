@@ -77,3 +77,33 @@ def test_a_trace_without_gpu_work_has_no_gaps(step_gaps):
 def test_it_refuses_without_cuda(step_gaps, capsys):
     assert step_gaps.main(["--configs", "deepseek3-test"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def loop_gaps():
+    return benchmark_script("loop_gaps")
+
+
+def test_loop_gaps_splits_equal_steps_and_leaves_the_first_out(loop_gaps):
+    """Three steps of two activities each (µs): the first step's 40 µs of idle time is not counted; steps two and
+    three each hold k1 (10 µs) and k2 (20 µs, overlapping k1 by 5 in step three), one 10 µs gap between them."""
+    acts = [
+        {"cat": "kernel", "name": "k1", "ts": 0, "dur": 10}, {"cat": "kernel", "name": "k2", "ts": 50, "dur": 20},
+        {"cat": "kernel", "name": "k1", "ts": 100, "dur": 10}, {"cat": "kernel", "name": "k2", "ts": 120, "dur": 20},
+        {"cat": "kernel", "name": "k1", "ts": 140, "dur": 10}, {"cat": "kernel", "name": "k2", "ts": 145, "dur": 20},
+    ]
+    s = loop_gaps.steady_steps(acts, 3)
+    assert s["activities_per_step"] == 2
+    assert s["span_ms"] == pytest.approx((165 - 100) / 1e3 / 2)
+    assert s["busy_ms"] == pytest.approx((10 + 20 + 25) / 1e3 / 2)
+    assert s["idle_ms"] == pytest.approx(10 / 1e3 / 2)
+    assert s["kernels_ms"] == pytest.approx({"k1": 10 / 1e3, "k2": 20 / 1e3})
+    with pytest.raises(ValueError, match="equal steps"):
+        loop_gaps.steady_steps(acts[:5], 3)
+
+
+def test_loop_gaps_refuses_without_a_cuda_device(loop_gaps, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert loop_gaps.main(["--steps", "2"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
