@@ -55,7 +55,9 @@ def _step(fn, x, dy, ranges: bool = False, clock: list | None = None) -> None:
         clock.append((t1 - t0, time.perf_counter() - t1))
 
 
-def run(cfg_name: str, tokens: int, variants: list[str], steps: int, modes: tuple[str, ...] = ("eager",)) -> list[dict]:
+def layer_setup(cfg_name: str, tokens: int):
+    """(layer, x, dy, reset) as `moe-bench --layer` times a config on CUDA in bf16: reset() unsets the gradients
+    before a step."""
     device, dtype = torch.device("cuda"), torch.bfloat16
     cfg = get_config(cfg_name)
     layer = bench_layer(cfg, device, dtype)
@@ -65,6 +67,12 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int, modes: tupl
         layer.zero_grad(set_to_none=True)
         x.grad = None
 
+    return layer, x, dy, reset
+
+
+def run(cfg_name: str, tokens: int, variants: list[str], steps: int, modes: tuple[str, ...] = ("eager",)) -> list[dict]:
+    device = torch.device("cuda")
+    layer, x, dy, reset = layer_setup(cfg_name, tokens)
     rows = []
     for name, mode in [(v, m) for v in variants for m in modes]:
         fn = _forward(layer, name)

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,27 +31,18 @@ if not os.environ.get("PYTHONPATH"):  # this checkout's ragdot unless PYTHONPATH
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from step_gaps import GPU_CATS, _union  # noqa: E402
+from layer_gaps import layer_setup  # noqa: E402
+from step_gaps import GPU_CATS, _union, trace_events  # noqa: E402
 
-from ragdot.bench.moe_layer import _forward, bench_layer, layer_inputs  # noqa: E402
+from ragdot.bench.moe_layer import _forward  # noqa: E402
 from ragdot.measure import records  # noqa: E402
 from ragdot.measure.timing import capture_graph, event_ms, free_memory, warm_off_stream  # noqa: E402
-from ragdot.moe.model import get_config  # noqa: E402
 
 
 def _cuda_trace(fn) -> list[dict]:
-    """The GPU activities (Chrome-trace events, µs) of fn(), profiled with CUDA activity only."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    return sorted((e for e in events if e.get("cat") in GPU_CATS and "dur" in e), key=lambda e: e["ts"])
+    """The GPU activities of fn() (CUDA activity profiled alone), sorted by start."""
+    return sorted((e for e in trace_events(fn, cpu=False) if e.get("cat") in GPU_CATS and "dur" in e),
+                  key=lambda e: e["ts"])
 
 
 def steady_steps(gpu: list[dict], steps: int) -> dict:
@@ -74,15 +63,8 @@ def steady_steps(gpu: list[dict], steps: int) -> dict:
 
 
 def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dict]:
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    cfg = get_config(cfg_name)
-    layer = bench_layer(cfg, device, dtype)
-    x, dy = layer_inputs(cfg, tokens, device, dtype)
-
-    def reset() -> None:
-        layer.zero_grad(set_to_none=True)
-        x.grad = None
-
+    device = torch.device("cuda")
+    layer, x, dy, reset = layer_setup(cfg_name, tokens)
     rows = []
     for name in variants:
         fn = _forward(layer, name)

@@ -231,19 +231,25 @@ def _self_times(ops: list[dict]) -> list[list]:
     return out
 
 
-def profile_gaps(step) -> dict:
-    """`gaps_of_trace` of one profiled call of `step()` (which opens its phases' profiler ranges itself)."""
+def trace_events(fn, cpu: bool = True) -> list[dict]:
+    """The Chrome-trace events (timestamps in µs) of one profiled call of fn(), CUDA activity always, CPU ops and
+    runtime calls with `cpu` (without them the host keeps its own pace)."""
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cpu else [ProfilerActivity.CUDA]
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
+    with profile(activities=activities) as prof:
+        fn()
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    return gaps_of_trace(events)
+        return json.loads(path.read_text())["traceEvents"]
+
+
+def profile_gaps(step) -> dict:
+    """`gaps_of_trace` of one profiled call of `step()` (which opens its phases' profiler ranges itself)."""
+    return gaps_of_trace(trace_events(step))
 
 
 def write_rows(out: Path, name: str, rows: list[dict]) -> None:
