@@ -31,17 +31,17 @@ class Case:
     sizes: tuple[int, ...]
 
 
-def draw(seed: int) -> Case:
+def draw(seed: int, wide: bool = False) -> Case:
     """Dimensions labelled (kind, index), shuffled on each side; sizes that stop short of the ragged extent or
-    cover it, some groups empty."""
+    cover it, some groups empty. `wide`: extents up to 40 and up to 10 groups (several tiles of the kernels)."""
     rng = random.Random(seed)
     mode = ("ragged_m", "ragged_k", "batch")[seed % 3]
     n_batch = rng.randint(1 if mode == "batch" else 0, 2)
     size = {("b", i): rng.randint(1, 3) for i in range(n_batch)}
-    size |= {("c", i): rng.randint(1, 5) for i in range(rng.randint(1, 2))}
-    size |= {("f", i): rng.randint(1, 6) for i in range(rng.randint(1, 2))}
-    size |= {("r", i): rng.randint(1, 4) for i in range(rng.randint(1, 2))}
-    groups = rng.randint(1, 4)
+    size |= {("c", i): rng.randint(1, 40 if wide else 5) for i in range(rng.randint(1, 2))}
+    size |= {("f", i): rng.randint(1, 40 if wide else 6) for i in range(rng.randint(1, 2))}
+    size |= {("r", i): rng.randint(1, 40 if wide else 4) for i in range(rng.randint(1, 2))}
+    groups = rng.randint(1, 10 if wide else 4)
     lhs = [d for d in size if d[0] in "bcf"]
     rhs = [d for d in size if d[0] in "bcr"] + ([("g", 0)] if mode == "ragged_m" else [])
     size[("g", 0)] = groups
@@ -119,6 +119,45 @@ def test_values_nan_and_gradients_match_the_oracle(backend, seed):
         assert nerr(g, w) < 1e-5, (name, case)
 
 
+WIDE_SEEDS = range(6)
+
+
+def _wide_params() -> list:
+    out = []
+    for backend in cpu_backends():
+        for seed in ((1, 3, 5) if backend == "triton" else WIDE_SEEDS):  # interpreted: small grids (0: 80 s)
+            for dtype in (torch.float16, torch.bfloat16):
+                if not (backend == "triton" and dtype == torch.bfloat16):  # the interpreter refuses bf16 dots
+                    out.append(pytest.param(backend, seed, dtype, id=f"{backend}-{seed}-{str(dtype)[6:]}"))
+    return out
+
+
+@pytest.mark.parametrize("backend,seed,dtype", _wide_params())
+def test_wide_16_bit_cases_accumulate_in_float32_and_match_the_oracle(backend, seed, dtype):
+    """16-bit operands with a float32 result: the oracle on the same rounded operands; gradients in the operands'
+    dtype against the oracle's, to 16-bit rounding."""
+    case = draw(seed, wide=True)
+    lhs, rhs, sizes = operands(case, seed)
+    lhs, rhs = lhs.to(dtype), rhs.to(dtype)
+    want = ragged_dot_general_oracle(lhs.double(), rhs.double(), sizes, case.dn)
+    bad_lhs, bad_rhs = poisoned(case, lhs, rhs)
+    got = ragdot.ragged_dot_general(bad_lhs, bad_rhs, sizes, case.dn, backend=backend,
+                                    preferred_element_type=torch.float32)
+    assert got.shape == want.shape and got.dtype == torch.float32, (case, got.shape, want.shape)
+    assert not got.isnan().any(), case
+    assert nerr(got, want) < 1e-5, case
+
+    l16, r16 = lhs.clone().requires_grad_(), rhs.clone().requires_grad_()
+    l64, r64 = lhs.double().requires_grad_(), rhs.double().requires_grad_()
+    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed + 1))
+    ragdot.ragged_dot_general(l16, r16, sizes, case.dn, backend=backend,
+                              preferred_element_type=torch.float32).backward(cot)
+    ragged_dot_general_oracle(l64, r64, sizes, case.dn).backward(cot.double())
+    for name, g, w in (("lhs", l16.grad, l64.grad), ("rhs", r16.grad, r64.grad)):
+        assert g is not None and g.shape == w.shape and g.dtype == dtype, (name, case)
+        assert nerr(g, w) < 1e-2, (name, case)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_oracle_agrees_with_jax(seed):
     jax = pytest.importorskip("jax")
@@ -144,3 +183,6 @@ def test_the_draws_cover_every_mode_and_empty_groups_and_short_sums():
     assert any(sum(c.sizes) < e for c, e in zip(cases, extents))
     assert any(sum(c.sizes) == e for c, e in zip(cases, extents))
     assert any(len(c.dn.dot_dimension_numbers[1][0]) == 2 for c in cases)  # two batch dimensions somewhere
+    wide = [draw(s, wide=True) for s in WIDE_SEEDS]
+    assert {c.mode for c in wide} == {"ragged_m", "ragged_k", "batch"}
+    assert max(max(c.lhs_shape) for c in wide) > 16  # more than one 16-row tile somewhere
