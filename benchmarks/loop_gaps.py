@@ -9,7 +9,9 @@ Per config and variant (8192 tokens, bf16, the step of `ragdot moe-bench --layer
   ahead); ``graph_ms``: the same around as many replays of the step captured in a CUDA graph (device time);
 - a profile of as many eager steps and as many replays with CUDA activity only (no CPU ops recorded, so the host
   keeps its pace): per step, the first step left out (it starts from an idle device), the GPU's span, busy and idle
-  time, and the kernels whose summed time per step differs most between the eager steps and the replays.
+  time, and the kernels whose summed time per step differs most between the eager steps and the replays;
+- one eager step from a synchronised device (as `moe-bench --layer`'s event clock times each step), profiled the
+  same way: its idle GPU time and its largest gaps, each with the kernel whose late launch ended it.
 
 If the loop's extra time over the graph is idle time, the host does not keep ahead of the device; if it is busy
 time, kernels run slower when launched one by one (or different kernels run). Writes ``loop-gaps-<date>.json`` and
@@ -62,6 +64,21 @@ def steady_steps(gpu: list[dict], steps: int) -> dict:
             "idle_ms": (end - start - busy) / 1e3 / n, "kernels_ms": dict(by_name)}
 
 
+def cold_gaps(gpu: list[dict], min_gap_us: float = 10.0) -> dict:
+    """One step's GPU activities (sorted by start) from a synchronised, idle device: its span, busy and idle time
+    (ms) and every gap of at least `min_gap_us`, as (ms idle, activity that ended it, ms into the step)."""
+    if not gpu:
+        return {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "gaps": []}
+    t0 = gpu[0]["ts"]
+    end, gaps = t0 + gpu[0]["dur"], []
+    for e in gpu[1:]:
+        if e["ts"] - end >= min_gap_us:
+            gaps.append(((e["ts"] - end) / 1e3, e["name"], (e["ts"] - t0) / 1e3))
+        end = max(end, e["ts"] + e["dur"])
+    busy = sum(b - a for a, b in _union([(e["ts"], e["ts"] + e["dur"]) for e in gpu]))
+    return {"span_ms": (end - t0) / 1e3, "busy_ms": busy / 1e3, "idle_ms": (end - t0 - busy) / 1e3, "gaps": gaps}
+
+
 def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dict]:
     device = torch.device("cuda")
     layer, x, dy, reset = layer_setup(cfg_name, tokens)
@@ -86,6 +103,7 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
         host_ms = (time.perf_counter() - t0) * 1e3 / steps
         torch.cuda.synchronize()
         eager = steady_steps(_cuda_trace(loop), steps)
+        cold = cold_gaps(_cuda_trace(step))  # one step from a synchronised device, as the event clock times it
         layer.aux_loss = layer.z_loss = None
         graph_ms, graph = float("nan"), None
         try:
@@ -107,7 +125,7 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
         layer.aux_loss = layer.z_loss = None
         free_memory(device)
         rows.append({"config": cfg_name, "variant": name, "tokens": tokens, "steps": steps, "loop_ms": loop_ms,
-                     "host_ms": host_ms, "graph_ms": graph_ms, "eager": eager, "graph": graph})
+                     "host_ms": host_ms, "graph_ms": graph_ms, "eager": eager, "graph": graph, "cold": cold})
         print(summary(rows[-1]), flush=True)
     return rows
 
@@ -121,6 +139,11 @@ def summary(row: dict, top: int = 12) -> str:
         if s is not None:
             lines.append(f"  {label}: span {s['span_ms']:.3f} ms, busy {s['busy_ms']:.3f}, idle {s['idle_ms']:.3f}, "
                          f"{s['activities_per_step']} activities")
+    c = row["cold"]
+    lines.append(f"  one step from a synchronised device: span {c['span_ms']:.3f} ms, busy {c['busy_ms']:.3f}, idle "
+                 f"{c['idle_ms']:.3f}; its largest gaps (ms idle, ended by, at ms):")
+    largest = sorted(c["gaps"], key=lambda t: -t[0])[:top]
+    lines += [f"    {ms:.3f}  {name[:70]}  at {at:.3f}" for ms, name, at in largest]
     if g is not None:
         names = set(e["kernels_ms"]) | set(g["kernels_ms"])
         diff = sorted(((e["kernels_ms"].get(k, 0.0), g["kernels_ms"].get(k, 0.0), k) for k in names),

@@ -107,3 +107,13 @@ def test_loop_gaps_refuses_without_a_cuda_device(loop_gaps, capsys):
         pytest.skip("a CUDA device is present")
     assert loop_gaps.main(["--steps", "2"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_loop_gaps_cold_step_names_the_kernel_after_each_gap(loop_gaps):
+    acts = [{"name": "mm", "ts": 0, "dur": 5}, {"name": "topk", "ts": 60, "dur": 5},
+            {"name": "gemm", "ts": 70, "dur": 100}, {"name": "swiglu", "ts": 165, "dur": 10}]
+    c = loop_gaps.cold_gaps(acts)
+    assert c["span_ms"] == pytest.approx(0.175) and c["busy_ms"] == pytest.approx(0.115)
+    assert c["idle_ms"] == pytest.approx(0.060)  # both gaps
+    assert c["gaps"] == [(pytest.approx(0.055), "topk", pytest.approx(0.060))]  # 65-70: 5 µs, under the bound
+    assert loop_gaps.cold_gaps([])["gaps"] == []
