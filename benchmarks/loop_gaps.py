@@ -38,7 +38,7 @@ from step_gaps import GPU_CATS, _union, trace_events  # noqa: E402
 
 from ragdot.bench.moe_layer import _forward  # noqa: E402
 from ragdot.measure import records  # noqa: E402
-from ragdot.measure.timing import capture_graph, event_ms, free_memory, warm_off_stream  # noqa: E402
+from ragdot.measure.timing import capture_graph, free_memory, loop_ms, warm_off_stream  # noqa: E402
 
 
 def _cuda_trace(fn) -> list[dict]:
@@ -47,19 +47,23 @@ def _cuda_trace(fn) -> list[dict]:
                   key=lambda e: e["ts"])
 
 
+def _occupancy(acts: list[dict]) -> tuple[float, float, float]:
+    """(first start, last end, busy time) in µs of GPU activities sorted by start (overlaps counted once)."""
+    busy = sum(b - a for a, b in _union([(e["ts"], e["ts"] + e["dur"]) for e in acts]))
+    return acts[0]["ts"], max(e["ts"] + e["dur"] for e in acts), busy
+
+
 def steady_steps(gpu: list[dict], steps: int) -> dict:
     """Per-step span, busy and idle time (ms) and kernel time by name of `steps` equal steps' GPU activities
     (sorted by start), the first step left out. Raises if the activities do not split into equal steps."""
     if steps < 2 or len(gpu) % steps:
         raise ValueError(f"{len(gpu)} GPU activities do not split into {steps} equal steps")
-    per = len(gpu) // steps
+    per, n = len(gpu) // steps, steps - 1
     kept = gpu[per:]
-    start, end = kept[0]["ts"], max(e["ts"] + e["dur"] for e in kept)
-    busy = sum(e - s for s, e in _union([(e["ts"], e["ts"] + e["dur"]) for e in kept]))
+    start, end, busy = _occupancy(kept)
     by_name: dict[str, float] = collections.defaultdict(float)
     for e in kept:
-        by_name[e["name"]] += e["dur"] / 1e3 / (steps - 1)
-    n = steps - 1
+        by_name[e["name"]] += e["dur"] / 1e3 / n
     return {"activities_per_step": per, "span_ms": (end - start) / 1e3 / n, "busy_ms": busy / 1e3 / n,
             "idle_ms": (end - start - busy) / 1e3 / n, "kernels_ms": dict(by_name)}
 
@@ -69,14 +73,22 @@ def cold_gaps(gpu: list[dict], min_gap_us: float = 10.0) -> dict:
     (ms) and every gap of at least `min_gap_us`, as (ms idle, activity that ended it, ms into the step)."""
     if not gpu:
         return {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "gaps": []}
-    t0 = gpu[0]["ts"]
+    t0, t1, busy = _occupancy(gpu)
     end, gaps = t0 + gpu[0]["dur"], []
     for e in gpu[1:]:
         if e["ts"] - end >= min_gap_us:
             gaps.append(((e["ts"] - end) / 1e3, e["name"], (e["ts"] - t0) / 1e3))
         end = max(end, e["ts"] + e["dur"])
-    busy = sum(b - a for a, b in _union([(e["ts"], e["ts"] + e["dur"]) for e in gpu]))
-    return {"span_ms": (end - t0) / 1e3, "busy_ms": busy / 1e3, "idle_ms": (end - t0 - busy) / 1e3, "gaps": gaps}
+    return {"span_ms": (t1 - t0) / 1e3, "busy_ms": busy / 1e3, "idle_ms": (t1 - t0 - busy) / 1e3, "gaps": gaps}
+
+
+def _repeated(fn, times: int):
+    """A callable that calls fn() `times` times back to back."""
+    def run() -> None:
+        for _ in range(times):
+            fn()
+
+    return run
 
 
 def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dict]:
@@ -90,19 +102,16 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
             reset()
             fn(x).backward(dy)
 
-        def loop(step=step) -> None:
-            for _ in range(steps):
-                step()
-
         for _ in range(3):
             step()
-        loop_ms = sorted(event_ms(loop, device) for _ in range(3))[1] / steps
+        loop = loop_ms(step, device, steps)  # the loop clock: steps back to back, per step
+        issue = _repeated(step, steps)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loop()  # the host's issue time: returns before the device is done if the host keeps ahead
+        issue()  # the host's issue time: returns before the device is done if the host keeps ahead
         host_ms = (time.perf_counter() - t0) * 1e3 / steps
         torch.cuda.synchronize()
-        eager = steady_steps(_cuda_trace(loop), steps)
+        eager = steady_steps(_cuda_trace(issue), steps)
         cold = cold_gaps(_cuda_trace(step))  # one step from a synchronised device, as the event clock times it
         layer.aux_loss = layer.z_loss = None
         graph_ms, graph = float("nan"), None
@@ -111,20 +120,15 @@ def run(cfg_name: str, tokens: int, variants: list[str], steps: int) -> list[dic
             reset()
             torch.cuda.empty_cache()
             replay = capture_graph(step)
-
-            def replays(replay=replay) -> None:
-                for _ in range(steps):
-                    replay()
-
-            graph_ms = sorted(event_ms(replays, device) for _ in range(3))[1] / steps
-            graph = steady_steps(_cuda_trace(replays), steps)
+            graph_ms = loop_ms(replay, device, steps)
+            graph = steady_steps(_cuda_trace(_repeated(replay, steps)), steps)
             del replay
         except (RuntimeError, ValueError) as exc:
             print(f"{cfg_name} {name}: no graph replay ({str(exc).splitlines()[0][:200]})", flush=True)
         reset()
         layer.aux_loss = layer.z_loss = None
         free_memory(device)
-        rows.append({"config": cfg_name, "variant": name, "tokens": tokens, "steps": steps, "loop_ms": loop_ms,
+        rows.append({"config": cfg_name, "variant": name, "tokens": tokens, "steps": steps, "loop_ms": loop,
                      "host_ms": host_ms, "graph_ms": graph_ms, "eager": eager, "graph": graph, "cold": cold})
         print(summary(rows[-1]), flush=True)
     return rows
