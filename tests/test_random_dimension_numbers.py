@@ -98,25 +98,37 @@ def _params() -> list:
     return out
 
 
-@pytest.mark.parametrize("backend,seed", _params())
-def test_values_nan_and_gradients_match_the_oracle(backend, seed):
-    case = draw(seed)
+def check_against_the_oracle(backend: str, case: Case, seed: int, dtype: torch.dtype = torch.float32) -> None:
+    """Values (NaN past the groups never read) and both gradients of `case` with operands in `dtype` against the
+    float64 oracle. float32: the default result dtype, the oracle on the unrounded operands, 1e-5 everywhere.
+    16-bit: a float32 result (`preferred_element_type`), the oracle on the same rounded operands, gradients in the
+    operands' dtype to 16-bit rounding (1e-2)."""
     lhs, rhs, sizes = operands(case, seed)
+    preferred, grad_tol = (None, 1e-5) if dtype == torch.float32 else (torch.float32, 1e-2)
+    if dtype != torch.float32:
+        lhs, rhs = lhs.to(dtype).double(), rhs.to(dtype).double()  # the values the 16-bit operands hold
     want = ragged_dot_general_oracle(lhs, rhs, sizes, case.dn)
     bad_lhs, bad_rhs = poisoned(case, lhs, rhs)
-    got = ragdot.ragged_dot_general(bad_lhs.float(), bad_rhs.float(), sizes, case.dn, backend=backend)
+    got = ragdot.ragged_dot_general(bad_lhs.to(dtype), bad_rhs.to(dtype), sizes, case.dn, backend=backend,
+                                    preferred_element_type=preferred)
     assert got.shape == want.shape and got.dtype == torch.float32, (case, got.shape, want.shape)
     assert not got.isnan().any(), case
     assert nerr(got, want) < 1e-5, case
 
-    l32, r32 = lhs.float().requires_grad_(), rhs.float().requires_grad_()
+    lo, ro = lhs.to(dtype).requires_grad_(), rhs.to(dtype).requires_grad_()
     l64, r64 = lhs.clone().requires_grad_(), rhs.clone().requires_grad_()
     cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
-    ragdot.ragged_dot_general(l32, r32, sizes, case.dn, backend=backend).backward(cot.float())
+    ragdot.ragged_dot_general(lo, ro, sizes, case.dn, backend=backend,
+                              preferred_element_type=preferred).backward(cot.float())
     ragged_dot_general_oracle(l64, r64, sizes, case.dn).backward(cot)
-    for name, g, w in (("lhs", l32.grad, l64.grad), ("rhs", r32.grad, r64.grad)):
-        assert g is not None and g.shape == w.shape, (name, case)
-        assert nerr(g, w) < 1e-5, (name, case)
+    for name, g, w in (("lhs", lo.grad, l64.grad), ("rhs", ro.grad, r64.grad)):
+        assert g is not None and g.shape == w.shape and g.dtype == dtype, (name, case)
+        assert nerr(g, w) < grad_tol, (name, case)
+
+
+@pytest.mark.parametrize("backend,seed", _params())
+def test_values_nan_and_gradients_match_the_oracle(backend, seed):
+    check_against_the_oracle(backend, draw(seed), seed)
 
 
 WIDE_SEEDS = range(6)
@@ -134,28 +146,7 @@ def _wide_params() -> list:
 
 @pytest.mark.parametrize("backend,seed,dtype", _wide_params())
 def test_wide_16_bit_cases_accumulate_in_float32_and_match_the_oracle(backend, seed, dtype):
-    """16-bit operands with a float32 result: the oracle on the same rounded operands; gradients in the operands'
-    dtype against the oracle's, to 16-bit rounding."""
-    case = draw(seed, wide=True)
-    lhs, rhs, sizes = operands(case, seed)
-    lhs, rhs = lhs.to(dtype), rhs.to(dtype)
-    want = ragged_dot_general_oracle(lhs.double(), rhs.double(), sizes, case.dn)
-    bad_lhs, bad_rhs = poisoned(case, lhs, rhs)
-    got = ragdot.ragged_dot_general(bad_lhs, bad_rhs, sizes, case.dn, backend=backend,
-                                    preferred_element_type=torch.float32)
-    assert got.shape == want.shape and got.dtype == torch.float32, (case, got.shape, want.shape)
-    assert not got.isnan().any(), case
-    assert nerr(got, want) < 1e-5, case
-
-    l16, r16 = lhs.clone().requires_grad_(), rhs.clone().requires_grad_()
-    l64, r64 = lhs.double().requires_grad_(), rhs.double().requires_grad_()
-    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed + 1))
-    ragdot.ragged_dot_general(l16, r16, sizes, case.dn, backend=backend,
-                              preferred_element_type=torch.float32).backward(cot)
-    ragged_dot_general_oracle(l64, r64, sizes, case.dn).backward(cot.double())
-    for name, g, w in (("lhs", l16.grad, l64.grad), ("rhs", r16.grad, r64.grad)):
-        assert g is not None and g.shape == w.shape and g.dtype == dtype, (name, case)
-        assert nerr(g, w) < 1e-2, (name, case)
+    check_against_the_oracle(backend, draw(seed, wide=True), seed, dtype)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
