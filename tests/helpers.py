@@ -183,3 +183,12 @@ def ragged_k_reference(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> to
         out[g] = a[:, rows].double().transpose(1, 2) @ b[:, rows].double()
         start += size
     return out
+
+
+def misaligned_nan_tailed(rows: int, cols: int, nan_from: int, gen: torch.Generator, device) -> torch.Tensor:
+    """float16 [1, rows, cols] starting 2 bytes past a 16-byte boundary (TMA refuses it), NaN from row `nan_from`
+    on: the operand of the Gluon kernels' fallback tests."""
+    buf = torch.randn(rows * cols + 8, generator=gen).to(device, torch.float16)
+    a = buf[1 : 1 + rows * cols].view(1, rows, cols)
+    a[:, nan_from:] = float("nan")
+    return a

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import ON_HOPPER, SIZES_BY_ROUTING, benchmark_script, hopper, ragged_k_reference
+from helpers import ON_HOPPER, SIZES_BY_ROUTING, benchmark_script, hopper, misaligned_nan_tailed, ragged_k_reference
 from ragdot.kernels.gluon import GluonConfig, gluon_tuning_configs, pick_gluon_config, unavailable_reason
 from ragdot.kernels.gluon.common import consumer_regs
 from ragdot.kernels.gluon.config import SHARED_BYTES, gluon_m_tuning_configs
@@ -165,10 +165,8 @@ def test_misaligned_operands_run_the_triton_kernel():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(2)
     r, m, n, sizes = 40, 64, 32, [7, 0, 20]
-    buf = torch.randn(r * m + 8, generator=gen).to(dev, torch.float16)
-    a = buf[1 : 1 + r * m].view(1, r, m)  # starts 2 bytes past a 16-byte boundary
+    a = misaligned_nan_tailed(r, m, 27, gen, dev)
     b = torch.randn(1, r, n, generator=gen).to(dev, torch.float16)
-    a[:, 27:] = float("nan")
     prepared = Prepared(a, b, len(sizes), torch.float32, from_sizes=True)
     out = prepared(a, b, torch.tensor(sizes, device=dev))[0]
     ref = ragged_k_reference(a.nan_to_num(0), b, sizes)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import SIZES_BY_ROUTING, hopper
+from helpers import SIZES_BY_ROUTING, hopper, misaligned_nan_tailed
 from ragdot.kernels.gluon import GluonConfig
 from ragdot.kernels.gluon.config import gluon_m_tuning_configs
 from ragdot.routing import skewed
@@ -68,10 +68,8 @@ def test_ragged_m_misaligned_operands_run_the_triton_kernel():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(4)
     m, k, n, sizes = 40, 64, 32, [7, 0, 20]
-    buf = torch.randn(m * k + 8, generator=gen).to(dev, torch.float16)
-    a = buf[1 : 1 + m * k].view(1, m, k)
+    a = misaligned_nan_tailed(m, k, 27, gen, dev)
     b = torch.randn(1, 3, k, n, generator=gen).to(dev, torch.float16)
-    a[:, 27:] = float("nan")
     out = Prepared(a, b, torch.float32, from_sizes=True)(a, b, torch.tensor(sizes, device=dev))[0]
     ref = _reference_m(a.nan_to_num(0), b, sizes)
     assert torch.isfinite(out).all() and (out[:, 27:] == 0).all()
